@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""The two commands of the README, with their own set-up.
+
+    python3 dev.py explain [ARGS...]   # the main job: `attnkit explain` on the embedded model
+    python3 dev.py test [PYTEST ARGS]  # ruff (lint + format check), then the whole test suite
+    python3 dev.py attnkit ARGS...     # any other attnkit subcommand inside the project venv
+
+On first use it creates `.venv/` next to this file, installs the CPU build of
+torch pinned at 2.13.0 *first* (a looser spec pulls a multi-GB CUDA build),
+then attnkit itself in editable mode with its test extras. Later runs reuse the
+venv; it is rebuilt when pyproject.toml or the pins below change. Only the
+standard library is used here, so a bare Python is enough.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+STAMP = VENV / ".attnkit-installed"
+TORCH_PIN = "torch==2.13.0"
+
+
+def _venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _wanted_stamp() -> str:
+    digest = hashlib.sha256()
+    digest.update(TORCH_PIN.encode())
+    digest.update((ROOT / "pyproject.toml").read_bytes())
+    return digest.hexdigest()
+
+
+def _say(message: str) -> None:
+    print(f"[dev] {message}", flush=True)
+
+
+def _run(cmd: list[str], **kwargs) -> None:
+    subprocess.run(cmd, check=True, **kwargs)
+
+
+def ensure_venv() -> Path:
+    """Create or refresh the project venv; return its python."""
+    python = _venv_python()
+    wanted = _wanted_stamp()
+    if python.exists() and STAMP.exists() and STAMP.read_text() == wanted:
+        return python
+    if not python.exists():
+        _say(f"creating virtual environment in {VENV} ...")
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    _say(f"installing {TORCH_PIN} (CPU build) first ...")
+    _run([*pip, TORCH_PIN])
+    _say("installing attnkit (editable) with its test extras ...")
+    _run([*pip, "-e", f"{ROOT}[test]"])
+    STAMP.write_text(wanted)
+    _say("environment ready")
+    return python
+
+
+def ensure_chromium() -> None:
+    """Install Debian's chromium for the browser tests when we may (root + apt)."""
+    if shutil.which("chromium"):
+        return
+    if not (shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0):
+        _say("chromium not found and cannot be installed here: browser tests will be skipped")
+        return
+    _say("installing Debian's chromium for the browser tests (one time) ...")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    quiet = {"stdout": subprocess.DEVNULL, "env": env}
+    try:
+        _run(["apt-get", "update", "-qq"], **quiet)
+        _run(["apt-get", "install", "-y", "-qq", "chromium"], **quiet)
+    except subprocess.CalledProcessError as err:
+        _say(f"could not install chromium ({err}): browser tests will be skipped")
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in {"explain", "test", "attnkit"}:
+        print(__doc__)
+        return 2
+    command, rest = argv[0], argv[1:]
+    python = ensure_venv()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if command == "explain":
+        return subprocess.call([str(python), "-m", "attnkit", "explain", *rest], env=env)
+    if command == "attnkit":
+        return subprocess.call([str(python), "-m", "attnkit", *rest], env=env)
+    ensure_chromium()
+    for check in (["check", "."], ["format", "--check", "."]):
+        _say("ruff " + " ".join(check))
+        code = subprocess.call([str(python), "-m", "ruff", *check], cwd=ROOT)
+        if code:
+            return code
+    _say("pytest")
+    return subprocess.call([str(python), "-m", "pytest", *rest], cwd=ROOT, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

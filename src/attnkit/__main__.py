@@ -1,0 +1,3 @@
+from attnkit.cli.main import main
+
+raise SystemExit(main())
