@@ -6,6 +6,7 @@ modules call these functions. A state dict that does not fit raises ValueError
 naming each missing, unexpected or mis-shaped key (got vs wanted shape).
 
 * `attnkit.convert.torch_nn` — torch.nn.MultiheadAttention
+* `attnkit.convert.torch_transformer` — torch.nn.TransformerEncoderLayer
 * `attnkit.convert.keras` — keras.layers.MultiHeadAttention, AdditiveAttention, Attention
   (Keras is imported only when a Keras function is called)
 """
@@ -23,13 +24,23 @@ from attnkit.convert.keras import (
     mha_to_keras,
 )
 from attnkit.convert.torch_nn import mha_from_torch, mha_to_torch
+from attnkit.convert.torch_transformer import (
+    encoder_from_torch,
+    encoder_mask_from_torch,
+    encoder_to_torch,
+    load_torch_encoder_state,
+)
 
 __all__ = [
     "additive_from_keras",
     "additive_to_keras",
+    "encoder_from_torch",
+    "encoder_mask_from_torch",
+    "encoder_to_torch",
     "keras_causal",
     "keras_masks",
     "load_keras_mha_state",
+    "load_torch_encoder_state",
     "luong_from_keras",
     "luong_to_keras",
     "mha_from_keras",

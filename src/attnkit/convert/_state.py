@@ -19,7 +19,8 @@ Shape = tuple[int, ...]
 
 
 def shape_str(shape) -> str:
-    return "(" + ", ".join(str(int(s)) for s in shape) + ")"
+    dims = [str(int(s)) for s in shape]
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
 
 
 def check_state(state: Mapping[str, Tensor], wanted: Mapping[str, Shape], *, source: str) -> None:
