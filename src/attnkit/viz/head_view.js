@@ -66,7 +66,9 @@
     idx.textContent = String(i);
     const t = document.createElement("span");
     t.textContent = text;
-    if (side === "q") d.append(t, idx); else d.append(idx, t);
+    const w = document.createElement("span");
+    w.className = "ak-w";
+    if (side === "q") d.append(w, t, idx); else d.append(idx, t, w);
     col.appendChild(d);
     return d;
   }
@@ -104,7 +106,8 @@
   function shade(divs, weights) {
     divs.forEach((d, i) => {
       const w = weights ? weights[i] || 0 : 0;
-      d.style.background = w > 0 ? hexAlpha(color(), Math.min(0.85, w)) : "";
+      d.style.background = w > 0 ? hexAlpha(color(), Math.min(0.6, w)) : "";
+      d.querySelector(".ak-w").textContent = w > 0 ? w.toFixed(2) : "";
     });
   }
   function hexAlpha(hex, a) {
