@@ -138,9 +138,7 @@ def test_long_input_stays_responsive(page, tmp_path):
     query, and switching layer redraws (no freeze, no error)."""
     torch.manual_seed(0)
     n = 512
-    maps = AttentionMaps(
-        [f"tok{i}" for i in range(n)], (torch.randn(6, 12, n, n) * 4).softmax(-1)
-    )
+    maps = AttentionMaps([f"tok{i}" for i in range(n)], (torch.randn(6, 12, n, n) * 4).softmax(-1))
     html_path = write_html(tmp_path / "long.html", head_view(maps, head=5, top_k=10))
     assert html_path.stat().st_size < 2_000_000
     page.goto(html_path.as_uri())

@@ -33,9 +33,7 @@ _QUANT = 255  # weights are stored as round(w * 255) in one byte
 _MAX_KEYS = 65535  # key indices are stored as uint16
 
 # The only resource the page may use is itself: inline script/style, data: images.
-_CSP = (
-    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
-)
+_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
 
 
 def head_view(
@@ -66,7 +64,7 @@ def head_view(
     """
     if not isinstance(maps, AttentionMaps):
         raise ValueError(f"maps: expected AttentionMaps, got {type(maps).__name__}")
-    L, H, N, S = maps.shape
+    L, H = maps.shape[:2]
     if isinstance(layer, bool) or not isinstance(layer, int) or not -L <= layer < L:
         raise ValueError(f"layer: expected an int in [{-L}, {L}) for maps of shape {maps.shape}")
     if head is None or head == "mean":
@@ -112,14 +110,16 @@ def _encode(maps: AttentionMaps, *, max_tokens: int, top_k: int, threshold: floa
     kept_mass = total_mass = 0.0
     dropped = 0
     for l in range(L):
-        full = maps.maps[l].double()  # (H, N, S)
-        full = torch.cat([full, full.mean(dim=0, keepdim=True)])  # (H + 1, N, S): heads + mean
-        total_mass += float(full[:H].sum())
-        cropped = full[:, :n, :s]  # (H + 1, n, s)
-        vals, idx = cropped.topk(k, dim=-1)  # (H + 1, n, k), descending
+        heads = maps.maps[l]  # (H, N, S)
+        total_mass += float(heads.sum(dtype=torch.float64))
+        mean = heads.mean(dim=0, keepdim=True)[:, :n, :s]  # (1, n, s), from the full maps
+        heads = heads[:, :n, :s]  # (H, n, s)
+        top = [t.topk(k, dim=-1) for t in (heads, mean)]  # values descending
+        vals = torch.cat([top[0].values, top[1].values])  # (H + 1, n, k): heads, then mean
+        idx = torch.cat([top[0].indices, top[1].indices])  # (H + 1, n, k)
         keep = vals >= max(threshold, 0.5 / _QUANT)  # quantising to 0 would drop it anyway
-        kept_mass += float((vals * keep)[:H].sum())
-        dropped += int((cropped[:H] > 0).sum()) - int(keep[:H].sum())
+        kept_mass += float((vals * keep)[:H].sum(dtype=torch.float64))
+        dropped += int(torch.count_nonzero(heads)) - int(keep[:H].sum())
         counts.append(keep.sum(dim=-1).to(torch.uint8).numpy())  # (H + 1, n)
         # keep is a prefix of each row (vals descending), so the row order survives masking.
         keys.append(idx[keep].to(torch.int32).numpy().astype("<u2"))

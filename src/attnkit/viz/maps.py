@@ -77,8 +77,8 @@ class AttentionMaps:
 
     def __post_init__(self) -> None:
         tokens = _check_tokens("tokens", self.tokens)
-        key_tokens = tokens if self.key_tokens is None else _check_tokens(
-            "key_tokens", self.key_tokens
+        key_tokens = (
+            tokens if self.key_tokens is None else _check_tokens("key_tokens", self.key_tokens)
         )
         maps = self.maps
         if not isinstance(maps, torch.Tensor):
@@ -90,12 +90,12 @@ class AttentionMaps:
         L, H, N, S = maps.shape
         if min(L, H) == 0:
             raise ValueError(f"maps: expected at least one layer and head, got {tuple(maps.shape)}")
-        if N != len(tokens):
+        if len(tokens) != N:
             raise ValueError(
                 f"maps: got shape {tuple(maps.shape)}, wanted N = len(tokens) = {len(tokens)} "
                 f"queries in dim 2"
             )
-        if S != len(key_tokens):
+        if len(key_tokens) != S:
             what = "key_tokens" if self.key_tokens is not None else "tokens (no key_tokens given)"
             raise ValueError(
                 f"maps: got shape {tuple(maps.shape)}, wanted S = len({what}) = "
@@ -259,7 +259,7 @@ class AttentionMaps:
 
 def _warn_if_not_probabilities(maps: torch.Tensor) -> None:
     """Warn when rows of ``maps`` (L, H, N, S) are not probability rows (sum ~1, or 0 if masked)."""
-    sums = maps.double().sum(dim=-1)  # (L, H, N)
+    sums = maps.sum(dim=-1, dtype=torch.float64)  # (L, H, N)
     bad = ((sums - 1).abs() > _ROW_SUM_TOL) & (sums.abs() > _ROW_SUM_TOL)
     negative = bool((maps < 0).any())
     if bool(bad.any()) or negative:

@@ -25,7 +25,7 @@ __all__ = ["model_view", "save_model_view"]
 _MAX_WIDTH_IN = 22.0  # figure size caps (inches); at 100 dpi the PNG stays <= 2200 x 2000 px
 _MAX_HEIGHT_IN = 20.0
 _CELL_IN = 1.6  # preferred heatmap size when there is room
-_MIN_FONT_PT = 5.0  # below this, only every k-th token label is drawn
+_MIN_FONT_PT = 6.0  # below this, only every k-th token label is drawn
 
 
 def model_view(
@@ -64,15 +64,22 @@ def model_view(
     n, s = data.shape[2], data.shape[3]  # data: (L, H, n, s)
     vmax = max(float(data.max()), 1e-6)
 
-    cell = min(_CELL_IN * max(1.0, max(n, s) / 24), _MAX_WIDTH_IN / (H + 0.6),
-               _MAX_HEIGHT_IN / (L + 0.8))
+    cell = min(
+        _CELL_IN * max(1.0, max(n, s) / 24), _MAX_WIDTH_IN / (H + 0.6), _MAX_HEIGHT_IN / (L + 0.8)
+    )
     label_w = 1.1  # inches for the query labels left of the grid
     fig_w, fig_h = label_w + cell * H + 0.9, 1.0 + cell * L + 0.9
     fig = Figure(figsize=(fig_w, fig_h), dpi=100)
     FigureCanvasAgg(fig)
     gs = fig.add_gridspec(
-        L, H, left=label_w / fig_w, right=1 - 0.9 / fig_w, bottom=0.9 / fig_h,
-        top=1 - 1.0 / fig_h, wspace=0.08, hspace=0.12,
+        L,
+        H,
+        left=label_w / fig_w,
+        right=1 - 0.9 / fig_w,
+        bottom=0.9 / fig_h,
+        top=1 - 1.0 / fig_h,
+        wspace=0.08,
+        hspace=0.12,
     )
     font = max(4.0, min(8.0, cell * 72 / max(n, s) * 0.85))
     q_step = 1 if cell * 72 / n >= _MIN_FONT_PT else math.ceil(_MIN_FONT_PT * n / (cell * 72))
@@ -82,8 +89,12 @@ def model_view(
         for hi in range(H):
             ax = fig.add_subplot(gs[li, hi])
             image = ax.imshow(
-                data[li, hi].numpy(), cmap=cmap, vmin=0.0, vmax=vmax,
-                aspect="auto", interpolation="nearest",
+                data[li, hi].numpy(),
+                cmap=cmap,
+                vmin=0.0,
+                vmax=vmax,
+                aspect="auto",
+                interpolation="nearest",
             )
             ax.set_xticks([])
             ax.set_yticks([])
@@ -94,7 +105,9 @@ def model_view(
                 ax.set_ylabel(sel.names[li], fontsize=8)
             if li == L - 1:
                 ax.set_xticks(range(0, s, k_step), k_labels[::k_step], fontsize=font, rotation=90)
-    cax = fig.add_axes((1 - 0.75 / fig_w, 0.9 / fig_h, 0.15 / fig_w, 1 - 1.9 / fig_h))
+    cax = fig.add_axes(
+        (1 - 0.75 / fig_w, 0.9 / fig_h, 0.15 / fig_w, 1 - 1.9 / fig_h), label="colorbar"
+    )
     fig.colorbar(image, cax=cax).ax.tick_params(labelsize=7)
 
     note = [f"{N} queries × {S} keys"]
@@ -104,7 +117,9 @@ def model_view(
             f"since max_tokens={max_tokens}"
         )
     fig.suptitle(
-        f"{title or 'Attention maps'}\n{'; '.join(note)}", fontsize=10, y=1 - 0.15 / fig_h,
+        f"{title or 'Attention maps'}\n{'; '.join(note)}",
+        fontsize=10,
+        y=1 - 0.15 / fig_h,
         va="top",
     )
     return fig
