@@ -64,11 +64,14 @@ def model_view(
     n, s = data.shape[2], data.shape[3]  # data: (L, H, n, s)
     vmax = max(float(data.max()), 1e-6)
 
-    cell = min(
-        _CELL_IN * max(1.0, max(n, s) / 24), _MAX_WIDTH_IN / (H + 0.6), _MAX_HEIGHT_IN / (L + 0.8)
+    label_w, label_h = 1.4, 1.2  # inches for token labels left of / below the grid
+    extra_w, extra_h = label_w + 0.9, label_h + 1.0  # + colour bar / + title
+    cell = min(  # inches per heatmap: big enough to read, small enough for the caps
+        _CELL_IN * max(1.0, max(n, s) / 24),
+        (_MAX_WIDTH_IN - extra_w) / H,
+        (_MAX_HEIGHT_IN - extra_h) / L,
     )
-    label_w = 1.1  # inches for the query labels left of the grid
-    fig_w, fig_h = label_w + cell * H + 0.9, 1.0 + cell * L + 0.9
+    fig_w, fig_h = extra_w + cell * H, extra_h + cell * L
     fig = Figure(figsize=(fig_w, fig_h), dpi=100)
     FigureCanvasAgg(fig)
     gs = fig.add_gridspec(
@@ -76,14 +79,15 @@ def model_view(
         H,
         left=label_w / fig_w,
         right=1 - 0.9 / fig_w,
-        bottom=0.9 / fig_h,
+        bottom=label_h / fig_h,
         top=1 - 1.0 / fig_h,
         wspace=0.08,
         hspace=0.12,
     )
-    font = max(4.0, min(8.0, cell * 72 / max(n, s) * 0.85))
-    q_step = 1 if cell * 72 / n >= _MIN_FONT_PT else math.ceil(_MIN_FONT_PT * n / (cell * 72))
-    k_step = 1 if cell * 72 / s >= _MIN_FONT_PT else math.ceil(_MIN_FONT_PT * s / (cell * 72))
+    # Label every token when the font fits, else every k-th; size the font to the spacing.
+    q_step = max(1, math.ceil(_MIN_FONT_PT * n / (cell * 72)))
+    k_step = max(1, math.ceil(_MIN_FONT_PT * s / (cell * 72)))
+    font = min(8.0, 0.9 * cell * 72 * min(q_step / n, k_step / s))
     image = None
     for li in range(L):
         for hi in range(H):
@@ -106,7 +110,8 @@ def model_view(
             if li == L - 1:
                 ax.set_xticks(range(0, s, k_step), k_labels[::k_step], fontsize=font, rotation=90)
     cax = fig.add_axes(
-        (1 - 0.75 / fig_w, 0.9 / fig_h, 0.15 / fig_w, 1 - 1.9 / fig_h), label="colorbar"
+        (1 - 0.75 / fig_w, label_h / fig_h, 0.15 / fig_w, 1 - (1.0 + label_h) / fig_h),
+        label="colorbar",
     )
     fig.colorbar(image, cax=cax).ax.tick_params(labelsize=7)
 
