@@ -99,6 +99,7 @@ def test_initial_layer_and_head(small):
         ({"max_tokens": 0}, r"max_tokens"),
         ({"top_k": 0}, r"top_k"),
         ({"threshold": 1.5}, r"threshold"),
+        ({"threshold": "0.1"}, r"threshold"),
     ],
 )
 def test_bad_arguments(small, kwargs, match):

@@ -82,7 +82,11 @@ def head_view(
         raise ValueError(f"max_tokens: expected 1..{_MAX_KEYS}, got {max_tokens}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 255:
         raise ValueError(f"top_k: expected an int in 1..255, got {top_k!r}")
-    if not 0 <= threshold < 1:
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not 0 <= threshold < 1
+    ):
         raise ValueError(f"threshold: expected a float in [0, 1), got {threshold!r}")
 
     payload = _encode(maps, max_tokens=max_tokens, top_k=top_k, threshold=threshold)
