@@ -23,8 +23,8 @@ _CPU_SDPA = {
         lambda q, k, v, *args, out_shape=None, **kwargs: flop_counter.sdpa_flop_count(q, k, v)
     ),
     aten._scaled_dot_product_flash_attention_for_cpu_backward: (
-        lambda g, q, k, v, *args, out_shape=None, **kwargs: (
-            flop_counter.sdpa_backward_flop_count(g, q, k, v)
+        lambda g, q, k, v, *args, out_shape=None, **kwargs: flop_counter.sdpa_backward_flop_count(
+            g, q, k, v
         )
     ),
 }
@@ -83,7 +83,9 @@ class MirrorMHA(nn.Module):
         v = self.v(ctx).view(b, s, self.g, self.d).transpose(1, 2)  # (B, G, S, D)
         keep = allowed_mask(n, s, causal, window) if causal or window else None
         if sdpa:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=self.g != self.h)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=keep, enable_gqa=self.g != self.h
+            )
         else:
             k = k.repeat_interleave(self.h // self.g, dim=1)  # (B, H, S, D)
             v = v.repeat_interleave(self.h // self.g, dim=1)  # (B, H, S, D)

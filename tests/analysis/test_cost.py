@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from attnkit.analysis import Cost, allowed_pairs, mha_cost, single_head_cost, swin_window_cost
+
 from .counting import MirrorMHA, allowed_mask, count_flops, n_params
 
 torch.set_num_threads(1)
@@ -199,5 +200,5 @@ def test_cost_arithmetic_and_json():
     ],
 )
 def test_bad_arguments_raise_value_error_naming_them(kwargs):
-    with pytest.raises(ValueError, match="heads|n|window"):
+    with pytest.raises(ValueError, match=r"heads|n|window"):
         mha_cost(**kwargs)

@@ -27,12 +27,16 @@ class MiniBert(nn.Module):
             nn.Embedding(vocab, dim), nn.Embedding(max_pos, dim), nn.Embedding(2, dim)
         )  # fmt: skip
         self.norm = nn.LayerNorm(dim)
-        self.layers = nn.ModuleList(_encoder_layer(dim, heads, inter, "gelu") for _ in range(layers))
+        self.layers = nn.ModuleList(
+            _encoder_layer(dim, heads, inter, "gelu") for _ in range(layers)
+        )
         self.pooler = nn.Linear(dim, dim)
 
     def forward(self, ids):
         n = ids.shape[1]
-        x = self.norm(self.word(ids) + self.pos(torch.arange(n)) + self.token_type(torch.zeros_like(ids)))
+        x = self.norm(
+            self.word(ids) + self.pos(torch.arange(n)) + self.token_type(torch.zeros_like(ids))
+        )
         for layer in self.layers:
             x = layer(x)
         return torch.tanh(self.pooler(x[:, 0]))

@@ -14,8 +14,8 @@ What autograd keeps (checked in the tests by summing the distinct storages that
   two more E-sized tensors (on CPU the mask has the input's dtype, not bool).
 * ``fused`` — torch SDPA's CPU flash kernel keeps q, k, v (at Hkv heads), the
   output and the float32 log-sum-exp (B, H, N): O(N), no E-sized tensor. With
-  dropout SDPA leaves the flash kernel for its math path, which keeps what the
-  reference keeps.
+  dropout, or Dv != D, SDPA leaves the flash kernel for its math path, which
+  keeps what the reference keeps (in float32 for float16/bfloat16 inputs).
 * ``chunked`` — attnkit's online-softmax backend keeps the same O(N) set as
   the flash kernel (q, k, v, out, lse), with or without dropout (it replays the
   dropout bits from a seed).
@@ -102,12 +102,16 @@ def attention_memory(
     hkv = heads if kv_heads is None else kv_heads
     dv = head_dim if v_dim is None else v_dim
     item = _itemsize(dtype)
-    e = score_matrix_bytes(batch, heads, n, s, dtype)
+    # SDPA's CPU flash kernel needs Dv == D and no dropout; otherwise its math
+    # path runs, in float32 for half-precision inputs.
+    math_path = backend == "fused" and (dropout or dv != head_dim)
+    if math_path:
+        item = max(item, 4)
+    e = batch * heads * n * s * item  # one (B, H, N, S) matrix
     out = batch * heads * n * dv * item
     q = batch * heads * n * head_dim * item
 
-    materialised = backend == "reference" or (backend == "fused" and dropout)
-    if materialised:
+    if backend == "reference" or math_path:
         saved = {
             "q": q,
             "k": batch * heads * s * head_dim * item,  # at H heads (repeated under GQA)
