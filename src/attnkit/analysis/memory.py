@@ -13,7 +13,8 @@ What autograd keeps (checked in the tests by summing the distinct storages that
   what the matmuls save. Dropout adds its mask and the dropped probabilities,
   two more E-sized tensors (on CPU the mask has the input's dtype, not bool).
 * ``fused`` — torch SDPA's CPU flash kernel keeps q, k, v (at Hkv heads), the
-  output and the float32 log-sum-exp (B, H, N): O(N), no E-sized tensor. With
+  output and the log-sum-exp (B, H, N) in the accumulation type (float32, or
+  float64 for float64 inputs): O(N), no E-sized tensor. With
   dropout, or Dv != D, SDPA leaves the flash kernel for its math path, which
   keeps what the reference keeps (in float32 for float16/bfloat16 inputs).
 * ``chunked`` — attnkit's online-softmax backend keeps the same O(N) set as
@@ -92,7 +93,7 @@ def attention_memory(
         batch, heads, n, s, head_dim: B, H, N, S (default N), D.
         kv_heads: Hkv (default H).
         v_dim: Dv (default D).
-        dtype: of q, k, v (the log-sum-exp is float32 whatever the dtype).
+        dtype: of q, k, v (the log-sum-exp is at least float32).
         backend: "reference", "fused" or "chunked".
         dropout: dropout on the probabilities is active (training).
     """
@@ -128,7 +129,7 @@ def attention_memory(
         peak = repeats + max(2 * e, (3 * e if dropout else e) + out)
         return Memory(saved, peak)
 
-    lse = batch * heads * n * 4  # float32 log-sum-exp (B, H, N)
+    lse = batch * heads * n * max(item, 4)  # (B, H, N) in the accumulation type
     saved = {
         "q": q,
         "k": batch * hkv * s * head_dim * item,
