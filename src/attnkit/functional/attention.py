@@ -1,0 +1,280 @@
+"""Scaled dot-product attention: one function, one meaning, several backends.
+
+Dimensions (the same names everywhere in attnkit):
+    B batch, H query heads, Hkv key/value heads (H % Hkv == 0), N query length,
+    S key length, D query/key head width, Dv value head width.
+
+    softmax(scale · q kᵀ + bias, masked) · v        (Vaswani et al. 2017, eq. 1)
+
+Backends compute the same thing and are pinned together by the tests:
+
+* ``reference`` — plain matmul + softmax, computed in float32 (float64 for
+  float64 input); the only backend that can return the probabilities.
+* ``fused`` — ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's
+  fused CPU flash kernel when it applies).
+* ``chunked`` — online softmax over key and query blocks in pure PyTorch:
+  O(block·S) memory in forward and backward for any mask, bias, causal, GQA and
+  dropout; returns the log-sum-exp.
+* ``auto`` — the fastest backend that supports the call (see `_choose_backend`),
+  overridable globally with `use_backend`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnkit.functional import masks as _masks
+
+__all__ = ["BACKENDS", "AttentionOutput", "attention", "use_backend"]
+
+BACKENDS = ("auto", "reference", "fused", "chunked")
+
+_backend_override: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "attnkit_backend", default=None
+)
+
+
+class AttentionOutput(NamedTuple):
+    """What `attention` returns, whatever the backend.
+
+    out:     (B, H, N, Dv), dtype of q.
+    weights: (B, H, N, S) probabilities *before* dropout, or None (only with
+             ``need_weights=True``, which selects the reference backend).
+    lse:     (B, H, N) log-sum-exp of the scaled, masked scores (float32, or
+             float64 for float64 input; -inf for rows that see no key), or None
+             where the backend cannot give it (fused).
+    """
+
+    out: Tensor
+    weights: Tensor | None = None
+    lse: Tensor | None = None
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Make calls that ask for ``backend="auto"`` use `name` inside the block.
+
+    Explicit backends in a call are left alone. Nested blocks restore the outer
+    choice on exit. Thread- and task-local (a `contextvars.ContextVar`).
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"use_backend: name must be one of {BACKENDS}, got {name!r}")
+    token = _backend_override.set(None if name == "auto" else name)
+    try:
+        yield
+    finally:
+        _backend_override.reset(token)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    need_weights: bool = False,
+    backend: str = "auto",
+) -> AttentionOutput:
+    """Scaled dot-product attention.
+
+    Args:
+        q: queries (B, H, N, D).
+        k: keys (B, Hkv, S, D). With Hkv < H (grouped-query / multi-query
+            attention) query head h uses key/value head h // (H // Hkv), exactly
+            as if k and v were repeated with ``repeat_interleave`` on dim 1.
+        v: values (B, Hkv, S, Dv).
+        mask: boolean, **True = may attend**, broadcastable to (B, H, N, S).
+            Converters for other conventions live in `attnkit.masks`.
+        bias: additive float scores, broadcastable to (B, H, N, S); may hold -inf.
+        causal: query i attends to keys j <= i + (S - N), i.e. the mask is
+            aligned bottom-right when N != S (what decoding with a cache needs).
+            Combines with `mask` and `bias`.
+        scale: multiplies q·kᵀ; defaults to 1/sqrt(D).
+        dropout_p: dropout on the probabilities, applied only when `training`.
+        need_weights: also return the probabilities (forces the reference path).
+        backend: "auto", "reference", "fused" or "chunked".
+
+    A query row that may attend to no key at all gets output exactly 0 and
+    gradient exactly 0 on every backend (never NaN).
+    """
+    _validate(q, k, v, mask, bias, dropout_p, scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    p = float(dropout_p) if training else 0.0
+    name = _choose_backend(backend, need_weights=need_weights, dropout=p > 0)
+    if name == "reference":
+        return _reference(q, k, v, mask, bias, causal, scale, p, need_weights)
+    if name == "fused":
+        return _fused(q, k, v, mask, bias, causal, scale, p)
+    from attnkit.functional.chunked import chunked_attention
+
+    out, lse = chunked_attention(
+        q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, dropout_p=p, training=p > 0
+    )
+    return AttentionOutput(out, None, lse)
+
+
+def _choose_backend(requested: str, *, need_weights: bool, dropout: bool) -> str:
+    if requested not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
+    if requested != "auto":
+        if need_weights and requested != "reference":
+            raise ValueError(
+                f"need_weights=True needs backend 'reference' (or 'auto'); got {requested!r}, "
+                "which does not materialise the probabilities"
+            )
+        return requested
+    if need_weights:
+        return "reference"
+    override = _backend_override.get()
+    if override is not None:
+        return override
+    # SDPA leaves its fused CPU kernel for a slow math path as soon as dropout is
+    # on (PERF-NOTES: ~12x slower at N=2048); the chunked kernel draws its
+    # dropout bits cheaply and keeps O(N) memory.
+    return "chunked" if dropout else "fused"
+
+
+# --------------------------------------------------------------------------- backends
+
+
+def _allowed(mask: Tensor | None, causal: bool, n: int, s: int, device) -> Tensor | None:
+    """The boolean "may attend" mask that combines `mask` and `causal`."""
+    return _masks.combine(mask, _masks.causal(n, s, device=device) if causal else None)
+
+
+def _repeat_kv(t: Tensor, heads: int) -> Tensor:
+    """(B, Hkv, S, X) -> (B, H, S, X): query head h reads kv head h // (H // Hkv)."""
+    groups = heads // t.shape[1]
+    return t if groups == 1 else t.repeat_interleave(groups, dim=1)
+
+
+def _reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights) -> AttentionOutput:
+    work = torch.promote_types(q.dtype, torch.float32)
+    heads, n, s = q.shape[1], q.shape[2], k.shape[2]
+    kw = _repeat_kv(k, heads).to(work)  # (B, H, S, D)
+    vw = _repeat_kv(v, heads).to(work)  # (B, H, S, Dv)
+    scores = torch.matmul(q.to(work), kw.transpose(-2, -1)) * scale  # (B, H, N, S)
+    if bias is not None:
+        scores = scores + bias.to(work)
+    allowed = _allowed(mask, causal, n, s, q.device)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # (B, H, N); -inf where a row sees nothing
+    dead = torch.isneginf(lse).unsqueeze(-1)  # (B, H, N, 1)
+    if bool(dead.any()):
+        # softmax of an all -inf row is NaN (and so is its gradient): give the
+        # row finite scores, then zero its probabilities.
+        probs = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    kept = F.dropout(probs, dropout_p, training=True) if dropout_p > 0 else probs
+    out = torch.matmul(kept, vw).to(q.dtype)  # (B, H, N, Dv)
+    return AttentionOutput(out, probs.to(q.dtype) if need_weights else None, lse)
+
+
+def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:
+    n, s = q.shape[2], k.shape[2]
+    gqa = k.shape[1] != q.shape[1]
+    if mask is None and bias is None and (not causal or n == s):
+        # PyTorch's is_causal is top-left aligned; it equals ours only when N == S.
+        out = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
+        )
+        return AttentionOutput(out)
+    allowed = _allowed(mask, causal, n, s, q.device)
+    blocked = None if allowed is None else ~allowed
+    if bias is not None and bool(torch.isneginf(bias).any()):
+        neg = torch.isneginf(bias)
+        blocked = neg if blocked is None else blocked | neg
+    dead = None if blocked is None else blocked.all(dim=-1, keepdim=True)  # (..., N, 1)
+    if dead is not None and not bool(dead.any()):
+        dead = None
+    if bias is None:
+        attn_mask = allowed if dead is None else allowed | dead
+    else:
+        attn_mask = bias.to(q.dtype)
+        if allowed is not None:
+            attn_mask = torch.where(allowed, attn_mask, float("-inf"))
+        if dead is not None:
+            # dead rows get finite scores so SDPA stays finite; zeroed below.
+            attn_mask = torch.where(dead, 0.0, attn_mask)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
+    )
+    if dead is not None:
+        out = out.masked_fill(dead, 0.0)
+    return AttentionOutput(out)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(d) for d in t.shape) + ")"
+
+
+def _validate(q, k, v, mask, bias, dropout_p, scale) -> None:
+    wanted = {"q": "(B, H, N, D)", "k": "(B, Hkv, S, D)", "v": "(B, Hkv, S, Dv)"}
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a tensor {wanted[name]}, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape {wanted[name]}, got {_shape(t)}")
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a floating tensor, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
+    b, h, n, d = q.shape
+    if k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k must have shape (B={b}, Hkv, S, D={d}), got {_shape(k)}")
+    if v.shape[:3] != k.shape[:3]:
+        want = f"(B={b}, Hkv={k.shape[1]}, S={k.shape[2]}, Dv)"
+        raise ValueError(f"v must have shape {want}, got {_shape(v)}")
+    if h % k.shape[1]:
+        raise ValueError(
+            f"query heads H={h} must be a multiple of key/value heads Hkv={k.shape[1]} "
+            f"(q {_shape(q)}, k {_shape(k)})"
+        )
+    full = (b, h, n, k.shape[2])
+    for name, t, kind in (("mask", mask, "bool"), ("bias", bias, "float")):
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a tensor or None, got {type(t).__name__}")
+        if kind == "bool" and t.dtype != torch.bool:
+            raise ValueError(
+                f"mask must be boolean (True = may attend), got {t.dtype} {_shape(t)}; "
+                "pass additive float scores as bias=, or convert with attnkit.masks"
+            )
+        if kind == "float" and not t.dtype.is_floating_point:
+            raise ValueError(f"bias must be a floating tensor, got {t.dtype} {_shape(t)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on {q.device}, got {t.device}")
+        try:
+            ok = t.dim() <= 4 and torch.broadcast_shapes(t.shape, full) == torch.Size(full)
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"{name} of shape {_shape(t)} does not broadcast to (B, H, N, S) = {full}"
+            )
+    if not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if scale is not None and not (
+        float(scale) == float(scale) and abs(float(scale)) < float("inf")
+    ):
+        raise ValueError(f"scale must be a finite number, got {scale}")

@@ -1,0 +1,164 @@
+"""Attention masks: one convention, and converters from the ones users bring.
+
+attnkit's convention, everywhere: a **boolean mask is True where a query may
+attend to a key** (the polarity of `torch.nn.functional.scaled_dot_product_attention`),
+broadcastable to `(B, H, N, S)`. A floating tensor is never a mask: it is an
+additive *bias*. Masks are applied with `where`, never by adding a large
+literal such as -1e9 (which overflows in float16 and leaks weight in float32).
+
+Dimensions: B batch, H heads, N query length, S key length.
+
+Causal masks with N != S are aligned bottom-right: query i sees keys
+j <= i + (S - N). That is what decoding with a key/value cache needs (the last
+query is the newest token and sees every cached key).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "causal",
+    "combine",
+    "from_hf_attention_mask",
+    "from_keras_attention_mask",
+    "from_torch_attn_mask",
+    "from_torch_key_padding_mask",
+    "from_zero_blocked",
+    "padding",
+    "sliding_window",
+]
+
+
+def _shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def causal(n: int, s: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
+    """Causal mask `(N, S)`, True where key j <= i + (S - N) (bottom-right aligned).
+
+    With `s=None`, S = N. When N > S the first N - S queries see no key at all;
+    attention gives those rows output 0.
+    """
+    s = n if s is None else s
+    if n < 0 or s < 0:
+        raise ValueError(f"causal: sizes must be >= 0, got n={n}, s={s}")
+    return torch.ones(n, s, dtype=torch.bool, device=device).tril(diagonal=s - n)
+
+
+def padding(lengths: Tensor, s: int | None = None) -> Tensor:
+    """Key-padding mask `(B, 1, 1, S)` from valid lengths `(B,)`: True for key j < lengths[b].
+
+    `s` defaults to `lengths.max()`.
+    """
+    if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+        raise ValueError(
+            f"padding: lengths must be an integer tensor of shape (B,), "
+            f"got {lengths.dtype} {_shape(lengths)}"
+        )
+    s = int(lengths.max()) if s is None else s
+    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > s):
+        raise ValueError(f"padding: lengths must lie in [0, {s}], got {lengths.tolist()}")
+    keys = torch.arange(s, device=lengths.device)
+    return (keys[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+
+
+def sliding_window(
+    n: int,
+    window: int,
+    s: int | None = None,
+    *,
+    causal: bool = False,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Local attention mask `(N, S)`: query i sees keys within `window` positions.
+
+    Positions are aligned bottom-right as for `causal` (query i sits at key
+    position i + S - N). Without `causal`, keys with |j - pos(i)| < window are
+    kept (2·window - 1 keys in the interior); with `causal`, only the `window`
+    keys pos(i) - window < j <= pos(i).
+    """
+    if window < 1:
+        raise ValueError(f"sliding_window: window must be >= 1, got {window}")
+    s = n if s is None else s
+    pos = torch.arange(n, device=device)[:, None] + (s - n)  # (N, 1)
+    keys = torch.arange(s, device=device)[None, :]  # (1, S)
+    distance = pos - keys  # (N, S)
+    if causal:
+        return (distance >= 0) & (distance < window)
+    return distance.abs() < window
+
+
+def combine(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of boolean masks (broadcast); `None` entries mean "no restriction"."""
+    result: Tensor | None = None
+    for i, m in enumerate(masks):
+        if m is None:
+            continue
+        if m.dtype != torch.bool:
+            raise ValueError(f"combine: mask {i} must be boolean, got {m.dtype} {_shape(m)}")
+        result = m if result is None else result & m
+    return result
+
+
+def from_torch_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
+    """`torch.nn.MultiheadAttention`'s key_padding_mask `(B, S)` → attnkit.
+
+    torch's boolean convention is **True = ignore this key**; the result is a
+    boolean `(B, 1, 1, S)` with True = may attend. A floating key_padding_mask
+    is additive in torch; it is returned as a bias of shape `(B, 1, 1, S)`.
+    """
+    if key_padding_mask.dim() != 2:
+        raise ValueError(f"key_padding_mask must have shape (B, S), got {_shape(key_padding_mask)}")
+    if key_padding_mask.dtype == torch.bool:
+        return ~key_padding_mask[:, None, None, :]
+    return key_padding_mask[:, None, None, :]
+
+
+def from_torch_attn_mask(attn_mask: Tensor, num_heads: int | None = None) -> Tensor:
+    """`torch.nn.MultiheadAttention`'s attn_mask → attnkit mask or bias.
+
+    torch accepts `(N, S)` or `(B·H, N, S)`; boolean **True = not allowed**,
+    floating = additive. Returns a boolean mask (True = may attend) or a float
+    bias, of shape `(N, S)` or `(B, H, N, S)` (the 3-D form needs `num_heads`).
+    """
+    if attn_mask.dim() == 3:
+        if num_heads is None:
+            raise ValueError(
+                f"attn_mask of shape {_shape(attn_mask)} is (B*H, N, S): pass num_heads to split it"
+            )
+        if attn_mask.shape[0] % num_heads:
+            raise ValueError(
+                f"attn_mask first dim {attn_mask.shape[0]} is not a multiple of "
+                f"num_heads={num_heads}"
+            )
+        attn_mask = attn_mask.reshape(-1, num_heads, *attn_mask.shape[1:])  # (B, H, N, S)
+    elif attn_mask.dim() != 2:
+        raise ValueError(
+            f"attn_mask must have shape (N, S) or (B*H, N, S), got {_shape(attn_mask)}"
+        )
+    return ~attn_mask if attn_mask.dtype == torch.bool else attn_mask
+
+
+def from_hf_attention_mask(attention_mask: Tensor) -> Tensor:
+    """Hugging Face attention_mask `(B, S)` with **1 = keep, 0 = padding** → `(B, 1, 1, S)` bool."""
+    if attention_mask.dim() != 2:
+        raise ValueError(
+            f"attention_mask must have shape (B, S) (1 = keep), got {_shape(attention_mask)}"
+        )
+    return (attention_mask != 0)[:, None, None, :]
+
+
+def from_keras_attention_mask(attention_mask: Tensor) -> Tensor:
+    """Keras MultiHeadAttention attention_mask `(B, N, S)`, **1 = attend** → `(B, 1, N, S)`."""
+    if attention_mask.dim() != 3:
+        raise ValueError(
+            f"attention_mask must have shape (B, N, S) (1 = attend), got {_shape(attention_mask)}"
+        )
+    return (attention_mask != 0)[:, None]
+
+
+def from_zero_blocked(mask: Tensor) -> Tensor:
+    """The "mask == 0 means blocked" convention (the Annotated Transformer's) → bool, same shape."""
+    return mask != 0

@@ -1,0 +1,27 @@
+"""Modules with parameters: attention, blocks, embeddings, classic variants."""
+
+from attnkit.modules.attention import Attend, MultiHeadAttention
+from attnkit.modules.blocks import (
+    EncoderBlock,
+    FeedForward,
+    PostNormResidual,
+    PreNormResidual,
+    residual,
+)
+from attnkit.modules.classic import T2TAttention, bert_self_attention, paper_attention
+from attnkit.modules.embed import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+
+__all__ = [
+    "Attend",
+    "EncoderBlock",
+    "FeedForward",
+    "LearnedPositionalEmbedding",
+    "MultiHeadAttention",
+    "PostNormResidual",
+    "PreNormResidual",
+    "SinusoidalPositionalEncoding",
+    "T2TAttention",
+    "bert_self_attention",
+    "paper_attention",
+    "residual",
+]

@@ -1,0 +1,84 @@
+"""The classic attention variants, assembled from MultiHeadAttention (no second attention class).
+
+Dimensions: B batch, N tokens, C input width, Co output width, H heads.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from attnkit.modules.attention import MultiHeadAttention
+from attnkit.modules.blocks import PostNormResidual
+
+__all__ = ["T2TAttention", "bert_self_attention", "paper_attention"]
+
+
+def paper_attention(d_model: int = 512, num_heads: int = 8, dropout: float = 0.1):
+    """Multi-head attention of "Attention Is All You Need" (§3.2.2).
+
+    Four d_model × d_model projections (W^Q, W^K, W^V stored fused, W^O as
+    `proj`), d_k = d_v = d_model / h, one mask shared by all heads, dropout on
+    the probabilities. Base model: d_model 512, h 8, dropout 0.1.
+    """
+    return MultiHeadAttention(d_model, num_heads, dropout=dropout)
+
+
+def bert_self_attention(
+    dim: int = 768,
+    num_heads: int = 12,
+    *,
+    attn_dropout: float = 0.1,
+    hidden_dropout: float = 0.1,
+    eps: float = 1e-12,
+) -> PostNormResidual:
+    """BERT's attention block (Devlin et al. 2019): LayerNorm(x + dropout(dense(attention(x)))).
+
+    The output dense layer is the attention's `proj`; LayerNorm's epsilon sits
+    inside the square root, 1e-12 as in the released checkpoints.
+    """
+    attn = MultiHeadAttention(dim, num_heads, dropout=attn_dropout)
+    return PostNormResidual(attn, nn.LayerNorm(dim, eps=eps), hidden_dropout)
+
+
+class T2TAttention(nn.Module):
+    """The attention of T2T-ViT's tokens-to-token transformer (Yuan et al. 2021).
+
+    Tokens of width `dim` (e.g. 7·7 = 49 after a soft split) attend with a fused
+    qkv of width 3·`chan`, heads of width chan / H, a projection chan -> chan,
+    and — because input and output widths differ — the skip connection runs
+    through V instead of x: out = v + proj(attention). The reference code scales
+    scores by (dim // H)^-0.5 (the *input* width), kept as the default here;
+    pass `scale` to override.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        chan: int,
+        num_heads: int = 1,
+        *,
+        qkv_bias: bool = False,
+        scale: float | None = None,
+        attn_dropout: float = 0.0,
+        proj_dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if chan % num_heads:
+            raise ValueError(f"chan={chan} is not divisible by num_heads={num_heads}")
+        self.attn = MultiHeadAttention(
+            dim,
+            num_heads,
+            out_dim=chan,
+            head_dim=chan // num_heads,
+            qkv_bias=qkv_bias,
+            scale=(dim // num_heads) ** -0.5 if scale is None else scale,
+            dropout=attn_dropout,
+        )
+        self.drop = nn.Dropout(proj_dropout) if proj_dropout > 0 else nn.Identity()
+
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        """(B, N, dim) -> (B, N, chan)."""
+        q, k, v = self.attn.heads_qkv(x)  # (B, H, N, chan/H) each
+        o = self.attn.attend(q, k, v, mask=mask).out  # (B, H, N, chan/H)
+        merge = self.attn.merge_heads
+        return merge(v) + self.drop(self.attn.proj(merge(o)))  # (B, N, chan)

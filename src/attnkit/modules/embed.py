@@ -1,0 +1,52 @@
+"""Positional encodings as modules: learned and sinusoidal.
+
+Dimensions: B batch, N tokens, C width. Both add the encoding of positions
+offset, ..., offset + N - 1 to x (offset: positions already in a decoder cache).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.functional.positional import sinusoidal
+
+__all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncoding"]
+
+
+def _check(x: Tensor, offset: int, max_len: int, dim: int) -> None:
+    if x.dim() != 3 or x.shape[-1] != dim:
+        raise ValueError(f"x must have shape (B, N, {dim}), got {tuple(x.shape)}")
+    if offset < 0 or offset + x.shape[1] > max_len:
+        raise ValueError(
+            f"positions {offset}..{offset + x.shape[1] - 1} exceed max_len={max_len} "
+            f"(x has {x.shape[1]} tokens)"
+        )
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """x + P[offset : offset + N] with P a trained table (max_len, C) (BERT, GPT-2, ViT)."""
+
+    def __init__(self, max_len: int, dim: int, *, init_std: float = 0.02) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(max_len, dim) * init_std)
+        self.max_len, self.dim = max_len, dim
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """(B, N, C) -> (B, N, C)."""
+        _check(x, offset, self.max_len, self.dim)
+        return x + self.weight[offset : offset + x.shape[1]]
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """x + PE[offset : offset + N], the fixed encoding of Vaswani et al. 2017, §3.5."""
+
+    def __init__(self, dim: int, max_len: int = 4096, *, base: float = 10000.0) -> None:
+        super().__init__()
+        self.register_buffer("table", sinusoidal(max_len, dim, base=base), persistent=False)
+        self.max_len, self.dim = max_len, dim
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """(B, N, C) -> (B, N, C)."""
+        _check(x, offset, self.max_len, self.dim)
+        return x + self.table[offset : offset + x.shape[1]].to(x.dtype)

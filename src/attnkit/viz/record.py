@@ -1,0 +1,106 @@
+"""Capturing attention probabilities from any model: `record_attention`.
+
+Every `attnkit.modules.Attend` is the named point where probabilities pass.
+While recording, each one is hooked and asked for its weights; outside the
+`with` block the model runs exactly as before (hooks removed, fast paths back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.modules.attention import Attend
+
+__all__ = ["AttentionRecord", "record_attention"]
+
+
+@dataclass
+class AttentionRecord:
+    """Probabilities captured per attention module, in the order they ran.
+
+    `calls[name]` holds one `(B, H, N, S)` tensor per forward call of the
+    module at path `name` (the path of the module that owns the `Attend`,
+    e.g. ``"encoder.layers.0.attn"``). A decoder called step by step records
+    one entry per step.
+    """
+
+    calls: dict[str, list[Tensor]] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        """Module paths, in the order their first call ran."""
+        return list(self.calls)
+
+    def __getitem__(self, name: str) -> Tensor:
+        """The last map recorded at `name`, (B, H, N, S)."""
+        if name not in self.calls:
+            raise KeyError(f"no attention recorded at {name!r}; recorded: {self.names}")
+        return self.calls[name][-1]
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def layers(self, prefix: str = "") -> list[Tensor]:
+        """The last map of each recorded module whose path starts with `prefix`."""
+        return [maps[-1] for name, maps in self.calls.items() if name.startswith(prefix)]
+
+    def stack(self, prefix: str = "") -> Tensor:
+        """`layers(prefix)` stacked to (L, B, H, N, S); they must share a shape."""
+        maps = self.layers(prefix)
+        if not maps:
+            raise ValueError(f"no attention recorded under prefix {prefix!r}")
+        shapes = {tuple(m.shape) for m in maps}
+        if len(shapes) > 1:
+            raise ValueError(f"recorded maps differ in shape {sorted(shapes)}; select a prefix")
+        return torch.stack(maps)
+
+
+def _owner_name(path: str) -> str:
+    head, _, last = path.rpartition(".")
+    return head if last == "attend" and head else path
+
+
+@contextlib.contextmanager
+def record_attention(model: nn.Module, *, detach: bool = True) -> Iterator[AttentionRecord]:
+    """Capture the per-head probabilities of every attnkit attention in `model`.
+
+    >>> with record_attention(model) as rec:
+    ...     model(x)
+    >>> rec.stack().shape  # (layers, B, H, N, S)
+
+    Probabilities are taken before dropout. With `detach=False` they keep
+    their graph (for attention-based losses). Raises ValueError if `model`
+    holds no `Attend` module.
+    """
+    attends = [(_owner_name(n), m) for n, m in model.named_modules() if isinstance(m, Attend)]
+    if not attends:
+        raise ValueError(
+            f"record_attention: {type(model).__name__} contains no attnkit attention "
+            "(attnkit.modules.Attend) to record"
+        )
+    record = AttentionRecord()
+    handles, previous = [], []
+
+    def hook_for(name: str):
+        def hook(module, args, output):
+            weights = output.weights.detach() if detach else output.weights
+            record.calls.setdefault(name, []).append(weights)
+
+        return hook
+
+    try:
+        for name, module in attends:
+            previous.append(module.need_weights)
+            module.need_weights = True
+            handles.append(module.register_forward_hook(hook_for(name)))
+        yield record
+    finally:
+        for handle in handles:
+            handle.remove()
+        for (_, module), before in zip(attends, previous, strict=False):
+            module.need_weights = before
