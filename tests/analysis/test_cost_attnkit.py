@@ -77,3 +77,14 @@ def test_attnkit_backends_memory():
     textbook = attention_memory(b, h, n, s, d, backend="reference")
     measured = saved_bytes(lambda: attnkit.attention(q, k, v, backend="reference"))
     assert textbook.saved_bytes <= measured <= textbook.saved_bytes + 2 * textbook.saved["probs"]
+
+
+@pytest.mark.parametrize("n,s", [(1, 1), (7, 7), (5, 12), (12, 5), (97, 33)])
+def test_allowed_pairs_equal_attnkit_masks(n, s):
+    from attnkit.analysis import allowed_pairs
+
+    assert allowed_pairs(n, s, causal=True) == int(attnkit.masks.causal(n, s).sum())
+    for w in (1, 3, 50):
+        for causal in (False, True):
+            mask = attnkit.masks.sliding_window(n, w, s, causal=causal)
+            assert allowed_pairs(n, s, causal=causal, window=w) == int(mask.sum())

@@ -294,7 +294,9 @@ def mha_cost(
             `masked_macs` holds the upper triangle, `unmasked_macs` what a
             causal-skipping kernel needs. attnkit's ``chunked`` backend skips
             fully masked blocks and so does torch SDPA's CPU flash kernel with
-            ``is_causal``; the ``reference`` backend computes everything.
+            ``is_causal`` (attnkit's ``fused`` backend passes ``is_causal`` only
+            when N == S; otherwise it passes a mask and nothing is skipped);
+            the ``reference`` backend computes everything.
         window: sliding window of `window` keys (`masks.sliding_window`);
             counted like `causal`.
         batch: B; every count is linear in it (parameters are not).
