@@ -6,12 +6,19 @@ import argparse
 import sys
 
 from attnkit import __version__
+from attnkit.cli import flops
+
+# Each subcommand module exposes register(subparsers), which adds its parser and
+# sets `run`. Add new subcommands to this tuple.
+SUBCOMMANDS = (flops,)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        module.register(sub)
     return parser
 
 
