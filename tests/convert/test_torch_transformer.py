@@ -134,3 +134,14 @@ def test_refusals_and_state_dict_errors():
         encoder_mask_from_torch(torch.randn(4, 4))
     with pytest.raises(ValueError, match="TransformerEncoderLayer"):
         encoder_from_torch(nn.Linear(2, 2))
+
+
+def test_encoder_block_methods_wrap_the_converters():
+    layer = nn.TransformerEncoderLayer(12, 3, 20, batch_first=True, norm_first=True).eval()
+    block = EncoderBlock.from_torch(layer).eval()
+    x = torch.randn(2, 5, 12)
+    torch.testing.assert_close(block(x), layer(x), atol=1e-6, rtol=0)
+    back = block.to_torch(batch_first=False)
+    assert not back.batch_first
+    for (_, a), (_, b) in zip(layer.state_dict().items(), back.state_dict().items(), strict=True):
+        assert torch.equal(a, b)
