@@ -142,6 +142,6 @@ def test_encoder_block_methods_wrap_the_converters():
     x = torch.randn(2, 5, 12)
     torch.testing.assert_close(block(x), layer(x), atol=1e-6, rtol=0)
     back = block.to_torch(batch_first=False)
-    assert not back.batch_first
+    assert not back.self_attn.batch_first
     for (_, a), (_, b) in zip(layer.state_dict().items(), back.state_dict().items(), strict=True):
         assert torch.equal(a, b)
