@@ -59,6 +59,8 @@ HF_ACTIVATIONS = {
     "swish": "silu",
 }
 
+QKV = ("query", "key", "value")
+
 
 @dataclass(frozen=True)
 class BertConfig:
@@ -95,8 +97,9 @@ class BertConfig:
                 f"hidden_act {self.hidden_act!r} is not supported: wanted one of "
                 f"{sorted(HF_ACTIVATIONS)}"
             )
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):  # fmt: skip
+        sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "intermediate_size", "max_position_embeddings", "type_vocab_size")  # fmt: skip
+        for name in sizes:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -282,8 +285,7 @@ def _from_hf(state: dict[str, Tensor], model: BertEncoder, source: str) -> dict[
     for i in range(len(model.layers)):
         hf = f"encoder.layer.{i}.attention.self."
         for p, shape in (("weight", (c, c)), ("bias", (c,))):
-            qkv = [ckpt.take(state, f"{hf}{n}.{p}", torch.Size(shape), source)
-                   for n in ("query", "key", "value")]  # fmt: skip
+            qkv = [ckpt.take(state, f"{hf}{n}.{p}", torch.Size(shape), source) for n in QKV]
             out[f"layers.{i}.attn.fn.in_proj.qkv.{p}"] = torch.cat(qkv)  # (3C, C) or (3C,)
     dtype = torch.get_default_dtype()
     return {k: v.to(dtype).contiguous() for k, v in out.items()}

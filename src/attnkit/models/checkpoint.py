@@ -45,7 +45,7 @@ def default_checkpoint() -> Path:
 
 
 def checkpoint_files(directory: str | Path) -> tuple[Path, Path]:
-    """(config.json, weights file) of a checkpoint folder; FileNotFoundError names what is missing."""
+    """(config.json, weights file) of a folder; FileNotFoundError says what's missing."""
     folder = Path(directory)
     if not folder.is_dir():
         raise FileNotFoundError(f"checkpoint folder {str(folder)!r} does not exist")
@@ -101,9 +101,7 @@ def take(state: Mapping[str, Tensor], key: str, wanted: torch.Size, source: str)
         raise ValueError(f"{source}: missing tensor {key!r}")
     t = state[key]
     if tuple(t.shape) != tuple(wanted):
-        raise ValueError(
-            f"{source}: tensor {key!r} has shape {_shape(t)}, wanted {_shape(wanted)}"
-        )
+        raise ValueError(f"{source}: tensor {key!r} has shape {_shape(t)}, wanted {_shape(wanted)}")
     return t
 
 
