@@ -76,9 +76,8 @@ def test_hidden_states_match_transformers(ours, batch, hf_out, recording):
         else:
             out = ours(**batch.model_inputs())
     assert len(out.hidden_states) == len(hf_out.hidden_states) == 7
-    err = max(
-        float((a - b)[keep].abs().max()) for a, b in zip(out.hidden_states, hf_out.hidden_states)
-    )
+    pairs = zip(out.hidden_states, hf_out.hidden_states, strict=True)
+    err = max(float((a - b)[keep].abs().max()) for a, b in pairs)
     _report(f"hidden states, all layers ({'reference' if recording else 'fused'} backend)", err)
     assert err < TOL
     assert torch.equal(out.last_hidden_state, out.hidden_states[-1])
@@ -92,7 +91,7 @@ def test_attention_probabilities_match_transformers(ours, batch, hf_out):
         ours(**batch.model_inputs())
     maps = rec.stack()  # (L, B, H, N, N)
     theirs = torch.stack(hf_out.attentions)  # (L, B, H, N, N)
-    assert maps.shape == theirs.shape == (6, 3, 12, batch.input_ids.shape[1]) + (maps.shape[-1],)
+    assert maps.shape == theirs.shape == (6, 3, 12, batch.input_ids.shape[1], maps.shape[-1])
     keep = batch.attention_mask.bool()  # (B, N)
     rows = keep[None, :, None, :, None]  # (1, B, 1, N, 1): real queries
     err = float(((maps - theirs).abs() * rows).max())
@@ -143,10 +142,11 @@ def test_tokenizer_falls_back_to_vocab_txt(ckpt, tmp_path):
 
 def test_loading_does_not_import_transformers(ckpt):
     code = (
-        "import sys; from attnkit.models import *; m = BertEncoder.from_pretrained(%r); "
-        "e = Tokenizer.from_pretrained(%r).encode('hi'); m(**e.model_inputs()); "
+        "import sys; from attnkit.models import *; "
+        f"m = BertEncoder.from_pretrained({str(ckpt)!r}); "
+        f"e = Tokenizer.from_pretrained({str(ckpt)!r}).encode('hi'); m(**e.model_inputs()); "
         "bad = [n for n in ('transformers', 'matplotlib') if n in sys.modules]; "
-        "assert not bad, bad" % (str(ckpt), str(ckpt))
+        "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -246,7 +246,7 @@ def test_bad_checkpoints_name_the_problem(tiny, tmp_path):
     with pytest.raises(ValueError, match="hidden_size=30 is not divisible"):
         BertEncoder.from_pretrained(folder)
     (folder / "config.json").unlink()
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         BertEncoder.from_pretrained(folder)
     (folder / "config.json").write_text(json.dumps({"model_type": "bert"}))
     (folder / "model.safetensors").unlink()
