@@ -6,12 +6,16 @@ import argparse
 import sys
 
 from attnkit import __version__
+from attnkit.cli import explain
+from attnkit.cli._errors import EXIT_USAGE, UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # each subcommand module adds its parser and set_defaults(run=fn)
+    explain.register(sub)
     return parser
 
 
@@ -21,4 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
-    return args.run(args)
+    try:
+        return args.run(args)
+    except UsageError as e:
+        print(f"attnkit {args.command}: error: {e.one_line()}", file=sys.stderr)
+        return EXIT_USAGE

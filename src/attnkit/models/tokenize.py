@@ -87,6 +87,10 @@ class Tokenizer:
             f"tokenizer folder {str(folder)!r} has neither tokenizer.json nor vocab.txt"
         )
 
+    def tokenize(self, text: str) -> list[str]:
+        """The word pieces of `text`, without [CLS]/[SEP] (e.g. "didn't" -> didn, ', t)."""
+        return list(self._backend.encode(text, add_special_tokens=False).tokens)
+
     def encode(self, text: str, pair: str | None = None) -> Encoding:
         """One text (and optionally its pair, segment 1) as a batch of one: (1, N)."""
         return self.encode_batch([text], None if pair is None else [pair])
