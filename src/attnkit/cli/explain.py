@@ -11,9 +11,11 @@ the maps (JSON) into --out, each atomically, after everything has been computed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch  # already loaded by `import attnkit`
@@ -26,6 +28,9 @@ DEFAULT_TEXT = "The animal didn't cross the street because it was too tired"
 DEFAULT_FOCUS = "it"
 DEFAULT_OUT = Path("attnkit-out") / "explain"
 SPECIAL = frozenset({"[CLS]", "[SEP]", "[PAD]"})
+CHECKPOINT_HINT = (
+    "pass --checkpoint DIR with a Hugging Face BERT folder (config.json, model.safetensors)"
+)
 
 
 def register(subparsers) -> None:
@@ -74,8 +79,26 @@ def register(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def _progress(message: str) -> None:
-    print(f"attnkit explain: {message}", file=sys.stderr, flush=True)
+@contextlib.contextmanager
+def _step(message: str, after: float = 1.0) -> Iterator[None]:
+    """Say `message` on stderr only if the step runs longer than `after` seconds, so a
+    fast step (or one that fails fast) prints nothing."""
+    start, shown = time.perf_counter(), []
+
+    def say() -> None:
+        shown.append(True)
+        print(f"attnkit explain: {message} ...", file=sys.stderr, flush=True)
+
+    timer = threading.Timer(after, say)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+    if shown:
+        took = time.perf_counter() - start
+        print(f"attnkit explain: {message}: done in {took:.1f} s", file=sys.stderr, flush=True)
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -89,22 +112,30 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--out {str(args.out)!r} is a file: give a folder to write into")
 
 
-def _load(folder: Path | None):
-    """(model, tokenizer, folder, display name); UsageError for a bad checkpoint."""
-    from attnkit.models import BertEncoder, Tokenizer, default_checkpoint
+def _open(folder: Path | None):
+    """(folder, display name, BertConfig, Tokenizer): the fast checks, before any weights
+    are read. UsageError for a missing or unsupported checkpoint."""
+    from attnkit.models import BertConfig, Tokenizer, default_checkpoint
+    from attnkit.models.checkpoint import checkpoint_files
 
-    hint = "pass --checkpoint DIR with a Hugging Face BERT folder (config.json, model.safetensors)"
     try:
         name = "all-MiniLM-L6-v2 (embedded)" if folder is None else str(folder)
         folder = default_checkpoint() if folder is None else folder
-        _progress(f"loading {name} ...")
-        start = time.perf_counter()
-        model = BertEncoder.from_pretrained(folder)
-        tokenizer = Tokenizer.from_pretrained(folder)
+        config = BertConfig.from_json(checkpoint_files(folder)[0])
+        tokenizer = Tokenizer.from_pretrained(folder, max_length=config.max_position_embeddings)
     except (FileNotFoundError, ValueError) as e:
-        raise UsageError(f"{e}; {hint}") from None
-    _progress(f"loaded in {time.perf_counter() - start:.1f} s")
-    return model, tokenizer, name
+        raise UsageError(f"{e}; {CHECKPOINT_HINT}") from None
+    return folder, name, config, tokenizer
+
+
+def _load_model(folder: Path, name: str):
+    from attnkit.models import BertEncoder
+
+    with _step(f"loading {name}"):
+        try:
+            return BertEncoder.from_pretrained(folder)
+        except (FileNotFoundError, ValueError) as e:
+            raise UsageError(f"{e}; {CHECKPOINT_HINT}") from None
 
 
 def find_focus(tokens: Sequence[str], focus: str, pieces_of: Callable[[str], list[str]]) -> int:
@@ -207,16 +238,17 @@ def run(args: argparse.Namespace) -> int:
     from attnkit.cli import _render
     from attnkit.viz.record import record_attention
 
-    model, tokenizer, name = _load(args.checkpoint)
+    folder, name, config, tokenizer = _open(args.checkpoint)
     try:
         encoding = tokenizer.encode(args.text, args.pair)
     except ValueError as e:
-        raise UsageError(str(e).replace("text 0", "TEXT")) from None
+        what = "TEXT with --pair" if args.pair else "TEXT"
+        raise UsageError(str(e).replace("text 0", what)) from None
     tokens = encoding.tokens[0]
     focus = find_focus(tokens, args.focus, tokenizer.tokenize)
-    config = model.config
     layers = _indices("--layers", args.layers, config.num_hidden_layers, "layers")
     heads = _indices("--heads", args.heads, config.num_attention_heads, "heads")
+    model = _load_model(folder, name)  # every input is checked before the slow part
 
     with torch.inference_mode(), record_attention(model) as rec:
         model(**encoding.model_inputs())
@@ -234,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
         "layers": layers,
         "heads": heads,
     }
-    _progress("rendering ...")
-    written = _render.write_all(args.out, tokens, maps, [f"layer {i}" for i in layers], meta)
+    with _step("rendering"):
+        written = _render.write_all(args.out, tokens, maps, [f"layer {i}" for i in layers], meta)
     print(f"\nwrote {', '.join(p.name for p in written)} to {args.out}/")
     return 0
