@@ -101,7 +101,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=15, help="timed forward passes")
     parser.add_argument("--runs", type=int, default=3, help="timed CLI runs")
     parser.add_argument("--out", type=Path, default=Path("attnkit-out") / "bench")
+    parser.add_argument("--threads", type=int, help="torch threads in process (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     folder = default_checkpoint()
 
     python = sys.executable

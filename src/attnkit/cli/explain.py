@@ -164,7 +164,9 @@ def _indices(option: str, picked: Sequence[int] | None, size: int, what: str) ->
     return [i % size for i in picked]
 
 
-def ranked(row, tokens: Sequence[str], k: int, skip: Sequence[int] = ()) -> list[tuple[str, float]]:
+def ranked(
+    row: torch.Tensor, tokens: Sequence[str], k: int, skip: Sequence[int] = ()
+) -> list[tuple[str, float]]:
     """The `k` largest weights of `row` (S,) as (token, weight). Positions in `skip` are
     dropped and the rest renormalised to sum to 1 (when anything is left)."""
     w = row.clone()
