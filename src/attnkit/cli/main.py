@@ -6,16 +6,20 @@ import argparse
 import sys
 
 from attnkit import __version__
-from attnkit.cli import explain
+from attnkit.cli import explain, flops
 from attnkit.cli._errors import EXIT_USAGE, UsageError
+
+# Each subcommand module exposes register(subparsers), which adds its parser and
+# sets `run`. Add new subcommands to this tuple.
+SUBCOMMANDS = (explain, flops)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    # each subcommand module adds its parser and set_defaults(run=fn)
-    explain.register(sub)
+    for module in SUBCOMMANDS:
+        module.register(sub)
     return parser
 
 
