@@ -17,6 +17,7 @@ import torch
 from attnkit.cli import explain
 from attnkit.cli.main import main
 from attnkit.models import default_checkpoint
+from attnkit.viz import AttentionMaps
 
 TINY = {
     "model_type": "bert",
@@ -27,10 +28,6 @@ TINY = {
     "intermediate_size": 37,
     "max_position_embeddings": 24,
 }
-needs_viz = pytest.mark.skipif(
-    pytest.importorskip("importlib.util").find_spec("attnkit._io") is None,
-    reason="attnkit.viz renderers are not merged into this branch yet",
-)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +130,6 @@ def test_ranked_renormalises_without_skipped():
     assert token == "b" and weight == pytest.approx(0.6)
 
 
-@needs_viz
 def test_good_run_prints_table_and_writes_files(capsys, tmp_path, tiny):
     out, args = _out_args(tmp_path)
     argv = ["the cat sat", "--pair", "it slept", "--focus", "it", "--top", "2"]
@@ -143,6 +139,7 @@ def test_good_run_prints_table_and_writes_files(capsys, tmp_path, tiny):
     assert stdout.strip().splitlines()[-1].startswith("wrote head_view.html, model_view.png")
     data = json.loads((out / "attention.json").read_text())
     assert data["shape"] == [2, 2, 8, 8] and data["tokens"][5] == "it"
+    assert AttentionMaps.from_json_dict(data).tokens == data["tokens"]
     assert data["explain"]["heads"] == [1, 3]
     assert (out / "model_view.png").read_bytes()[:4] == b"\x89PNG"
     assert "<html" in (out / "head_view.html").read_text().lower()
@@ -151,7 +148,6 @@ def test_good_run_prints_table_and_writes_files(capsys, tmp_path, tiny):
     )  # no temporary files left
 
 
-@needs_viz
 def test_default_run_in_a_subprocess(tmp_path):
     out = tmp_path / "explain"
     run = subprocess.run(
@@ -162,6 +158,9 @@ def test_default_run_in_a_subprocess(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     assert "where 'it' (token 10) attends" in run.stdout
+    assert "layer 5: head 11 puts the most weight of 'it' on one word: 0.65 on 'animal'" in (
+        run.stdout
+    )
     assert "loading all-MiniLM-L6-v2" in run.stderr
     data = json.loads((out / "attention.json").read_text())
     assert data["shape"] == [6, 12, 15, 15]

@@ -209,9 +209,10 @@ def report(maps, tokens: list[str], focus: int, layers: list[int], heads: list[i
         )
     if overall is not None and overall != in_last:
         weight, li, hi, j = overall
+        where = {focus - 1: " (the previous token)", focus + 1: " (the next token)"}.get(j, "")
         lines.append(
             f"all layers shown: layer {layers[li]} head {heads[hi]} puts the most: "
-            f"{weight:.2f} on {tokens[j]!r}"
+            f"{weight:.2f} on {tokens[j]!r}{where}"
         )
     return lines
 
