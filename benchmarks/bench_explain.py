@@ -44,6 +44,19 @@ def median_time(fn, repeats: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def interleaved(fns, repeats: int, warmup: int = 3) -> list[float]:
+    """Median time of each of `fns`, called in turn each round so that load changes on a
+    shared machine hit all of them alike."""
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(warmup + repeats):
+        for fn, bucket in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            fn()
+            if r >= warmup:
+                bucket.append(time.perf_counter() - start)
+    return [statistics.median(b) for b in times]
+
+
 def wall(cmd: list[str], runs: int) -> tuple[float, int]:
     """Median wall time of `cmd` over `runs` runs and its last exit code."""
     times, code = [], 0
@@ -81,9 +94,7 @@ def forward_rows(folder: Path, repeats: int) -> list[dict]:
             theirs(**args)
 
         with torch.inference_mode():
-            t_ours = median_time(run_ours, repeats)
-            t_rec = median_time(run_recorded, repeats)
-            t_theirs = median_time(run_theirs, repeats)
+            t_ours, t_rec, t_theirs = interleaved([run_ours, run_recorded, run_theirs], repeats)
         rows.append(
             {
                 "input": f"{label} {tuple(enc.input_ids.shape)}",
