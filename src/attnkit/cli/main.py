@@ -6,11 +6,12 @@ import argparse
 import sys
 
 from attnkit import __version__
-from attnkit.cli import flops
+from attnkit.cli import explain, flops
+from attnkit.cli._errors import EXIT_USAGE, UsageError
 
 # Each subcommand module exposes register(subparsers), which adds its parser and
 # sets `run`. Add new subcommands to this tuple.
-SUBCOMMANDS = (flops,)
+SUBCOMMANDS = (explain, flops)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,4 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
-    return args.run(args)
+    try:
+        return args.run(args)
+    except UsageError as e:
+        print(f"attnkit {args.command}: error: {e.one_line()}", file=sys.stderr)
+        return EXIT_USAGE
