@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from attnkit.cli import explain
+from attnkit.cli._render import FILES
 from attnkit.cli.main import main
 from attnkit.models import default_checkpoint
 from attnkit.viz import AttentionMaps
@@ -136,16 +137,17 @@ def test_good_run_prints_table_and_writes_files(capsys, tmp_path, tiny):
     assert main(["explain", *argv, "--heads", "1", "3", "--checkpoint", str(tiny), *args]) == 0
     stdout = capsys.readouterr().out
     assert "where 'it' (token 5) attends" in stdout and "head" in stdout
-    assert stdout.strip().splitlines()[-1].startswith("wrote head_view.html, model_view.png")
+    assert stdout.strip().splitlines()[-1].startswith("wrote head_view.html, model_view.png, ")
     data = json.loads((out / "attention.json").read_text())
     assert data["shape"] == [2, 2, 8, 8] and data["tokens"][5] == "it"
     assert AttentionMaps.from_json_dict(data).tokens == data["tokens"]
     assert data["explain"]["heads"] == [1, 3]
     assert (out / "model_view.png").read_bytes()[:4] == b"\x89PNG"
     assert "<html" in (out / "head_view.html").read_text().lower()
-    assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["attention.json", "head_view.html", "model_view.png"]
-    )  # no temporary files left
+    assert sorted(p.name for p in out.iterdir()) == sorted(FILES)  # no temporary files left
+    assert (out / "head_distance.png").read_bytes()[:4] == b"\x89PNG"
+    assert len(data["head_stats"]["distance_tokens"]) == 2  # layers x heads shown
+    assert "layer 1: distance" in stdout
 
 
 def test_default_run_in_a_subprocess(tmp_path):
@@ -161,7 +163,7 @@ def test_default_run_in_a_subprocess(tmp_path):
     assert "layer 5: head 11 puts the most weight of 'it' on one word: 0.65 on 'animal'" in (
         run.stdout
     )
-    assert "loading all-MiniLM-L6-v2" in run.stderr
+    assert "what the heads do" in run.stdout and "layer 5: distance" in run.stdout
     data = json.loads((out / "attention.json").read_text())
     assert data["shape"] == [6, 12, 15, 15]
-    assert {p.name for p in out.iterdir()} == {"attention.json", "head_view.html", "model_view.png"}
+    assert {p.name for p in out.iterdir()} == set(FILES)

@@ -49,13 +49,14 @@ class HeadStats:
     entropy: Tensor
     special_share: Tensor | None
 
-    def summary(self, unit: str = "tokens") -> list[str]:
+    def summary(self, unit: str = "tokens", layer_names: list[str] | None = None) -> list[str]:
         """One line per layer: distance range over heads, mean entropy, special share."""
         lines = []
         for layer in range(self.distance.shape[0]):
             d, e = self.distance[layer], self.entropy[layer]
+            name = f"layer {layer}" if layer_names is None else layer_names[layer]
             line = (
-                f"layer {layer}: distance {d.min():.2f}–{d.max():.2f} {unit} "
+                f"{name}: distance {d.min():.2f}–{d.max():.2f} {unit} "
                 f"(mean {d.mean():.2f}), entropy {e.mean():.2f} nats"
             )
             if self.special_share is not None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch  # already loaded by `import attnkit`
 
+from attnkit.analysis.heads import head_stats
 from attnkit.cli._errors import UsageError
 
 __all__ = ["DEFAULT_TEXT", "find_focus", "ranked", "register", "run"]
@@ -257,9 +258,15 @@ def run(args: argparse.Namespace) -> int:
         model(**encoding.model_inputs())
     maps = rec.stack()[:, 0]  # (L, 1, H, N, N) -> (L, H, N, N)
     maps = maps[layers][:, heads]  # (L', H', N, N)
+    layer_names = [f"layer {i}" for i in layers]
 
     print(f"{name}: {config.num_hidden_layers} layers x {config.num_attention_heads} heads")
     print("\n".join(report(maps, tokens, focus, layers, heads, args.top)))
+
+    special = torch.tensor([t in SPECIAL for t in tokens])  # (N,)
+    stats = head_stats(maps[:, None], special=special)  # (L', B=1, H', N, N)
+    print("\nwhat the heads do (distance in tokens, entropy, weight on [CLS]/[SEP]):")
+    print("\n".join("  " + line for line in stats.summary(layer_names=layer_names)))
 
     meta = {
         "text": args.text,
@@ -270,6 +277,6 @@ def run(args: argparse.Namespace) -> int:
         "heads": heads,
     }
     with _step("rendering"):
-        written = _render.write_all(args.out, tokens, maps, [f"layer {i}" for i in layers], meta)
+        written = _render.write_all(args.out, tokens, maps, layer_names, meta, stats)
     print(f"\nwrote {', '.join(p.name for p in written)} to {args.out}/")
     return 0
