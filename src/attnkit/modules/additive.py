@@ -54,7 +54,34 @@ def _check(name: str, t: Tensor, width: int | None, batch: int | None = None) ->
         raise ValueError(f"{name} must have batch {batch}, got shape {tuple(t.shape)}")
 
 
-class AdditiveAttention(nn.Module):
+class _ScoredAttention(nn.Module):
+    """Shared forward of the scoring layers: check shapes, score, attend. Subclasses
+    define `scores(query, key) -> (B, N, S)`, `attend`, `dim` and `key_dim`."""
+
+    dim: int | None
+    key_dim: int | None
+
+    def forward(
+        self, query: Tensor, value: Tensor, key: Tensor | None = None, *, mask: Tensor | None = None
+    ) -> Tensor:
+        """query (B, N, Cq), value (B, S, Cv), key (B, S, Ck) (default: value) -> (B, N, Cv).
+
+        mask: boolean, True = may attend, broadcastable to (B, 1, N, S); rows
+        that see nothing give 0.
+        """
+        key = value if key is None else key
+        _check("query", query, self.dim)
+        _check("value", value, None, query.shape[0])
+        _check("key", key, self.key_dim, query.shape[0])
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(
+                f"key and value must have the same length S, got {tuple(key.shape)} "
+                f"and {tuple(value.shape)}"
+            )
+        return _attend_scores(self.attend, self.scores(query, key), value, mask)
+
+
+class AdditiveAttention(_ScoredAttention):
     """Bahdanau (additive) attention: score(q, k) = vᵀ tanh(s · (W_q q + b + W_k k)).
 
     Args:
@@ -103,30 +130,11 @@ class AdditiveAttention(nn.Module):
         k = self.k_proj(key)[:, None]  # (B, 1, S, A)
         return (self.v * torch.tanh(self.inner_scale * (q + k))).sum(-1)  # (B, N, S)
 
-    def forward(
-        self, query: Tensor, value: Tensor, key: Tensor | None = None, *, mask: Tensor | None = None
-    ) -> Tensor:
-        """query (B, N, Cq), value (B, S, Cv), key (B, S, Ck) (default: value) -> (B, N, Cv).
-
-        mask: boolean, True = may attend, broadcastable to (B, 1, N, S); rows
-        that see nothing give 0.
-        """
-        key = value if key is None else key
-        _check("query", query, self.dim)
-        _check("value", value, None, query.shape[0])
-        _check("key", key, self.key_dim, query.shape[0])
-        if key.shape[1] != value.shape[1]:
-            raise ValueError(
-                f"key and value must have the same length S, got {tuple(key.shape)} "
-                f"and {tuple(value.shape)}"
-            )
-        return _attend_scores(self.attend, self.scores(query, key), value, mask)
-
     def extra_repr(self) -> str:
         return f"dim={self.dim}, key_dim={self.key_dim}, hidden={self.v.shape[0]}"
 
 
-class LuongAttention(nn.Module):
+class LuongAttention(_ScoredAttention):
     """Luong (multiplicative) attention: score(q, k) = s · qᵀ W k.
 
     Args:
@@ -158,7 +166,7 @@ class LuongAttention(nn.Module):
         )
         self.scale = nn.Parameter(torch.ones(()))
         self.attend = Attend(scale=1.0, dropout=dropout, backend=backend)
-        self.dim = dim
+        self.dim, self.key_dim = dim, None  # the general weight checks the key width
 
     def scores(self, query: Tensor, key: Tensor) -> Tensor:
         """query (B, N, Cq), key (B, S, Ck) -> unnormalised scores (B, N, S)."""
@@ -169,25 +177,6 @@ class LuongAttention(nn.Module):
                 "pass dim (and key_dim) for the general score"
             )
         return torch.matmul(query, k.transpose(-2, -1)) * self.scale  # (B, N, S)
-
-    def forward(
-        self, query: Tensor, value: Tensor, key: Tensor | None = None, *, mask: Tensor | None = None
-    ) -> Tensor:
-        """query (B, N, Cq), value (B, S, Cv), key (B, S, Ck) (default: value) -> (B, N, Cv).
-
-        mask: boolean, True = may attend, broadcastable to (B, 1, N, S); rows
-        that see nothing give 0.
-        """
-        key = value if key is None else key
-        _check("query", query, self.dim)
-        _check("value", value, None, query.shape[0])
-        _check("key", key, None, query.shape[0])
-        if key.shape[1] != value.shape[1]:
-            raise ValueError(
-                f"key and value must have the same length S, got {tuple(key.shape)} "
-                f"and {tuple(value.shape)}"
-            )
-        return _attend_scores(self.attend, self.scores(query, key), value, mask)
 
 
 class AttentionPooling(nn.Module):
@@ -211,7 +200,7 @@ class AttentionPooling(nn.Module):
         self.proj = nn.Linear(dim, hidden)
         self.v = _uniform_vector(hidden)
         self.attend = Attend(scale=1.0, dropout=dropout, backend=backend)
-        self.dim = dim
+        self.dim, self.key_dim = dim, None  # the general weight checks the key width
 
     def scores(self, x: Tensor) -> Tensor:
         """x (B, T, C) -> unnormalised scores (B, T)."""
