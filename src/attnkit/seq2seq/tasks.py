@@ -142,7 +142,7 @@ def pad_batch(rows: Sequence[Sequence[int]], *, pad: int = PAD) -> Tensor:
 
 
 def _tensors(pairs: Sequence[tuple[list[int], list[int]]]) -> tuple[Tensor, Tensor]:
-    src = pad_batch([s + [EOS] for s, _ in pairs])  # (B, S)
+    src = pad_batch([[*s, EOS] for s, _ in pairs])  # (B, S)
     tgt = pad_batch([[BOS, *t, EOS] for _, t in pairs])  # (B, T)
     return src, tgt
 
@@ -150,7 +150,10 @@ def _tensors(pairs: Sequence[tuple[list[int], list[int]]]) -> tuple[Tensor, Tens
 def make_batch(
     task: Task, rng: random.Random, batch_size: int, split: str = "train"
 ) -> tuple[Tensor, Tensor]:
-    """A batch drawn with `rng`: src (B, S) = symbols EOS PAD..., tgt (B, T) = BOS symbols EOS PAD..."""
+    """A batch drawn with `rng`.
+
+    Returns src (B, S) = symbols EOS PAD... and tgt (B, T) = BOS symbols EOS PAD...
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     return _tensors([task.draw(rng, split) for _ in range(batch_size)])
@@ -181,8 +184,9 @@ def exact_match(pred: Tensor, tgt: Tensor) -> Tensor:
     to their first EOS; a prediction that never emits EOS does not match.
     """
     if pred.shape[0] != tgt.shape[0]:
-        raise ValueError(f"pred and tgt must have the same batch size, got {pred.shape[0]} "
-                         f"and {tgt.shape[0]}")
+        raise ValueError(
+            f"pred and tgt must have the same batch size, got {pred.shape[0]} and {tgt.shape[0]}"
+        )
     rows = []
     for p, t in zip(pred.tolist(), tgt.tolist(), strict=True):
         rows.append(EOS in p and strip(p) == strip(t))
