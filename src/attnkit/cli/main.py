@@ -6,12 +6,15 @@ import argparse
 import sys
 
 from attnkit import __version__
+from attnkit.cli import seq2seq
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # each subcommand module adds its parser and set_defaults(run=fn)
+    seq2seq.register(sub)
     return parser
 
 
