@@ -80,8 +80,9 @@ def test_resume_refuses_a_different_task(tmp_path):
         train(other, cfg=cfg, out=tmp_path, resume=True, progress=False)
 
 
-# A reverse model trained for ~20-40 s on 2 CPU cores: its cross-attention must
-# show the alignment (output position t reads source position n - 1 - t).
+# A reverse model trained for ~30-40 s on 2 shared CPU cores (600 steps; at 400
+# the best head was at 0.90, its misses one position to the right): its
+# cross-attention must show the alignment (output t reads source n - 1 - t).
 ALIGN_TASK = Task("reverse", min_len=4, max_len=8, num_symbols=8)
 
 
@@ -90,15 +91,16 @@ def reverse_model():
     torch.manual_seed(0)
     model_cfg = build_model(ALIGN_TASK, d_model=64, d_ff=128, num_heads=4).cfg
     cfg = TrainConfig(
-        steps=400, batch_size=32, lr=2e-3, warmup=50, eval_every=200, eval_size=100, stop_at=0.97
+        steps=600, batch_size=32, lr=2e-3, warmup=50, eval_every=300, eval_size=100, stop_at=1.01
     )
     model, metrics = train(ALIGN_TASK, model_cfg, cfg, progress=False, alignments=0)
     return model, metrics
 
 
+@pytest.mark.slow
 def test_trained_reverse_model_decodes_and_aligns(reverse_model):
     model, metrics = reverse_model
-    assert metrics["exact_match"] >= 0.9, metrics
+    assert metrics["exact_match"] >= 0.95, metrics
     src, tgt = heldout(ALIGN_TASK, 100, seed=77)
     maps = cross_attention(model, src, tgt[:, :-1])  # (L, B, H, T, S)
     lengths = (src != PAD).sum(1) - 1  # symbols, without EOS
@@ -106,6 +108,7 @@ def test_trained_reverse_model_decodes_and_aligns(reverse_model):
     assert score.max() >= 0.9, score
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip(tmp_path, reverse_model):
     model, _ = reverse_model
     task = ALIGN_TASK
