@@ -4,7 +4,7 @@ Uncached decoding recomputes the whole prefix at every step (O(T²) decoder
 work in total, O(T³) attention); the key/value cache computes each position
 once. Prints a markdown table and writes benchmarks/results/decoding.json.
 
-    python benchmarks/bench_decoding.py [--lengths 32 128 512] [--d-model 256]
+    python benchmarks/bench_decoding.py [--lengths 16 64 256] [--d-model 128] [--threads 1]
 """
 
 from __future__ import annotations
@@ -44,14 +44,18 @@ def best_of(fn, repeats: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 256])
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--src-len", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: stable on a shared CPU)"
+    )
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "decoding.json")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     cfg = preset(
@@ -59,7 +63,7 @@ def main() -> None:
         src_vocab=1000,
         tgt_vocab=1000,
         d_model=args.d_model,
-        num_heads=8,
+        num_heads=4,
         d_ff=4 * args.d_model,
         encoder_layers=args.layers,
         decoder_layers=args.layers,
@@ -91,7 +95,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
         "load_avg": os.getloadavg(),
-        "model": {"d_model": args.d_model, "layers": f"{args.layers}+{args.layers}", "heads": 8},
+        "model": {"d_model": args.d_model, "layers": f"{args.layers}+{args.layers}", "heads": 4},
         "batch": args.batch,
         "src_len": args.src_len,
     }
