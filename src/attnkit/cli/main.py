@@ -6,15 +6,20 @@ import argparse
 import sys
 
 from attnkit import __version__
-from attnkit.cli import seq2seq
+from attnkit.cli import explain, flops, seq2seq
+from attnkit.cli._errors import EXIT_USAGE, UsageError
+
+# Each subcommand module exposes register(subparsers), which adds its parser and
+# sets `run`. Add new subcommands to this tuple.
+SUBCOMMANDS = (explain, flops, seq2seq)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    # each subcommand module adds its parser and set_defaults(run=fn)
-    seq2seq.register(sub)
+    for module in SUBCOMMANDS:
+        module.register(sub)
     return parser
 
 
@@ -24,4 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
-    return args.run(args)
+    try:
+        return args.run(args)
+    except UsageError as e:
+        print(f"attnkit {args.command}: error: {e.one_line()}", file=sys.stderr)
+        return EXIT_USAGE

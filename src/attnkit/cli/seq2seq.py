@@ -15,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["add_seq2seq_parser", "register", "run_decode", "run_train"]
+from attnkit.cli._errors import EXIT_USAGE, UsageError
 
-EXIT_USAGE = 2
+__all__ = ["add_seq2seq_parser", "register", "run_decode", "run_train"]
 
 
 def register(subparsers) -> None:
@@ -100,17 +100,12 @@ def _add_decode(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run_decode)
 
 
-def _fail(command: str, message: str) -> int:
-    print(f"attnkit seq2seq {command}: error: {' '.join(message.split())}", file=sys.stderr)
-    return EXIT_USAGE
-
-
 def run_train(args: argparse.Namespace) -> int:
     from attnkit.seq2seq.tasks import Task
     from attnkit.seq2seq.train import build_model, train, train_config_from
 
     if args.resume and args.out is None:
-        return _fail("train", "--resume needs --out DIR (the directory of the run to continue)")
+        raise UsageError("train: --resume needs --out DIR (the directory of the run to continue)")
     try:
         _set_threads(args.threads)
         task = Task(
@@ -131,7 +126,7 @@ def run_train(args: argparse.Namespace) -> int:
             task, model_cfg, cfg, out=args.out, resume=args.resume, progress=args.progress
         )
     except ValueError as e:
-        return _fail("train", str(e))
+        raise UsageError(f"train: {e}") from e
     summary = {k: v for k, v in metrics.items() if k != "history"}
     print(json.dumps(summary))
     return 0
@@ -160,7 +155,7 @@ def run_decode(args: argparse.Namespace) -> int:
         if args.beam < 1:
             raise ValueError(f"--beam must be >= 1, got {args.beam}")
     except ValueError as e:
-        return _fail("decode", str(e))
+        raise UsageError(f"decode: {e}") from e
     src = pad_batch(rows)  # (B, S)
     max_len = max(task.longest_target, 2 * longest)
     with torch.no_grad():

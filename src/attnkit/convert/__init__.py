@@ -1,9 +1,52 @@
 """Weights in and out of the implementations people already have.
 
-Each peer has one module here with its parameter-name table; the `from_*` and
-`to_*` methods of attnkit modules call these functions.
+Each peer has one module here with its parameter-name table in the module
+docstring (and in docs/interop.md); the `from_*` and `to_*` methods of attnkit
+modules call these functions. A state dict that does not fit raises ValueError
+naming each missing, unexpected or mis-shaped key (got vs wanted shape).
+
+* `attnkit.convert.torch_nn` — torch.nn.MultiheadAttention
+* `attnkit.convert.torch_transformer` — torch.nn.TransformerEncoderLayer
+* `attnkit.convert.hf_vision` — Hugging Face ViTLayer / SwinLayer (per layer so far)
+* `attnkit.convert.keras` — keras.layers.MultiHeadAttention, AdditiveAttention, Attention
+  (Keras is imported only when a Keras function is called)
 """
 
+from attnkit.convert.keras import (
+    additive_from_keras,
+    additive_to_keras,
+    keras_causal,
+    keras_masks,
+    load_keras_mha_state,
+    luong_from_keras,
+    luong_to_keras,
+    mha_from_keras,
+    mha_keras_state,
+    mha_to_keras,
+)
 from attnkit.convert.torch_nn import mha_from_torch, mha_to_torch
+from attnkit.convert.torch_transformer import (
+    encoder_from_torch,
+    encoder_mask_from_torch,
+    encoder_to_torch,
+    load_torch_encoder_state,
+)
 
-__all__ = ["mha_from_torch", "mha_to_torch"]
+__all__ = [
+    "additive_from_keras",
+    "additive_to_keras",
+    "encoder_from_torch",
+    "encoder_mask_from_torch",
+    "encoder_to_torch",
+    "keras_causal",
+    "keras_masks",
+    "load_keras_mha_state",
+    "load_torch_encoder_state",
+    "luong_from_keras",
+    "luong_to_keras",
+    "mha_from_keras",
+    "mha_from_torch",
+    "mha_keras_state",
+    "mha_to_keras",
+    "mha_to_torch",
+]

@@ -47,7 +47,7 @@ class AttentionOutput(NamedTuple):
     out:     (B, H, N, Dv), dtype of q.
     weights: (B, H, N, S) probabilities *before* dropout, or None (only with
              ``need_weights=True``, which selects the reference backend).
-    lse:     (B, H, N) log-sum-exp of the scaled, masked scores (float32, or
+    lse:     (B, H, N) log-sum-exp of the scaled, masked scores, no gradient (float32, or
              float64 for float64 input; -inf for rows that see no key), or None
              where the backend cannot give it (fused).
     """
@@ -171,7 +171,8 @@ def _reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights) -> A
     allowed = _allowed(mask, causal, n, s, q.device)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # (B, H, N); -inf where a row sees nothing
+    with torch.no_grad():  # lse carries no gradient; tracking it would keep a 2nd (B,H,N,S) copy
+        lse = torch.logsumexp(scores, dim=-1)  # (B, H, N); -inf where a row sees nothing
     dead = torch.isneginf(lse).unsqueeze(-1)  # (B, H, N, 1)
     if bool(dead.any()):
         # softmax of an all -inf row is NaN (and so is its gradient): give the

@@ -1,5 +1,6 @@
 """Modules with parameters: attention, blocks, embeddings, classic variants."""
 
+from attnkit.modules.additive import AdditiveAttention, AttentionPooling, LuongAttention
 from attnkit.modules.attention import Attend, MultiHeadAttention
 from attnkit.modules.blocks import (
     EncoderBlock,
@@ -12,10 +13,13 @@ from attnkit.modules.classic import T2TAttention, bert_self_attention, paper_att
 from attnkit.modules.embed import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
 __all__ = [
+    "AdditiveAttention",
     "Attend",
+    "AttentionPooling",
     "EncoderBlock",
     "FeedForward",
     "LearnedPositionalEmbedding",
+    "LuongAttention",
     "MultiHeadAttention",
     "PostNormResidual",
     "PreNormResidual",

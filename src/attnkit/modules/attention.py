@@ -193,6 +193,19 @@ class MultiHeadAttention(nn.Module):
 
         return mha_to_torch(self)
 
+    @classmethod
+    def from_keras(cls, layer) -> MultiHeadAttention:
+        """Exact copy of a built `keras.layers.MultiHeadAttention` (see `attnkit.convert.keras`)."""
+        from attnkit.convert.keras import mha_from_keras
+
+        return mha_from_keras(layer)
+
+    def to_keras(self):
+        """Exact copy as a built `keras.layers.MultiHeadAttention`."""
+        from attnkit.convert.keras import mha_to_keras
+
+        return mha_to_keras(self)
+
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "

@@ -15,8 +15,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from attnkit._io import atomic_write_bytes
 from attnkit.models.transformer import Transformer
-from attnkit.seq2seq._io import atomic_write_bytes
 from attnkit.viz.record import record_attention
 
 __all__ = ["cross_attention", "mirror_accuracy", "save_alignment_png", "write_alignments"]

@@ -13,6 +13,8 @@ few held-out examples). All are written atomically.
 
 from __future__ import annotations
 
+import io
+import json
 import math
 import random
 import time
@@ -23,9 +25,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from attnkit._io import atomic_write_bytes, atomic_write_text
 from attnkit.models.decoding import greedy
 from attnkit.models.transformer import Transformer, TransformerConfig, config_from_dict, preset
-from attnkit.seq2seq._io import atomic_torch_save, atomic_write_json
 from attnkit.seq2seq.alignment import write_alignments
 from attnkit.seq2seq.tasks import BOS, EOS, PAD, Task, exact_match, heldout, make_batch
 
@@ -92,6 +94,16 @@ def _schedule(cfg: TrainConfig) -> Callable[[int], float]:
         return min(warm, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
     return factor
+
+
+def _save_torch(path: Path, obj) -> None:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _save_json(path: Path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 class _Loop:
@@ -194,10 +206,10 @@ def train(
             "model_config": model_cfg.to_dict(),
             "task": task.to_dict(),
         }
-        atomic_torch_save(out / CHECKPOINT, ckpt)
+        _save_torch(out / CHECKPOINT, ckpt)
         config = {"model": model_cfg.to_dict(), "task": task.to_dict(), "train": asdict(cfg)}
-        atomic_write_json(out / CONFIG, config)
-        atomic_write_json(out / METRICS, _metrics(state, cfg))
+        _save_json(out / CONFIG, config)
+        _save_json(out / METRICS, _metrics(state, cfg))
 
     if state["step"] < cfg.steps:
         _Loop(cfg.steps, cfg.eval_every, cfg.stop_at, progress).run(

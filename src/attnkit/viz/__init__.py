@@ -1,5 +1,30 @@
-"""Seeing attention: capture (record_attention) and renderers."""
+"""Seeing attention: capture, the :class:`AttentionMaps` data contract, and renderers.
 
+Data and rendering are apart: `record_attention` captures per-layer (B, H, N, S)
+probabilities from any model; :class:`AttentionMaps` holds (L, H, N, S) for one
+example; :func:`head_view` turns it into a self-contained HTML page and
+:func:`model_view` into a matplotlib figure (layers × heads heatmaps).
+"""
+
+from attnkit.viz.head_view import head_view, write_html
+from attnkit.viz.maps import AttentionMaps
 from attnkit.viz.record import AttentionRecord, record_attention
 
-__all__ = ["AttentionRecord", "record_attention"]
+__all__ = [
+    "AttentionMaps",
+    "AttentionRecord",
+    "head_view",
+    "model_view",
+    "record_attention",
+    "save_model_view",
+    "write_html",
+]
+
+
+def __getattr__(name: str):
+    # matplotlib costs ~1 s to import: load the PNG renderer only when asked for.
+    if name in {"model_view", "save_model_view"}:
+        from attnkit.viz import figures
+
+        return getattr(figures, name)
+    raise AttributeError(f"module 'attnkit.viz' has no attribute {name!r}")

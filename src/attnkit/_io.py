@@ -1,0 +1,47 @@
+"""Atomic file writes: a temporary file in the target's directory, then ``os.replace``.
+
+An interrupted run therefore never leaves a half-written report, picture or checkpoint:
+readers see either the old file or the complete new one.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+__all__ = ["atomic_write_bytes", "atomic_write_text"]
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically and return the path.
+
+    Missing parent directories are created. The temporary file lives in the same
+    directory (``os.replace`` is only atomic within one file system) and is removed
+    if writing fails. The new file gets the usual permissions (0o666 minus umask).
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ValueError(f"data: expected bytes, got {type(data).__name__}")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+    # os.open with an explicit mode (instead of tempfile, which uses 0o600) so the
+    # final file has the permissions any normal write would give it.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically (encoded with ``encoding``) and return the path."""
+    if not isinstance(text, str):
+        raise ValueError(f"text: expected str, got {type(text).__name__}")
+    return atomic_write_bytes(path, text.encode(encoding))

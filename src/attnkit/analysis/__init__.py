@@ -1,0 +1,29 @@
+"""Cost analysis: exact MAC / FLOP / parameter / memory counts of attention.
+
+FLOPs = 2 × MACs for every matmul term; elementwise work (softmax, scale, mask,
+bias adds) is counted apart as FLOPs. See `attnkit.analysis.cost`.
+"""
+
+from attnkit.analysis.cost import Cost, allowed_pairs, mha_cost, single_head_cost, swin_window_cost
+from attnkit.analysis.heads import HeadStats, grid_positions, head_stats, token_positions
+from attnkit.analysis.memory import Memory, attention_memory, score_matrix_bytes
+from attnkit.analysis.models_cost import ModelCost, bert_cost, transformer_cost, vit_cost
+
+__all__ = [
+    "Cost",
+    "HeadStats",
+    "Memory",
+    "ModelCost",
+    "allowed_pairs",
+    "attention_memory",
+    "bert_cost",
+    "grid_positions",
+    "head_stats",
+    "mha_cost",
+    "score_matrix_bytes",
+    "single_head_cost",
+    "swin_window_cost",
+    "token_positions",
+    "transformer_cost",
+    "vit_cost",
+]

@@ -1,0 +1,372 @@
+"""Exact multiply-accumulate (MAC), FLOP and parameter counts of attention layers.
+
+Dimensions (the attnkit vocabulary): B batch, N query tokens, S key/value tokens,
+C input width, C' context width (cross-attention), H query heads, G key/value
+heads (G < H: grouped-query / multi-query attention), d head width, C_out output
+width.
+
+Counting rule. A product [a, c]·[c, b] costs a·b·c multiply-accumulates (MACs);
+one MAC is two floating-point operations, so **FLOPs = 2 × MACs** for every
+matmul term. This is the rule of `torch.utils.flop_counter.FlopCounterMode`,
+which the tests run against every formula here.
+
+One head of self-attention on X [N, C] (Vaswani et al. 2017, §3.2):
+
+    Q, K, V = X·W_q, X·W_k, X·W_v        3·N·C²   (three [N, C]·[C, C])
+    Q·Kᵀ                                  N²·C     ([N, C]·[C, N])
+    softmax(·)·V                          N²·C     ([N, N]·[N, C])
+                                   total  3NC² + 2N²C
+
+Multi-head attention splits C into H heads of width d = C/H: the score and
+weights·V products become H products of N·N·d, which sum to the same N²·C, so
+the count does not depend on H; the output projection W_o adds N·C²:
+
+    4NC² + 2N²C                           (multi-head self-attention)
+
+Swin windows (Liu et al. 2021, eq. 1-2) of M×M patches on an h×w grid:
+4hwC² + 2M²hwC.
+
+Elementwise work is not a matmul and is kept apart in `Cost.elementwise`, as
+FLOPs (not MACs), by the conventions below; `FlopCounterMode` does not see any of
+it (it counts only mm/bmm/addmm/baddbmm, convolutions and SDPA kernels):
+
+* scale: one multiply per score (attnkit scales the scores, not q);
+* softmax: 5 per score (running max, subtract, exp, sum, divide);
+* mask: one select per score when a causal/window/shift mask is applied;
+* bias: one add per projection output element (Linear biases, the Swin
+  relative-position bias).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["Cost", "allowed_pairs", "mha_cost", "single_head_cost", "swin_window_cost"]
+
+# FLOPs per attention score for the elementwise conventions in the module docstring.
+SOFTMAX_FLOPS_PER_SCORE = 5
+
+# Term names, shared by every formula so that summed costs line up.
+Q_PROJ, K_PROJ, V_PROJ = "q_proj", "k_proj", "v_proj"
+SCORES, WEIGHTS_V, OUT_PROJ = "scores (QKᵀ)", "weights·V", "out_proj"
+
+
+def _add_maps(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    out = dict(a)
+    for name, value in b.items():
+        out[name] = out.get(name, 0) + value
+    return out
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The cost of one forward pass of a layer (or of a stack of layers).
+
+    Add two costs to chain layers; multiply by an integer to stack identical
+    layers (parameters scale too: k layers have k sets of weights).
+    """
+
+    # MACs of each matmul term, e.g. {"q_proj": ..., "scores (QKᵀ)": ...}.
+    terms: dict[str, int]
+    # Trainable parameters; equals sum(p.numel()) of the matching torch modules.
+    params: int = 0
+    # Non-matmul FLOPs (softmax, scale, mask, bias adds): FLOPs, not MACs.
+    elementwise: dict[str, int] = field(default_factory=dict)
+    # MACs inside `terms` whose products a mask throws away (the upper triangle
+    # under `causal`, keys outside a sliding window). Dense kernels compute them
+    # anyway and `macs` includes them; a kernel that skips masked products needs
+    # only `unmasked_macs`.
+    masked_macs: int = 0
+
+    def __post_init__(self) -> None:
+        # Own copies: the dataclass is frozen, its maps should not change under it.
+        object.__setattr__(self, "terms", {k: int(v) for k, v in self.terms.items()})
+        object.__setattr__(self, "elementwise", {k: int(v) for k, v in self.elementwise.items()})
+
+    @property
+    def macs(self) -> int:
+        """Matmul multiply-accumulates, all terms, as dense kernels compute them."""
+        return sum(self.terms.values())
+
+    @property
+    def flops(self) -> int:
+        """Matmul FLOPs: 2 × `macs` (one multiply and one add per MAC)."""
+        return 2 * self.macs
+
+    @property
+    def unmasked_macs(self) -> int:
+        """MACs of a kernel that skips every masked product (`macs - masked_macs`).
+
+        attnkit's ``chunked`` backend and torch SDPA's CPU flash kernel with
+        ``is_causal`` skip whole blocks that are fully masked, so they land
+        between this figure and `macs` (closer to this one for long sequences);
+        the ``reference`` backend computes every product (`macs`).
+        """
+        return self.macs - self.masked_macs
+
+    @property
+    def backward_macs(self) -> int:
+        """≈ 2 × `macs`: the MACs of the backward pass.
+
+        Each product Y = A·B needs dA = dY·Bᵀ and dB = Aᵀ·dY in backward, each
+        as large as the forward product. It is exact when every operand needs a
+        gradient; it is less when an input needs none (the pixels of the first
+        layer) and more for kernels that recompute Q·Kᵀ in backward instead of
+        saving the probabilities (flash kernels: +1 score product, so 2.5× for
+        the attention core, as `torch.utils.flop_counter` counts SDPA backward).
+        """
+        return 2 * self.macs
+
+    @property
+    def elementwise_flops(self) -> int:
+        """Sum of the non-matmul FLOPs (conventions in the module docstring)."""
+        return sum(self.elementwise.values())
+
+    def __add__(self, other: Cost) -> Cost:
+        if not isinstance(other, Cost):
+            return NotImplemented
+        return Cost(
+            terms=_add_maps(self.terms, other.terms),
+            params=self.params + other.params,
+            elementwise=_add_maps(self.elementwise, other.elementwise),
+            masked_macs=self.masked_macs + other.masked_macs,
+        )
+
+    def __mul__(self, k: int) -> Cost:
+        if isinstance(k, bool) or not isinstance(k, int):
+            return NotImplemented
+        if k < 0:
+            raise ValueError(f"Cost can be stacked a non-negative number of times, got {k}")
+        return Cost(
+            terms={n: k * v for n, v in self.terms.items()},
+            params=k * self.params,
+            elementwise={n: k * v for n, v in self.elementwise.items()},
+            masked_macs=k * self.masked_macs,
+        )
+
+    __rmul__ = __mul__
+
+    def to_dict(self) -> dict:
+        """JSON-friendly summary (all numbers are Python ints)."""
+        return {
+            "macs": self.macs,
+            "flops": self.flops,
+            "params": self.params,
+            "backward_macs": self.backward_macs,
+            "masked_macs": self.masked_macs,
+            "unmasked_macs": self.unmasked_macs,
+            "elementwise_flops": self.elementwise_flops,
+            "terms": dict(self.terms),
+            "elementwise": dict(self.elementwise),
+        }
+
+
+ZERO = Cost(terms={})
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_positive(**values: int | None) -> None:
+    for name, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def allowed_pairs(n: int, s: int, *, causal: bool = False, window: int | None = None) -> int:
+    """Number of (query, key) pairs a mask keeps, out of N·S.
+
+    Same alignment as `attnkit.functional.masks`: query i sits at key position
+    p = i + S - N (bottom-right). `causal` keeps keys j <= p; `window` keeps
+    |j - p| < window, or p - window < j <= p together with `causal`.
+    """
+    if not causal and window is None:
+        return n * s
+    total = 0
+    for i in range(n):
+        p = i + s - n
+        lo = 0 if window is None else p - window + 1
+        hi = p if causal else p + window - 1
+        total += max(0, min(hi, s - 1) - max(lo, 0) + 1)
+    return total
+
+
+def _attention_cost(
+    n: int,
+    dim: int,
+    heads: int,
+    *,
+    context_len: int | None,
+    context_dim: int | None,
+    kv_heads: int | None,
+    head_dim: int | None,
+    out_dim: int | None,
+    qkv_bias: bool,
+    out_bias: bool,
+    causal: bool,
+    window: int | None,
+    batch: int,
+    out_proj: bool,
+) -> Cost:
+    """The one formula behind `mha_cost` and `single_head_cost`."""
+    _check_positive(
+        n=n, dim=dim, heads=heads, context_len=context_len, context_dim=context_dim,
+        kv_heads=kv_heads, head_dim=head_dim, out_dim=out_dim, window=window, batch=batch,
+    )  # fmt: skip
+    if head_dim is None:
+        if dim % heads:
+            raise ValueError(f"heads={heads} must divide dim={dim} (or give head_dim)")
+        head_dim = dim // heads
+    g = heads if kv_heads is None else kv_heads
+    if heads % g:
+        raise ValueError(f"kv_heads={g} must divide heads={heads}")
+    s = n if context_len is None else context_len
+    cc = dim if context_dim is None else context_dim
+    c_out = dim if out_dim is None else out_dim
+    inner, kv_inner = heads * head_dim, g * head_dim  # H·d, G·d
+
+    terms = {
+        Q_PROJ: n * dim * inner,  # [N, C]·[C, H·d]
+        K_PROJ: s * cc * kv_inner,  # [S, C']·[C', G·d]: G < H means fewer K/V MACs
+        V_PROJ: s * cc * kv_inner,
+        # every query head reads a K/V head (shared under GQA): H products [N, d]·[d, S]
+        SCORES: heads * n * s * head_dim,
+        WEIGHTS_V: heads * n * s * head_dim,  # H products [N, S]·[S, d]
+    }
+    params = (dim * inner + cc * kv_inner * 2) + (inner + 2 * kv_inner if qkv_bias else 0)
+    bias_adds = inner * n + 2 * kv_inner * s if qkv_bias else 0
+    if out_proj:
+        terms[OUT_PROJ] = n * inner * c_out  # [N, H·d]·[H·d, C_out]
+        params += inner * c_out + (c_out if out_bias else 0)
+        bias_adds += n * c_out if out_bias else 0
+
+    scores = heads * n * s
+    elementwise = {"scale": scores, "softmax": SOFTMAX_FLOPS_PER_SCORE * scores}
+    if causal or window is not None:
+        elementwise["mask"] = scores
+    if bias_adds:
+        elementwise["bias"] = bias_adds
+    masked = (n * s - allowed_pairs(n, s, causal=causal, window=window)) * heads * 2 * head_dim
+    return _batched(Cost(terms, params, elementwise, masked), batch)
+
+
+def _batched(cost: Cost, batch: int) -> Cost:
+    """`cost` for a batch of B inputs: work scales with B, the weights are shared."""
+    scaled = batch * cost
+    return Cost(scaled.terms, cost.params, scaled.elementwise, scaled.masked_macs)
+
+
+def mha_cost(
+    n: int,
+    dim: int,
+    heads: int,
+    *,
+    context_len: int | None = None,
+    context_dim: int | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+    out_dim: int | None = None,
+    qkv_bias: bool = True,
+    out_bias: bool = True,
+    causal: bool = False,
+    window: int | None = None,
+    batch: int = 1,
+) -> Cost:
+    """Cost of one multi-head attention layer (self or cross), forward.
+
+    Args:
+        n: query tokens N.
+        dim: input width C.
+        heads: query heads H.
+        context_len: key/value tokens S (cross-attention); default N.
+        context_dim: width C' of the context; default C.
+        kv_heads: key/value heads G (GQA, MQA with G = 1): K and V projections
+            shrink to C'·G·d, the score products do not (each query head still
+            meets S keys).
+        head_dim: d; default C / H.
+        out_dim: C_out of the output projection (T2T-ViT's token-to-token
+            attention changes the width); default C.
+        causal: query i sees keys j <= i + S - N (bottom-right, as attnkit).
+            `macs` still counts all N·S products (dense kernels compute them);
+            `masked_macs` holds the upper triangle, `unmasked_macs` what a
+            causal-skipping kernel needs. attnkit's ``chunked`` backend skips
+            fully masked blocks and so does torch SDPA's CPU flash kernel with
+            ``is_causal`` (attnkit's ``fused`` backend passes ``is_causal`` only
+            when N == S; otherwise it passes a mask and nothing is skipped);
+            the ``reference`` backend computes everything.
+        window: sliding window of `window` keys (`masks.sliding_window`);
+            counted like `causal`.
+        batch: B; every count is linear in it (parameters are not).
+
+    With defaults: 4NC² + 2N²C MACs and 4C² + 4C parameters.
+    """
+    return _attention_cost(
+        n, dim, heads, context_len=context_len, context_dim=context_dim, kv_heads=kv_heads,
+        head_dim=head_dim, out_dim=out_dim, qkv_bias=qkv_bias, out_bias=out_bias,
+        causal=causal, window=window, batch=batch, out_proj=True,
+    )  # fmt: skip
+
+
+def single_head_cost(
+    n: int,
+    dim: int,
+    *,
+    context_len: int | None = None,
+    bias: bool = True,
+    causal: bool = False,
+    batch: int = 1,
+) -> Cost:
+    """One head of width C, no output projection: 3NC² + 2N²C MACs (S = N)."""
+    return _attention_cost(
+        n, dim, 1, context_len=context_len, context_dim=None, kv_heads=None, head_dim=dim,
+        out_dim=None, qkv_bias=bias, out_bias=False, causal=causal, window=None,
+        batch=batch, out_proj=False,
+    )  # fmt: skip
+
+
+def swin_window_cost(
+    grid_h: int,
+    grid_w: int,
+    dim: int,
+    heads: int,
+    window: int,
+    shifted: bool = False,
+    *,
+    qkv_bias: bool = True,
+    batch: int = 1,
+) -> Cost:
+    """Window attention (W-MSA / SW-MSA) of one Swin block on an h×w grid of tokens.
+
+    The grid is padded up to multiples of M (Swin pads before the qkv
+    projection, so padded tokens are projected and attended like real ones and
+    are counted here): with h', w' the padded sizes, the MACs are
+    4h'w'C² + 2M²h'w'C (Liu et al. 2021, eq. 2, with padding).
+
+    The shifted variant (SW-MSA) costs the same matmuls: the cyclic shift is a
+    roll and the shift mask is an elementwise add. As in Swin's code, a grid no
+    larger than the window becomes one window of min(h, w) and is not shifted.
+
+    Parameters: qkv (C·3C + 3C), proj (C² + C) and the relative-position-bias
+    table ((2M - 1)² × H).
+    """
+    _check_positive(grid_h=grid_h, grid_w=grid_w, dim=dim, heads=heads, window=window, batch=batch)
+    if min(grid_h, grid_w) <= window:  # SwinTransformerBlock.__init__ in Swin's code
+        window, shifted = min(grid_h, grid_w), False
+    hp = math.ceil(grid_h / window) * window
+    wp = math.ceil(grid_w / window) * window
+    windows, m2 = (hp // window) * (wp // window), window * window
+    per_window = mha_cost(m2, dim, heads, qkv_bias=qkv_bias)
+    stacked = _batched(windows * per_window, batch)  # all windows share one set of weights
+    elementwise = dict(stacked.elementwise)
+    rel_bias = batch * windows * heads * m2 * m2  # relative-position bias add, per score
+    elementwise["bias"] = elementwise.get("bias", 0) + rel_bias
+    if shifted:
+        elementwise["mask"] = rel_bias
+    return Cost(
+        terms=stacked.terms,
+        params=per_window.params + (2 * window - 1) ** 2 * heads,
+        elementwise=elementwise,
+    )

@@ -1,0 +1,275 @@
+"""`attnkit explain`: run a pretrained BERT on a sentence and show where one token looks.
+
+Dimensions: L layers, H heads, N tokens ([CLS] and [SEP] included).
+
+The model is attnkit's `BertEncoder` (no `transformers`); the maps come from
+`attnkit.record_attention`. Prints a table per layer (mean over heads) and per
+head of the last layer, then writes a head view (HTML), a model view (PNG) and
+the maps (JSON) into --out, each atomically, after everything has been computed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import torch  # already loaded by `import attnkit`
+
+from attnkit.cli._errors import UsageError
+
+__all__ = ["DEFAULT_TEXT", "find_focus", "ranked", "register", "run"]
+
+DEFAULT_TEXT = "The animal didn't cross the street because it was too tired"
+DEFAULT_FOCUS = "it"
+DEFAULT_OUT = Path("attnkit-out") / "explain"
+SPECIAL = frozenset({"[CLS]", "[SEP]", "[PAD]"})
+CHECKPOINT_HINT = (
+    "pass --checkpoint DIR with a Hugging Face BERT folder (config.json, model.safetensors)"
+)
+
+
+def register(subparsers) -> None:
+    """Add the ``explain`` subcommand to `subparsers` (``set_defaults(run=run)``)."""
+    p = subparsers.add_parser(
+        "explain",
+        help="show where a token of a sentence attends, in a pretrained BERT",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument(
+        "text",
+        nargs="?",
+        default=DEFAULT_TEXT,
+        metavar="TEXT",
+        help=f'sentence to run (default: "{DEFAULT_TEXT}")',
+    )
+    p.add_argument("--pair", metavar="TEXT_B", help="second segment (token type 1)")
+    p.add_argument(
+        "--focus",
+        default=DEFAULT_FOCUS,
+        metavar="TOKEN",
+        help=f"token whose attention is shown (default: {DEFAULT_FOCUS!r})",
+    )
+    p.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        type=Path,
+        help="Hugging Face BERT folder (default: embedded all-MiniLM-L6-v2)",
+    )
+    p.add_argument(
+        "--layers",
+        nargs="+",
+        type=int,
+        metavar="L",
+        help="layers to show and write (default: all; negative counts from the end)",
+    )
+    p.add_argument("--heads", nargs="+", type=int, metavar="H", help="heads (default: all)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help=f"output folder (default: {DEFAULT_OUT})",
+    )
+    p.add_argument("--top", type=int, default=3, metavar="K", help="tokens per row (default 3)")
+    p.set_defaults(run=run)
+
+
+@contextlib.contextmanager
+def _step(message: str, after: float = 1.0) -> Iterator[None]:
+    """Say `message` on stderr only if the step runs longer than `after` seconds, so a
+    fast step (or one that fails fast) prints nothing."""
+    start, shown = time.perf_counter(), []
+
+    def say() -> None:
+        shown.append(True)
+        print(f"attnkit explain: {message} ...", file=sys.stderr, flush=True)
+
+    timer = threading.Timer(after, say)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+    if shown:
+        took = time.perf_counter() - start
+        print(f"attnkit explain: {message}: done in {took:.1f} s", file=sys.stderr, flush=True)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if not args.text.strip():
+        raise UsageError('TEXT is empty: give a sentence, e.g. attnkit explain "The cat sat."')
+    if args.pair is not None and not args.pair.strip():
+        raise UsageError("--pair is empty: give a second sentence or leave --pair out")
+    if args.top < 1:
+        raise UsageError(f"--top must be at least 1, got {args.top}")
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {str(args.out)!r} is a file: give a folder to write into")
+
+
+def _open(folder: Path | None):
+    """(folder, display name, BertConfig, Tokenizer): the fast checks, before any weights
+    are read. UsageError for a missing or unsupported checkpoint."""
+    from attnkit.models import BertConfig, Tokenizer, default_checkpoint
+    from attnkit.models.checkpoint import checkpoint_files
+
+    try:
+        name = "all-MiniLM-L6-v2 (embedded)" if folder is None else str(folder)
+        folder = default_checkpoint() if folder is None else folder
+        config = BertConfig.from_json(checkpoint_files(folder)[0])
+        tokenizer = Tokenizer.from_pretrained(folder, max_length=config.max_position_embeddings)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(f"{e}; {CHECKPOINT_HINT}") from None
+    return folder, name, config, tokenizer
+
+
+def _load_model(folder: Path, name: str):
+    from attnkit.models import BertEncoder
+
+    with _step(f"loading {name}"):
+        try:
+            return BertEncoder.from_pretrained(folder)
+        except (FileNotFoundError, ValueError) as e:
+            raise UsageError(f"{e}; {CHECKPOINT_HINT}") from None
+
+
+def find_focus(tokens: Sequence[str], focus: str, pieces_of: Callable[[str], list[str]]) -> int:
+    """Index of the first token equal to `focus` (case-insensitive), else of the first
+    piece of `focus` split by the tokenizer (`pieces_of`); UsageError listing the tokens."""
+    wanted = focus.strip().lower()
+    lowered = [t.lower() for t in tokens]
+    if wanted in lowered:
+        return lowered.index(wanted)
+    pieces = [p.lower() for p in pieces_of(focus)] if wanted else []
+    for i in range(len(lowered) - len(pieces) + 1):
+        if pieces and lowered[i : i + len(pieces)] == pieces:
+            return i
+    words = " ".join(t for t in tokens if t not in SPECIAL)
+    raise UsageError(f"--focus {focus!r} is not in the text; its tokens are: {words}")
+
+
+def _indices(option: str, picked: Sequence[int] | None, size: int, what: str) -> list[int]:
+    if picked is None:
+        return list(range(size))
+    for i in picked:
+        if not -size <= i < size:
+            raise UsageError(
+                f"{option} {i} is out of range: the model has {size} {what} (0..{size - 1})"
+            )
+    return [i % size for i in picked]
+
+
+def ranked(
+    row: torch.Tensor, tokens: Sequence[str], k: int, skip: Sequence[int] = ()
+) -> list[tuple[str, float]]:
+    """The `k` largest weights of `row` (S,) as (token, weight). Positions in `skip` are
+    dropped and the rest renormalised to sum to 1 (when anything is left)."""
+    w = row.clone()
+    if skip:
+        w[list(skip)] = 0.0
+        total = float(w.sum())
+        w = w / total if total > 0 else w
+    values, index = w.topk(min(k, w.numel()))
+    return [(tokens[int(i)], float(v)) for v, i in zip(values, index, strict=True)]
+
+
+def _cells(items: list[tuple[str, float]]) -> str:
+    return "  ".join(f"{t} {w:.2f}" for t, w in items)
+
+
+def report(maps, tokens: list[str], focus: int, layers: list[int], heads: list[int], k: int):
+    """The table (a list of lines) for maps (L', H', N, N) of the selected layers and heads."""
+    skip = sorted({i for i, t in enumerate(tokens) if t in SPECIAL} | {focus})
+    rows = maps[:, :, focus]  # (L', H', N): the focus token's attention
+    name = tokens[focus]
+    lines = [f"where {name!r} (token {focus}) attends; mean over heads {_span(heads)}", ""]
+    lines.append(f"{'layer':>5}  {'top tokens':<40}  top words (no [CLS]/[SEP]/itself)")
+    for li, layer in enumerate(layers):
+        mean = rows[li].mean(0)  # (N,)
+        raw, words = ranked(mean, tokens, k), ranked(mean, tokens, k, skip)
+        lines.append(f"{layer:>5}  {_cells(raw):<40}  {_cells(words)}")
+    last = len(layers) - 1
+    lines += ["", f"{'head':>5}  {'top token (layer ' + str(layers[last]) + ')':<40}  top word"]
+    for hi, head in enumerate(heads):
+        raw, words = ranked(rows[last, hi], tokens, 1), ranked(rows[last, hi], tokens, 1, skip)
+        lines.append(f"{head:>5}  {_cells(raw):<40}  {_cells(words)}")
+    lines.append("")
+    in_last = _strongest_head(rows[last:], skip)
+    overall = _strongest_head(rows, skip)
+    if in_last is not None:
+        weight, _, hi, j = in_last
+        lines.append(
+            f"layer {layers[last]}: head {heads[hi]} puts the most weight of {name!r} on one "
+            f"word: {weight:.2f} on {tokens[j]!r}"
+        )
+    if overall is not None and overall != in_last:
+        weight, li, hi, j = overall
+        where = {focus - 1: " (the previous token)", focus + 1: " (the next token)"}.get(j, "")
+        lines.append(
+            f"all layers shown: layer {layers[li]} head {heads[hi]} puts the most: "
+            f"{weight:.2f} on {tokens[j]!r}{where}"
+        )
+    return lines
+
+
+def _strongest_head(rows: torch.Tensor, skip: Sequence[int]) -> tuple[float, int, int, int] | None:
+    """(weight, layer, head, token) of the head whose top word (raw weight, `skip` left
+    out) is largest, over rows (L', H', N); None if only skipped tokens exist."""
+    words = torch.ones(rows.shape[-1], dtype=torch.bool)  # (N,)
+    words[list(skip)] = False
+    if not bool(words.any()):
+        return None
+    top, where = rows.masked_fill(~words, -1.0).max(-1)  # (L', H') each
+    li, hi = divmod(int(top.argmax()), rows.shape[1])
+    return float(top[li, hi]), li, hi, int(where[li, hi])
+
+
+def _span(indices: list[int]) -> str:
+    if indices == list(range(indices[0], indices[-1] + 1)):
+        return f"{indices[0]}..{indices[-1]}"
+    return ",".join(map(str, indices))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command; UsageError for bad input (the caller prints it and exits 2)."""
+    _check_args(args)
+    from attnkit.cli import _render
+    from attnkit.viz.record import record_attention
+
+    folder, name, config, tokenizer = _open(args.checkpoint)
+    try:
+        encoding = tokenizer.encode(args.text, args.pair)
+    except ValueError as e:
+        what = "TEXT with --pair" if args.pair else "TEXT"
+        raise UsageError(str(e).replace("text 0", what)) from None
+    tokens = encoding.tokens[0]
+    focus = find_focus(tokens, args.focus, tokenizer.tokenize)
+    layers = _indices("--layers", args.layers, config.num_hidden_layers, "layers")
+    heads = _indices("--heads", args.heads, config.num_attention_heads, "heads")
+    model = _load_model(folder, name)  # every input is checked before the slow part
+
+    with torch.inference_mode(), record_attention(model) as rec:
+        model(**encoding.model_inputs())
+    maps = rec.stack()[:, 0]  # (L, 1, H, N, N) -> (L, H, N, N)
+    maps = maps[layers][:, heads]  # (L', H', N, N)
+
+    print(f"{name}: {config.num_hidden_layers} layers x {config.num_attention_heads} heads")
+    print("\n".join(report(maps, tokens, focus, layers, heads, args.top)))
+
+    meta = {
+        "text": args.text,
+        "pair": args.pair,
+        "focus": {"token": tokens[focus], "index": focus},
+        "checkpoint": name,
+        "layers": layers,
+        "heads": heads,
+    }
+    with _step("rendering"):
+        written = _render.write_all(args.out, tokens, maps, [f"layer {i}" for i in layers], meta)
+    print(f"\nwrote {', '.join(p.name for p in written)} to {args.out}/")
+    return 0

@@ -1,0 +1,276 @@
+"""`attnkit flops`: MACs, FLOPs, parameters and memory of an attention layer or a model.
+
+    attnkit flops --tokens 197 --dim 768 --heads 12
+    attnkit flops --grid 56x56 --window 7 --dim 96 --heads 3
+    attnkit flops --model vit --json
+    attnkit flops --dim 384 --heads 6 --plot cost.png
+
+FLOPs = 2 × MACs (one multiply and one add per multiply-accumulate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import textwrap
+
+from attnkit.analysis import (
+    Cost,
+    ModelCost,
+    attention_memory,
+    bert_cost,
+    mha_cost,
+    score_matrix_bytes,
+    swin_window_cost,
+    transformer_cost,
+    vit_cost,
+)
+
+PROG = "attnkit flops"
+
+# Defaults per model: MiniLM-L6 (all-MiniLM-L6-v2), ViT-B/16 at 224², Transformer base.
+MODEL_DEFAULTS = {
+    "bert": {"layers": 6, "dim": 384, "heads": 12, "ff": 1536, "seq_len": 128},
+    "vit": {"layers": 12, "dim": 768, "heads": 12, "image": 224, "patch": 16},
+    "transformer": {"layers": 6, "dim": 512, "heads": 8, "ff": 2048, "seq_len": 128},
+}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "flops",
+        help="MACs, FLOPs, parameters and memory of attention layers and models",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    layer = p.add_argument_group("one attention layer")
+    layer.add_argument("--tokens", type=int, metavar="N", help="query tokens N")
+    layer.add_argument("--dim", type=int, metavar="C", help="model width C")
+    layer.add_argument("--heads", type=int, metavar="H", help="query heads H")
+    layer.add_argument("--context", type=int, metavar="S", help="key/value tokens S (cross)")
+    layer.add_argument("--context-dim", type=int, metavar="C2", help="context width (cross)")
+    layer.add_argument("--kv-heads", type=int, metavar="G", help="key/value heads (GQA/MQA)")
+    layer.add_argument("--head-dim", type=int, metavar="D", help="head width (default C/H)")
+    layer.add_argument("--out-dim", type=int, metavar="C3", help="output width (default C)")
+    layer.add_argument("--window", type=int, metavar="M", help="Swin window of M×M patches")
+    layer.add_argument("--grid", metavar="HxW", help="token grid for --window, e.g. 56x56")
+    layer.add_argument("--shifted", action="store_true", help="shifted windows (SW-MSA)")
+    layer.add_argument("--causal", action="store_true", help="causal mask")
+    layer.add_argument("--batch", type=int, default=1, metavar="B", help="batch size (1)")
+    model = p.add_argument_group("a whole model")
+    model.add_argument("--model", choices=sorted(MODEL_DEFAULTS), help="per-layer breakdown")
+    model.add_argument("--layers", type=int, help="layers / depth (enc and dec each)")
+    model.add_argument("--seq-len", type=int, help="tokens (bert, transformer source)")
+    model.add_argument("--tgt-len", type=int, help="target tokens (transformer)")
+    model.add_argument("--ff", type=int, help="feed-forward width")
+    model.add_argument("--image", type=int, help="image side in pixels (vit)")
+    model.add_argument("--patch", type=int, help="patch side in pixels (vit)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE.png", help="plot cost and measured time vs length")
+    p.error = _one_line_error  # type: ignore[method-assign]
+    p.set_defaults(run=run)
+
+
+def _one_line_error(message: str) -> None:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.plot:
+            from attnkit.cli.flops_plot import plot
+
+            plot(args.plot, dim=args.dim or 384, heads=args.heads or 6, window=args.window or 7)
+            return 0
+        report = _model_report(args) if args.model else _layer_report(args)
+    except ValueError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report["json"]) if args.json else report["text"])
+    return 0
+
+
+# --------------------------------------------------------------------------- one layer
+
+
+def _parse_grid(text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--grid must look like HxW with positive integers (56x56), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def _layer_report(args: argparse.Namespace) -> dict:
+    if args.dim is None or args.heads is None:
+        raise ValueError("--dim and --heads are required (or --model)")
+    if args.window is not None and args.grid is None:
+        raise ValueError("--window needs --grid HxW (Swin windows of M×M patches on a grid)")
+    if args.shifted and args.window is None:
+        raise ValueError("--shifted needs --window and --grid")
+    n = args.tokens
+    if args.grid is not None:
+        gh, gw = _parse_grid(args.grid)
+        if n is not None and n != gh * gw:
+            raise ValueError(f"--tokens {n} disagrees with --grid {args.grid} ({gh * gw} tokens)")
+        n = gh * gw
+    if n is None:
+        raise ValueError("--tokens N is required (or --grid HxW)")
+    if args.head_dim is None and args.dim % args.heads:
+        raise ValueError(f"--heads {args.heads} must divide --dim {args.dim} (or give --head-dim)")
+    if args.kv_heads is not None and args.heads % args.kv_heads:
+        raise ValueError(f"--kv-heads {args.kv_heads} must divide --heads {args.heads}")
+
+    if args.window is not None:
+        unsupported = ("context", "context_dim", "kv_heads", "head_dim", "out_dim")
+        if any(getattr(args, f) is not None for f in unsupported) or args.causal:
+            raise ValueError(
+                "--window (Swin) takes only --dim, --heads, --grid, --shifted, --batch"
+            )
+        cost = swin_window_cost(
+            gh, gw, args.dim, args.heads, args.window, args.shifted, batch=args.batch
+        )
+        m = min(args.window, gh, gw)
+        hp, wp = math.ceil(gh / m) * m, math.ceil(gw / m) * m
+        form = "4h'w'C² + 2M²h'w'C" if (hp, wp) != (gh, gw) else "4hwC² + 2M²hwC"
+        value = 4 * hp * wp * args.dim**2 + 2 * m * m * hp * wp * args.dim
+        closed = f"{form} = 4·{hp}·{wp}·{args.dim}² + 2·{m}²·{hp}·{wp}·{args.dim}"
+        title = f"Swin {'SW' if args.shifted else 'W'}-MSA  grid {gh}x{gw}  M={m}  C={args.dim}"
+        title += f"  H={args.heads}"
+        s, score_heads, score_n = m * m, args.heads, (hp // m) * (wp // m) * m * m
+    else:
+        cost = mha_cost(
+            n, args.dim, args.heads, context_len=args.context, context_dim=args.context_dim,
+            kv_heads=args.kv_heads, head_dim=args.head_dim, out_dim=args.out_dim,
+            causal=args.causal, batch=args.batch,
+        )  # fmt: skip
+        closed, value = _mha_closed_form(args, n)
+        s, score_heads, score_n = args.context or n, args.heads, n
+        kind = "self" if args.context is None and args.context_dim is None else "cross"
+        title = f"multi-head {kind}-attention  N={n}  S={s}  C={args.dim}  H={args.heads}"
+    value *= args.batch
+    if args.batch > 1:
+        closed = f"B·({closed})"
+    if value != cost.macs:  # the closed form is an independent check of the formula
+        raise RuntimeError(f"closed form {value} != formula {cost.macs}: a bug in attnkit")
+    scores = score_matrix_bytes(args.batch, score_heads, score_n, s)
+    d = args.head_dim or args.dim // args.heads
+    mem = attention_memory(args.batch, score_heads, score_n, s, d, kv_heads=args.kv_heads)
+    lines = [f"{title}  B={args.batch}", "", *_term_table(cost), ""]
+    lines.append(f"closed form: {closed} = {value:,} MACs")
+    lines.append(f"params: {cost.params:,}")
+    lines.append(f"backward ≈ 2 × forward: {cost.backward_macs:,} MACs")
+    if cost.masked_macs:
+        lines.append(
+            f"masked products: {cost.masked_macs:,} MACs; a kernel that skips them needs "
+            f"{cost.unmasked_macs:,} (dense kernels compute all {cost.macs:,})"
+        )
+    lines.append(f"score matrix (B·H·N·S, float32): {_bytes(scores)}")
+    lines.append(f"kept for backward (reference backend): {_bytes(mem.saved_bytes)}")
+    lines.append(_elementwise_line(cost))
+    data = {**cost.to_dict(), "closed_form": closed, "score_matrix_bytes": scores}
+    data["memory_reference"] = mem.to_dict()
+    return {"text": "\n".join(lines), "json": data}
+
+
+def _mha_closed_form(args: argparse.Namespace, n: int) -> tuple[str, int]:
+    """The textbook expression when it applies, else the general one, with numbers."""
+    c, h = args.dim, args.heads
+    plain = all(
+        getattr(args, f) is None for f in ("context", "context_dim", "kv_heads", "out_dim")
+    ) and (args.head_dim is None or args.head_dim * h == c)
+    if plain:
+        return f"4NC² + 2N²C = 4·{n}·{c}² + 2·{n}²·{c}", 4 * n * c * c + 2 * n * n * c
+    s, cc = args.context or n, args.context_dim or c
+    g, d, co = args.kv_heads or h, args.head_dim or c // h, args.out_dim or c
+    text = (
+        f"N·C·Hd + 2·S·C'·Gd + 2·H·N·S·d + N·Hd·C_out = {n}·{c}·{h * d} + 2·{s}·{cc}·{g * d}"
+        f" + 2·{h}·{n}·{s}·{d} + {n}·{h * d}·{co}"
+    )
+    return text, n * c * h * d + 2 * s * cc * g * d + 2 * h * n * s * d + n * h * d * co
+
+
+# --------------------------------------------------------------------------- a model
+
+
+def _model_report(args: argparse.Namespace) -> dict:
+    cfg = dict(MODEL_DEFAULTS[args.model])
+    for key in ("layers", "dim", "heads", "ff", "seq_len", "image", "patch"):
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
+    if cfg["dim"] % cfg["heads"]:
+        raise ValueError(f"--heads {cfg['heads']} must divide --dim {cfg['dim']}")
+    b = args.batch
+    if args.model == "bert":
+        seq = args.tokens or cfg["seq_len"]
+        cost = bert_cost(cfg["layers"], cfg["dim"], cfg["heads"], cfg["ff"], seq, batch=b)
+        title = f"BERT  L={cfg['layers']}  C={cfg['dim']}  H={cfg['heads']}  N={seq}"
+    elif args.model == "vit":
+        cost = vit_cost(cfg["image"], cfg["patch"], cfg["dim"], cfg["layers"], cfg["heads"],
+                        batch=b)  # fmt: skip
+        n = (cfg["image"] // cfg["patch"]) ** 2 + 1
+        title = f"ViT  {cfg['image']}²/{cfg['patch']}  depth={cfg['layers']}  C={cfg['dim']}"
+        title += f"  H={cfg['heads']}  N={n}"
+    else:
+        src = args.tokens or cfg["seq_len"]
+        tgt = args.tgt_len or src
+        cost = transformer_cost(src, tgt, cfg["dim"], cfg["heads"], cfg["ff"], cfg["layers"],
+                                cfg["layers"], batch=b)  # fmt: skip
+        title = f"Transformer  {cfg['layers']}+{cfg['layers']} layers  C={cfg['dim']}"
+        title += f"  S={src}  N={tgt}"
+    lines = [f"{title}  B={b}", "", *_parts_table(cost), ""]
+    total = cost.total
+    lines.append(f"backward ≈ 2 × forward: {total.backward_macs:,} MACs")
+    lines.append(_elementwise_line(total))
+    return {"text": "\n".join(lines), "json": {"model": args.model, **cfg, **cost.to_dict()}}
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join([f"{{:<{widths[0]}}}"] + [f"{{:>{w}}}" for w in widths[1:]])
+    rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
+    return [
+        fmt.format(*header),
+        rule,
+        *(fmt.format(*r) for r in rows[:-1]),
+        rule,
+        fmt.format(*rows[-1]),
+    ]
+
+
+def _share(part: int, total: int) -> str:
+    return f"{100 * part / total:.1f}%" if total else "-"
+
+
+def _term_table(cost: Cost) -> list[str]:
+    rows = [[k, f"{v:,}", f"{2 * v:,}", _share(v, cost.macs)] for k, v in cost.terms.items()]
+    rows.append(["total (matmul)", f"{cost.macs:,}", f"{cost.flops:,}", "100.0%"])
+    return _table(["term", "MACs", "FLOPs", "share"], rows)
+
+
+def _parts_table(model: ModelCost) -> list[str]:
+    total = model.total
+    rows = [
+        [name, f"{c.macs:,}", f"{c.flops:,}", f"{c.params:,}", _share(c.macs, total.macs)]
+        for name, c in model.parts.items()
+    ]
+    rows.append(["total", f"{total.macs:,}", f"{total.flops:,}", f"{total.params:,}", "100.0%"])
+    return _table(["part", "MACs", "FLOPs", "params", "share"], rows)
+
+
+def _elementwise_line(cost: Cost) -> str:
+    parts = ", ".join(f"{k} {v:,}" for k, v in cost.elementwise.items())
+    text = f"not matmuls, not in the totals (FLOPs): {parts}"
+    return textwrap.fill(text, width=100, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def _bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n:,} B"
+    exp = min(int(math.log(n, 1024)), 3)
+    return f"{n / 1024**exp:,.1f} {('KiB', 'MiB', 'GiB')[exp - 1]} ({n:,} B)"

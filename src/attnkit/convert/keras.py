@@ -1,0 +1,408 @@
+"""Keras 3 attention layers <-> attnkit (any Keras backend; weights travel as numpy).
+
+`keras.layers.MultiHeadAttention` <-> `attnkit.MultiHeadAttention`
+(H heads, D = key_dim = value_dim, C query width, Cc key/value width, Co output width):
+
+| Keras MultiHeadAttention           | attnkit MultiHeadAttention (FusedQKV; [SplitQKV])   |
+| ---------------------------------- | --------------------------------------------------- |
+| query/kernel (C, H, D)             | in_proj.qkv.weight[:HD] (HD, C) = kernel.flatten(1).T |
+|                                    | [in_proj.q.weight]                                  |
+| key/kernel (Cc, H, D)              | in_proj.qkv.weight[HD:2HD] [in_proj.kv.weight[:HD]] |
+| value/kernel (Cc, H, D)            | in_proj.qkv.weight[2HD:]   [in_proj.kv.weight[HD:]] |
+| query/bias, key/bias, value/bias   | in_proj.qkv.bias (3HD,) = the three flattened, cat  |
+| (H, D) each                        | [in_proj.q.bias, in_proj.kv.bias]                   |
+| attention_output/kernel (H, D, Co) | proj.weight (Co, HD) = kernel.flatten(0, 1).T       |
+| attention_output/bias (Co,)        | proj.bias (Co,)                                     |
+
+HD = H·D. Cc == C gives `FusedQKV`, otherwise `SplitQKV` (bracketed). Head h of
+Keras is rows h·D .. (h+1)·D - 1 of attnkit's projections, the order in which
+attnkit splits heads. Keras scales scores by 1/sqrt(key_dim), attnkit's default.
+
+Refused, because attnkit's module cannot express them: value_dim != key_dim
+(one head width), key width != value width (attnkit projects keys and values
+from one context), `use_gate`, `sliding_window` (pass
+`attnkit.masks.sliding_window` as a mask instead), `attention_axes` other than
+the sequence axis, and `output_shape` with more than one dimension.
+
+Masks. Keras's `attention_mask` is `(B, N, S)` with 1 = attend: convert with
+`attnkit.masks.from_keras_attention_mask`. Keras's `use_causal_mask` is aligned
+top-left (query i sees keys j <= i); attnkit's `causal=True` is aligned
+bottom-right — identical when N == S; for N != S pass `keras_causal(n, s)` as a
+mask. A query row that may attend to nothing: attnkit gives attention output
+0; Keras gives 0 when it computes scores (`return_attention_scores=True` or
+dropout) but, on its fused path, the *mean of all values* (it masks with a
+large negative number, which makes such a row uniform).
+
+`keras.layers.AdditiveAttention` and `keras.layers.Attention` have no
+projections, only scalars or a vector; they map to `attnkit.modules.AdditiveAttention`
+(no `hidden`) and `attnkit.modules.LuongAttention` (no `general`):
+
+| Keras                                   | attnkit                                      |
+| --------------------------------------- | -------------------------------------------- |
+| AdditiveAttention: scale (C,)           | AdditiveAttention.v (C,); inner_scale = 1    |
+| AdditiveAttention(use_scale=False)      | v = ones(C); inner_scale = 1                 |
+| Attention("concat"): concat_score_weight () | AdditiveAttention.v = weight · ones(C)   |
+| Attention("concat"): scale ()           | AdditiveAttention.inner_scale (1 without)    |
+| Attention("dot"): scale ()              | LuongAttention.scale () (1 without)          |
+
+Keras's value masks there add -1e9 (a fully masked row becomes uniform over
+all values); attnkit gives such rows output 0. Keras's query_mask zeroes the
+output rows: in attnkit, make those mask rows all False (`keras_masks`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attnkit.convert._state import Shape, check_state, load_exact
+from attnkit.modules.additive import AdditiveAttention, LuongAttention
+from attnkit.modules.attention import MultiHeadAttention
+from attnkit.modules.projection import FusedQKV
+
+__all__ = [
+    "additive_from_keras",
+    "additive_to_keras",
+    "keras_causal",
+    "keras_masks",
+    "load_keras_mha_state",
+    "luong_from_keras",
+    "luong_to_keras",
+    "mha_from_keras",
+    "mha_keras_state",
+    "mha_to_keras",
+]
+
+_PARTS = ("query", "key", "value", "attention_output")
+
+
+def _keras() -> Any:
+    import keras
+
+    return keras
+
+
+def _tensor(variable) -> Tensor:
+    # convert_to_numpy works for every backend; copy so nothing aliases Keras's storage
+    return torch.from_numpy(np.array(_keras().ops.convert_to_numpy(variable)))
+
+
+def _require(layer, cls_name: str, source: str) -> None:
+    keras = _keras()
+    cls = getattr(keras.layers, cls_name)
+    if not isinstance(layer, cls):
+        raise ValueError(f"{source}: expected keras.layers.{cls_name}, got {type(layer).__name__}")
+    if not layer.built:
+        raise ValueError(
+            f"{source}: the Keras layer is not built (no weights yet); call it once or build it"
+        )
+
+
+# --------------------------------------------------------------------------- MultiHeadAttention
+
+
+def mha_keras_state(layer) -> dict[str, Tensor]:
+    """The weights of a built `keras.layers.MultiHeadAttention`, named "query/kernel" etc."""
+    state = {}
+    for part in _PARTS:
+        dense = getattr(layer, f"{part}_dense" if part != "attention_output" else "output_dense")
+        state[f"{part}/kernel"] = _tensor(dense.kernel)
+        if dense.bias is not None:
+            state[f"{part}/bias"] = _tensor(dense.bias)
+    return state
+
+
+def _keras_shapes(ours: MultiHeadAttention) -> dict[str, Shape]:
+    h, d, co = ours.num_heads, ours.head_dim, ours.out_dim
+    c, cc = ours.dim, ours.in_proj.context_dim
+    wanted: dict[str, Shape] = {
+        "query/kernel": (c, h, d),
+        "key/kernel": (cc, h, d),
+        "value/kernel": (cc, h, d),
+        "attention_output/kernel": (h, d, co),
+    }
+    if _in_bias(ours) is not None:
+        wanted.update({f"{p}/bias": (h, d) for p in ("query", "key", "value")})
+    if ours.proj.bias is not None:
+        wanted["attention_output/bias"] = (co,)
+    return dict(sorted(wanted.items()))
+
+
+def _in_bias(ours: MultiHeadAttention):
+    return (ours.in_proj.qkv if isinstance(ours.in_proj, FusedQKV) else ours.in_proj.q).bias
+
+
+def load_keras_mha_state(ours: MultiHeadAttention, state: dict[str, Tensor]) -> MultiHeadAttention:
+    """Copy Keras-named weights (`mha_keras_state`) into `ours`, exactly; returns `ours`.
+
+    Raises ValueError naming every missing, unexpected or mis-shaped key.
+    """
+    check_state(state, _keras_shapes(ours), source="load_keras_mha_state")
+
+    def w(part: str) -> Tensor:  # (Cin, H, D) -> (H·D, Cin)
+        return state[f"{part}/kernel"].flatten(1).T
+
+    def b(part: str) -> Tensor:  # (H, D) -> (H·D,)
+        return state[f"{part}/bias"].flatten()
+
+    ref = ours.proj.weight
+    new: dict[str, Tensor] = {"proj.weight": state["attention_output/kernel"].flatten(0, 1).T}
+    if ours.proj.bias is not None:
+        new["proj.bias"] = state["attention_output/bias"]
+    bias = _in_bias(ours) is not None
+    if isinstance(ours.in_proj, FusedQKV):
+        new["in_proj.qkv.weight"] = torch.cat([w("query"), w("key"), w("value")])
+        if bias:
+            new["in_proj.qkv.bias"] = torch.cat([b("query"), b("key"), b("value")])
+    else:
+        new["in_proj.q.weight"] = w("query")
+        new["in_proj.kv.weight"] = torch.cat([w("key"), w("value")])
+        if bias:
+            new["in_proj.q.bias"] = b("query")
+            new["in_proj.kv.bias"] = torch.cat([b("key"), b("value")])
+    new = {k: v.to(device=ref.device, dtype=ref.dtype) for k, v in new.items()}
+    return load_exact(ours, new, source="load_keras_mha_state")
+
+
+def mha_from_keras(layer) -> MultiHeadAttention:
+    """An `attnkit.MultiHeadAttention` with exactly the weights of a built Keras layer."""
+    _require(layer, "MultiHeadAttention", "from_keras")
+    problems = []
+    if layer.value_dim != layer.key_dim:
+        problems.append(f"value_dim={layer.value_dim} != key_dim={layer.key_dim} (one head width)")
+    if getattr(layer, "_use_gate", False):
+        problems.append("use_gate=True")
+    if getattr(layer, "_sliding_window", None) is not None:
+        problems.append("sliding_window (pass attnkit.masks.sliding_window as a mask instead)")
+    if tuple(layer.attention_axes or (1,)) != (1,):
+        problems.append(f"attention_axes={layer.attention_axes} (only the sequence axis)")
+    out_shape = getattr(layer, "_output_shape", None)
+    if out_shape is not None and len(out_shape) != 1:
+        problems.append(f"output_shape={out_shape} has more than one dimension")
+    state = mha_keras_state(layer)
+    ck, cv = state["key/kernel"].shape[0], state["value/kernel"].shape[0]
+    if ck != cv:
+        problems.append(
+            f"key width {ck} != value width {cv} "
+            "(attnkit projects keys and values from one context)"
+        )
+    if problems:
+        raise ValueError(
+            "from_keras: attnkit.MultiHeadAttention cannot express " + "; ".join(problems)
+        )
+    ours = MultiHeadAttention(
+        state["query/kernel"].shape[0],
+        layer.num_heads,
+        head_dim=layer.key_dim,
+        out_dim=state["attention_output/kernel"].shape[-1],
+        context_dim=ck,
+        qkv_bias=layer.use_bias,
+        out_bias=layer.use_bias,
+        dropout=float(layer.dropout),
+    ).to(state["query/kernel"].dtype)
+    return load_keras_mha_state(ours, state)
+
+
+def mha_to_keras(ours: MultiHeadAttention):
+    """A built `keras.layers.MultiHeadAttention` with exactly our weights."""
+    keras = _keras()
+    problems = []
+    if ours.dim is None:
+        problems.append("dim is lazy (call the module once first)")
+    if ours.num_kv_heads != ours.num_heads:
+        problems.append(f"num_kv_heads={ours.num_kv_heads} != num_heads={ours.num_heads} (GQA)")
+    if (_in_bias(ours) is not None) != (ours.proj.bias is not None):
+        problems.append("qkv_bias != out_bias (Keras has one use_bias)")
+    if ours.attend.scale is not None and ours.attend.scale != ours.head_dim**-0.5:
+        problems.append(f"scale={ours.attend.scale} is not 1/sqrt(head_dim)")
+    if problems:
+        raise ValueError(
+            "to_keras: keras.layers.MultiHeadAttention cannot express " + "; ".join(problems)
+        )
+    h, d, c, cc, co = (
+        ours.num_heads,
+        ours.head_dim,
+        ours.dim,
+        ours.in_proj.context_dim,
+        ours.out_dim,
+    )
+    layer = keras.layers.MultiHeadAttention(
+        num_heads=h,
+        key_dim=d,
+        dropout=ours.attend.dropout,
+        use_bias=ours.proj.bias is not None,
+        output_shape=None if co == c else (co,),
+        dtype=str(ours.proj.weight.dtype).removeprefix("torch."),
+    )
+    layer.build((None, None, c), (None, None, cc))
+    sd = {k: v.detach() for k, v in ours.state_dict().items()}
+    if isinstance(ours.in_proj, FusedQKV):
+        wq, wk, wv = sd["in_proj.qkv.weight"].split([h * d] * 3)
+        biases = sd["in_proj.qkv.bias"].split([h * d] * 3) if "in_proj.qkv.bias" in sd else None
+    else:
+        wq, (wk, wv) = sd["in_proj.q.weight"], sd["in_proj.kv.weight"].split([h * d] * 2)
+        biases = None
+        if "in_proj.q.bias" in sd:
+            biases = (sd["in_proj.q.bias"], *sd["in_proj.kv.bias"].split([h * d] * 2))
+    for part, weight, dense in zip(
+        _PARTS[:3],
+        (wq, wk, wv),
+        (layer.query_dense, layer.key_dense, layer.value_dense),
+        strict=True,
+    ):
+        _assign(dense.kernel, weight.T.reshape(-1, h, d))  # (H·D, Cin) -> (Cin, H, D)
+        if biases is not None:
+            _assign(dense.bias, biases[_PARTS.index(part)].reshape(h, d))
+    _assign(
+        layer.output_dense.kernel, sd["proj.weight"].T.reshape(h, d, co)
+    )  # (Co, H·D) -> (H, D, Co)
+    if "proj.bias" in sd:
+        _assign(layer.output_dense.bias, sd["proj.bias"])
+    return layer
+
+
+def _assign(variable, t: Tensor) -> None:
+    if tuple(variable.shape) != tuple(t.shape):  # a bug here, not user input
+        raise RuntimeError(f"Keras variable {variable.path} is {variable.shape}, got {t.shape}")
+    variable.assign(t.detach().cpu().contiguous().numpy())
+
+
+# --------------------------------------------------------------------------- masks
+
+
+def keras_causal(n: int, s: int | None = None) -> Tensor:
+    """Keras's `use_causal_mask` as a mask `(N, S)`: query i sees keys j <= i (top-left)."""
+    s = n if s is None else s
+    return torch.ones(n, s, dtype=torch.bool).tril()
+
+
+def keras_masks(
+    query_mask: Tensor | None = None,
+    value_mask: Tensor | None = None,
+    *,
+    use_causal_mask: bool = False,
+) -> Tensor | None:
+    """Keras's query_mask `(B, N)` / value_mask `(B, S)` (True = real step) → mask `(B, 1, N, S)`.
+
+    A masked query gets an all-False row (attnkit output 0, as Keras's zeroed
+    output rows); a masked value is a key nobody attends. `use_causal_mask`
+    adds Keras's top-left causal mask (needs both masks for the sizes).
+    """
+    parts = []
+    if query_mask is not None:
+        if query_mask.dim() != 2:
+            raise ValueError(f"query_mask must have shape (B, N), got {tuple(query_mask.shape)}")
+        parts.append(query_mask.bool()[:, None, :, None])  # (B, 1, N, 1)
+    if value_mask is not None:
+        if value_mask.dim() != 2:
+            raise ValueError(f"value_mask must have shape (B, S), got {tuple(value_mask.shape)}")
+        parts.append(value_mask.bool()[:, None, None, :])  # (B, 1, 1, S)
+    if use_causal_mask:
+        if query_mask is None or value_mask is None:
+            raise ValueError(
+                "keras_masks: use_causal_mask needs query_mask and value_mask for N, S"
+            )
+        parts.append(keras_causal(query_mask.shape[1], value_mask.shape[1]).to(value_mask.device))
+    mask = None
+    for p in parts:
+        mask = p if mask is None else mask & p
+    return mask
+
+
+# --------------------------------------------------------------------------- additive / dot
+
+
+def additive_from_keras(layer) -> AdditiveAttention:
+    """`keras.layers.AdditiveAttention`, or `Attention(score_mode="concat")` → AdditiveAttention."""
+    keras = _keras()
+    if isinstance(layer, keras.layers.AdditiveAttention):
+        _require(layer, "AdditiveAttention", "additive_from_keras")
+        ref = _tensor(layer.scale) if layer.use_scale else None
+        dim = _built_dim(layer) if ref is None else ref.shape[0]
+        dtype = ref.dtype if ref is not None else torch.float32
+        v = ref if ref is not None else torch.ones(dim, dtype=dtype)
+        inner = torch.ones((), dtype=dtype)
+    else:
+        _require(layer, "Attention", "additive_from_keras")
+        if layer.score_mode != "concat":
+            raise ValueError(
+                'additive_from_keras: Attention(score_mode="dot") is multiplicative; '
+                "use luong_from_keras"
+            )
+        w = _tensor(layer.concat_score_weight)
+        inner = _tensor(layer.scale) if layer.use_scale else torch.ones((), dtype=w.dtype)
+        v = w.expand(_built_dim(layer)).clone()
+    ours = AdditiveAttention(v.shape[0], dropout=float(layer.dropout)).to(v.dtype)
+    return load_exact(ours, {"v": v, "inner_scale": inner}, source="additive_from_keras")
+
+
+def _built_dim(layer) -> int:
+    # the Attention layers keep no record of their width when they own no vector
+    shape = getattr(layer, "_build_shapes_dict", None) or {}
+    for value in shape.values():
+        return int(value[0][-1])
+    raise ValueError(
+        f"{type(layer).__name__} has no width-sized weight; build it with its input shapes"
+    )
+
+
+def additive_to_keras(ours: AdditiveAttention):
+    """AdditiveAttention without projections → Keras.
+
+    inner_scale == 1 gives `AdditiveAttention(use_scale=True)` with scale = v;
+    otherwise v must be a constant vector w·1, which gives
+    `Attention(score_mode="concat", use_scale=True)` with scale = inner_scale and
+    concat_score_weight = w.
+    """
+    keras = _keras()
+    if not isinstance(ours.q_proj, torch.nn.Identity):
+        raise ValueError("to_keras: Keras's additive layers have no projections (hidden != None)")
+    v, inner = ours.v.detach(), ours.inner_scale.detach()
+    dtype = str(v.dtype).removeprefix("torch.")
+    shapes = [(None, None, v.shape[0])] * 2
+    if bool(inner == 1):
+        layer = keras.layers.AdditiveAttention(
+            use_scale=True, dropout=ours.attend.dropout, dtype=dtype
+        )
+        layer.build(shapes)
+        _assign(layer.scale, v)
+        return layer
+    if not bool((v == v[0]).all()):
+        raise ValueError(
+            "to_keras: inner_scale != 1 needs v = w·ones (Keras's concat score mode), "
+            "got a general v"
+        )
+    layer = keras.layers.Attention(
+        use_scale=True, score_mode="concat", dropout=ours.attend.dropout, dtype=dtype
+    )
+    layer.build(shapes)
+    _assign(layer.scale, inner)
+    _assign(layer.concat_score_weight, v[0])
+    return layer
+
+
+def luong_from_keras(layer) -> LuongAttention:
+    """`keras.layers.Attention(score_mode="dot")` → LuongAttention (no `general` weight)."""
+    _require(layer, "Attention", "luong_from_keras")
+    if layer.score_mode != "dot" or isinstance(layer, _keras().layers.AdditiveAttention):
+        raise ValueError("luong_from_keras: only score_mode='dot'; use additive_from_keras")
+    scale = _tensor(layer.scale) if layer.use_scale else torch.ones(())
+    ours = LuongAttention(dropout=float(layer.dropout)).to(scale.dtype)
+    return load_exact(ours, {"scale": scale}, source="luong_from_keras")
+
+
+def luong_to_keras(ours: LuongAttention):
+    """LuongAttention without `general` → `keras.layers.Attention(use_scale=True)`."""
+    keras = _keras()
+    if not isinstance(ours.general, torch.nn.Identity):
+        raise ValueError("to_keras: keras.layers.Attention has no general (bilinear) weight")
+    scale = ours.scale.detach()
+    layer = keras.layers.Attention(
+        use_scale=True, dropout=ours.attend.dropout, dtype=str(scale.dtype).removeprefix("torch.")
+    )
+    layer.build([(None, None, 1)] * 2)
+    _assign(layer.scale, scale)
+    return layer

@@ -1,0 +1,291 @@
+"""BERT encoder (Devlin et al. 2019) built from attnkit modules; loads Hugging Face checkpoints.
+
+Dimensions: B batch, N tokens, C hidden width, H heads, F intermediate width,
+L layers.
+
+Each layer is post-norm, as in the paper and the released checkpoints:
+``x = LayerNorm(x + proj(attention(x)))`` (`attnkit.bert_self_attention`), then
+``x = LayerNorm(x + fc2(act(fc1(x))))``. Attention maps leave the model only
+through `attnkit.record_attention(model)`.
+
+Checkpoint names (Hugging Face ``BertModel``, with or without a ``bert.``
+prefix; ``LayerNorm.gamma/beta`` of TF-era files read as ``weight/bias``):
+
+=====================================================  =============================================
+Hugging Face                                           attnkit `BertEncoder`
+=====================================================  =============================================
+embeddings.word_embeddings.weight                      embeddings.word.weight
+embeddings.position_embeddings.weight                  embeddings.position.weight
+embeddings.token_type_embeddings.weight                embeddings.token_type.weight
+embeddings.LayerNorm.{weight,bias}                     embeddings.norm.{weight,bias}
+encoder.layer.{i}.attention.self.query.{weight,bias}   layers.{i}.attn.fn.in_proj.qkv.{weight,bias}
+encoder.layer.{i}.attention.self.key.{weight,bias}       (rows of query, key, value concatenated:
+encoder.layer.{i}.attention.self.value.{weight,bias}      weight (3C, C), bias (3C,))
+encoder.layer.{i}.attention.output.dense.{weight,bias} layers.{i}.attn.fn.proj.{weight,bias}
+encoder.layer.{i}.attention.output.LayerNorm.*         layers.{i}.attn.norm.*
+encoder.layer.{i}.intermediate.dense.*                 layers.{i}.ff.fn.fc1.*
+encoder.layer.{i}.output.dense.*                       layers.{i}.ff.fn.fc2.*
+encoder.layer.{i}.output.LayerNorm.*                   layers.{i}.ff.norm.*
+pooler.dense.*                                         pooler.dense.*
+=====================================================  =============================================
+
+``embeddings.position_ids`` and task heads (``cls.*``, ``classifier.*``) are ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.functional import masks
+from attnkit.models import checkpoint as ckpt
+from attnkit.modules.blocks import FeedForward, PostNormResidual
+from attnkit.modules.classic import bert_self_attention
+from attnkit.modules.embed import LearnedPositionalEmbedding
+
+__all__ = ["BertConfig", "BertEncoder", "BertOutput"]
+
+# Hugging Face `hidden_act` -> attnkit activation. HF "gelu" is the exact erf form
+# (transformers.activations.GELUActivation -> F.gelu); "gelu_new" is the tanh form.
+HF_ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+
+QKV = ("query", "key", "value")
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """The fields of a Hugging Face BERT ``config.json`` that the encoder uses."""
+
+    vocab_size: int  # rows of the word embedding
+    hidden_size: int  # C
+    num_hidden_layers: int  # L
+    num_attention_heads: int  # H; head width C // H
+    intermediate_size: int  # F, the feed-forward hidden width
+    hidden_act: str = "gelu"  # key of HF_ACTIVATIONS
+    hidden_dropout_prob: float = 0.1  # on embeddings and each sublayer output (training)
+    attention_probs_dropout_prob: float = 0.1  # on attention probabilities (training)
+    max_position_embeddings: int = 512  # longest input, [CLS] and [SEP] included
+    type_vocab_size: int = 2  # segments (sentence A / B)
+    layer_norm_eps: float = 1e-12  # inside the square root of every LayerNorm
+    pad_token_id: int = 0
+    model_type: str = "bert"  # one of checkpoint.SUPPORTED_MODEL_TYPES
+    position_embedding_type: str = "absolute"  # only "absolute" is supported
+
+    def __post_init__(self) -> None:
+        if self.model_type not in ckpt.SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model_type {self.model_type!r} is not supported: wanted one of "
+                f"{list(ckpt.SUPPORTED_MODEL_TYPES)} (a BertModel layout)"
+            )
+        if self.position_embedding_type != "absolute":
+            raise ValueError(
+                f"position_embedding_type {self.position_embedding_type!r} is not supported: "
+                "wanted 'absolute'"
+            )
+        if self.hidden_act not in HF_ACTIVATIONS:
+            raise ValueError(
+                f"hidden_act {self.hidden_act!r} is not supported: wanted one of "
+                f"{sorted(HF_ACTIVATIONS)}"
+            )
+        sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "intermediate_size", "max_position_embeddings", "type_vocab_size")  # fmt: skip
+        for name in sizes:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config") -> BertConfig:
+        """Read the known fields of a config dict; unknown fields are ignored."""
+        known = {f.name: f for f in fields(cls)}
+        required = [n for n, f in known.items() if f.default is MISSING]
+        missing = [n for n in required if n not in data]
+        if missing:
+            raise ValueError(f"{source}: missing field {missing[0]!r}")
+        if "model_type" not in data:
+            raise ValueError(f"{source}: missing field 'model_type' (wanted 'bert')")
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> BertConfig:
+        """Read a ``config.json``."""
+        return cls.from_dict(ckpt.read_config_json(Path(path)), source=str(path))
+
+
+@dataclass
+class BertOutput:
+    """What `BertEncoder.forward` returns.
+
+    last_hidden_state: (B, N, C).
+    hidden_states: L + 1 tensors (B, N, C): the embeddings, then each layer's output.
+    pooler_output: (B, C) tanh(dense(hidden[:, 0])), or None without a pooler.
+    """
+
+    last_hidden_state: Tensor
+    hidden_states: tuple[Tensor, ...]
+    pooler_output: Tensor | None
+
+
+class BertEmbeddings(nn.Module):
+    """LayerNorm(word + token_type + position), then dropout: ids (B, N) -> (B, N, C)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        c = config.hidden_size
+        self.word = nn.Embedding(config.vocab_size, c, padding_idx=config.pad_token_id)
+        self.token_type = nn.Embedding(config.type_vocab_size, c)
+        self.position = LearnedPositionalEmbedding(config.max_position_embeddings, c)
+        self.norm = nn.LayerNorm(c, eps=config.layer_norm_eps)
+        self.drop = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        """input_ids, token_type_ids (B, N) -> (B, N, C)."""
+        x = self.word(input_ids) + self.token_type(token_type_ids)  # (B, N, C)
+        return self.drop(self.norm(self.position(x)))
+
+
+class BertLayer(nn.Module):
+    """Post-norm self-attention sublayer, then post-norm feed-forward: (B, N, C) -> (B, N, C)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        c, eps, drop = config.hidden_size, config.layer_norm_eps, config.hidden_dropout_prob
+        self.attn = bert_self_attention(
+            c,
+            config.num_attention_heads,
+            attn_dropout=config.attention_probs_dropout_prob,
+            hidden_dropout=drop,
+            eps=eps,
+        )
+        ff = FeedForward(c, config.intermediate_size, activation=HF_ACTIVATIONS[config.hidden_act])
+        self.ff = PostNormResidual(ff, nn.LayerNorm(c, eps=eps), drop)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """x (B, N, C), mask (B, 1, 1, N) True = may attend -> (B, N, C)."""
+        return self.ff(self.attn(x, mask=mask))
+
+
+class BertPooler(nn.Module):
+    """tanh(dense(hidden[:, 0])): (B, N, C) -> (B, C)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+class BertEncoder(nn.Module):
+    """The BERT encoder: embeddings, `num_hidden_layers` `BertLayer`s, an optional pooler."""
+
+    def __init__(self, config: BertConfig, *, pooler: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.pooler = BertPooler(config) if pooler else None
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> BertOutput:
+        """Encode token ids.
+
+        Args:
+            input_ids: (B, N) integer ids, N <= max_position_embeddings.
+            attention_mask: (B, N), Hugging Face convention **1 = real token,
+                0 = padding**; padded keys get exactly zero attention. Padded
+                query rows are computed like real ones and should be ignored.
+            token_type_ids: (B, N) segment ids (0 = sentence A, 1 = B); default 0.
+        """
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+            got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
+            raise ValueError(f"input_ids must have shape (B, N), got {got}")
+        for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+            if t is not None and t.shape != input_ids.shape:
+                raise ValueError(
+                    f"{name} must have the shape of input_ids {tuple(input_ids.shape)}, "
+                    f"got {tuple(t.shape)}"
+                )
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        mask = None if attention_mask is None else masks.from_hf_attention_mask(attention_mask)
+        x = self.embeddings(input_ids, token_type_ids)  # (B, N, C)
+        states = [x]
+        for layer in self.layers:
+            x = layer(x, mask)
+            states.append(x)
+        pooled = None if self.pooler is None else self.pooler(x)
+        return BertOutput(x, tuple(states), pooled)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, *, pooler: bool | None = None) -> BertEncoder:
+        """Load a Hugging Face BERT folder (config.json + model.safetensors or pytorch_model.bin).
+
+        `pooler=None` keeps the pooler when the checkpoint has one. Raises
+        FileNotFoundError for a missing folder or file, ValueError for an
+        unsupported config or a missing / mis-shaped tensor (naming the key).
+        """
+        config_path, weights_path = ckpt.checkpoint_files(directory)
+        config = BertConfig.from_json(config_path)
+        state = ckpt.strip_prefix(ckpt.load_weights(weights_path))
+        if pooler is None:
+            pooler = "pooler.dense.weight" in state
+        with torch.device("meta"):  # no random init: every parameter is loaded below
+            model = cls(config, pooler=pooler)
+        ours = _from_hf(state, model, str(weights_path))
+        model.load_state_dict(ours, strict=True, assign=True)
+        return model.eval()
+
+
+def _from_hf(state: dict[str, Tensor], model: BertEncoder, source: str) -> dict[str, Tensor]:
+    """Our state dict from HF names (see the module table), every shape checked."""
+    wanted = {k: v.shape for k, v in model.state_dict().items()}
+    pairs = {
+        "embeddings.word.weight": "embeddings.word_embeddings.weight",
+        "embeddings.position.weight": "embeddings.position_embeddings.weight",
+        "embeddings.token_type.weight": "embeddings.token_type_embeddings.weight",
+        "embeddings.norm.weight": "embeddings.LayerNorm.weight",
+        "embeddings.norm.bias": "embeddings.LayerNorm.bias",
+    }
+    for i in range(len(model.layers)):
+        hf, at = f"encoder.layer.{i}.", f"layers.{i}."
+        for p in ("weight", "bias"):
+            pairs[f"{at}attn.fn.proj.{p}"] = f"{hf}attention.output.dense.{p}"
+            pairs[f"{at}attn.norm.{p}"] = f"{hf}attention.output.LayerNorm.{p}"
+            pairs[f"{at}ff.fn.fc1.{p}"] = f"{hf}intermediate.dense.{p}"
+            pairs[f"{at}ff.fn.fc2.{p}"] = f"{hf}output.dense.{p}"
+            pairs[f"{at}ff.norm.{p}"] = f"{hf}output.LayerNorm.{p}"
+    if model.pooler is not None:
+        pairs["pooler.dense.weight"] = "pooler.dense.weight"
+        pairs["pooler.dense.bias"] = "pooler.dense.bias"
+    out = {ours: ckpt.take(state, hf, wanted[ours], source) for ours, hf in pairs.items()}
+    c = model.config.hidden_size
+    for i in range(len(model.layers)):
+        hf = f"encoder.layer.{i}.attention.self."
+        for p, shape in (("weight", (c, c)), ("bias", (c,))):
+            qkv = [ckpt.take(state, f"{hf}{n}.{p}", torch.Size(shape), source) for n in QKV]
+            out[f"layers.{i}.attn.fn.in_proj.qkv.{p}"] = torch.cat(qkv)  # (3C, C) or (3C,)
+    dtype = torch.get_default_dtype()
+    return {k: v.to(dtype).contiguous() for k, v in out.items()}

@@ -1,0 +1,224 @@
+"""Head view: one self-contained HTML page showing the attention of one layer and head.
+
+Queries on the left, keys on the right, a line from query i to key j whose opacity
+is the weight ``maps[l, h, i, j]``. Selectors switch layer and head (or the mean of
+heads); hovering a token shows only its row (query) or column (key).
+
+The page works offline from file:// (script, style and data are inline; a Content
+Security Policy forbids any network access). To stay small and fast for long inputs
+(512 tokens, 24 layers × 12 heads) the weights are stored sparsely: for each query
+row, only the ``top_k`` largest weights that are at least ``threshold``, quantised to
+1/255. The page states what was cropped and how much attention mass was dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from attnkit._io import atomic_write_text
+from attnkit.viz.maps import AttentionMaps
+
+__all__ = ["head_view", "write_html"]
+
+_QUANT = 255  # weights are stored as round(w * 255) in one byte
+_MAX_KEYS = 65535  # key indices are stored as uint16
+
+# The only resource the page may use is itself: inline script/style, data: images.
+_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+
+
+def head_view(
+    maps: AttentionMaps,
+    *,
+    layer: int = 0,
+    head: int | Literal["mean"] | None = None,
+    title: str | None = None,
+    max_tokens: int = 512,
+    top_k: int = 10,
+    threshold: float = 0.02,
+) -> str:
+    """Render ``maps`` (L, H, N, S) as one self-contained HTML document (returned as str).
+
+    Args:
+        maps: attention of one example, (L, H, N, S).
+        layer: layer shown first (negative counts from the end).
+        head: head shown first: an int, or "mean" for the mean of heads; None means "mean".
+        title: page heading (default "Attention head view").
+        max_tokens: queries and keys beyond the first ``max_tokens`` are cropped (noted
+            in the page). At most 65535.
+        top_k: per query row, at most this many weights are stored and drawn (1..255).
+        threshold: weights below this are dropped (lines fainter than this are invisible
+            anyway); in [0, 1).
+
+    The mean of heads is computed from the full (L, H, N, S) maps before anything is
+    dropped. Write the result with :func:`write_html`.
+    """
+    if not isinstance(maps, AttentionMaps):
+        raise ValueError(f"maps: expected AttentionMaps, got {type(maps).__name__}")
+    L, H = maps.shape[:2]
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -L <= layer < L:
+        raise ValueError(f"layer: expected an int in [{-L}, {L}) for maps of shape {maps.shape}")
+    if head is None or head == "mean":
+        head_index = H
+    elif isinstance(head, int) and not isinstance(head, bool) and -H <= head < H:
+        head_index = head % H
+    else:
+        raise ValueError(
+            f"head: expected an int in [{-H}, {H}), 'mean' or None for maps of shape "
+            f"{maps.shape}, got {head!r}"
+        )
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise ValueError(f"max_tokens: expected an int, got {type(max_tokens).__name__}")
+    if not 1 <= max_tokens <= _MAX_KEYS:
+        raise ValueError(f"max_tokens: expected 1..{_MAX_KEYS}, got {max_tokens}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 255:
+        raise ValueError(f"top_k: expected an int in 1..255, got {top_k!r}")
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not 0 <= threshold < 1
+    ):
+        raise ValueError(f"threshold: expected a float in [0, 1), got {threshold!r}")
+
+    payload = _encode(maps, max_tokens=max_tokens, top_k=top_k, threshold=threshold)
+    payload["initialLayer"] = layer % L
+    payload["initialHead"] = head_index
+    return _page(title or "Attention head view", payload)
+
+
+def write_html(path: str | os.PathLike[str], html_text: str) -> Path:
+    """Write an HTML document (e.g. from :func:`head_view`) atomically; return the path."""
+    return atomic_write_text(path, html_text)
+
+
+def _encode(maps: AttentionMaps, *, max_tokens: int, top_k: int, threshold: float) -> dict:
+    """Sparse, quantised payload for the page.
+
+    For every layer l and "head" h in 0..H (h == H is the mean of heads) and query i,
+    ``counts[l, h, i]`` entries follow in ``keys`` (uint16 little-endian) and
+    ``weights`` (uint8, w * 255), strongest first.
+    """
+    L, H, N, S = maps.shape
+    n, s = min(N, max_tokens), min(S, max_tokens)
+    k = min(top_k, s)
+    counts, keys, weights = [], [], []
+    kept_mass = total_mass = 0.0
+    dropped = 0
+    for l in range(L):
+        heads = maps.maps[l]  # (H, N, S)
+        total_mass += float(heads.sum(dtype=torch.float64))
+        mean = heads.mean(dim=0, keepdim=True)[:, :n, :s]  # (1, n, s), from the full maps
+        heads = heads[:, :n, :s]  # (H, n, s)
+        top = [t.topk(k, dim=-1) for t in (heads, mean)]  # values descending
+        vals = torch.cat([top[0].values, top[1].values])  # (H + 1, n, k): heads, then mean
+        idx = torch.cat([top[0].indices, top[1].indices])  # (H + 1, n, k)
+        keep = vals >= max(threshold, 0.5 / _QUANT)  # quantising to 0 would drop it anyway
+        kept_mass += float((vals * keep)[:H].sum(dtype=torch.float64))
+        dropped += int(torch.count_nonzero(heads)) - int(keep[:H].sum())
+        counts.append(keep.sum(dim=-1).to(torch.uint8).numpy())  # (H + 1, n)
+        # keep is a prefix of each row (vals descending), so the row order survives masking.
+        keys.append(idx[keep].to(torch.int32).numpy().astype("<u2"))
+        weights.append(torch.round(vals[keep].clamp(0, 1) * _QUANT).to(torch.uint8).numpy())
+
+    notes = []
+    if n < N or s < S:
+        notes.append(
+            f"Cropped to the first {n} of {N} queries and {s} of {S} keys "
+            f"(max_tokens={max_tokens}); weights to cropped keys are not drawn."
+        )
+    pct = 100.0 * kept_mass / total_mass if total_mass > 0 else 100.0
+    notes.append(
+        f"Stored and drawn per query: the {k} strongest weights that are ≥ {threshold:g}, "
+        f"quantised to 1/{_QUANT}. They carry {pct:.1f}% of the attention mass of the "
+        f"individual heads; {dropped} smaller non-zero weights were dropped."
+    )
+    notes.append(
+        f"“Mean of heads” averages the full maps of all {H} heads before anything is dropped."
+    )
+    return {
+        "tokens": maps.tokens[:n],
+        "keyTokens": (maps.key_tokens or maps.tokens)[:s],
+        "layerNames": maps.names,
+        "numHeads": H,
+        "shape": [L, H, N, S],
+        "topK": k,
+        "threshold": threshold,
+        "quant": _QUANT,
+        "counts": _b64(np.concatenate([c.ravel() for c in counts])),
+        "keys": _b64(np.concatenate(keys)),
+        "weights": _b64(np.concatenate(weights)),
+        "notes": notes,
+    }
+
+
+def _b64(a: np.ndarray) -> str:
+    return base64.b64encode(a.tobytes()).decode("ascii")
+
+
+def _asset(name: str) -> str:
+    return resources.files("attnkit.viz").joinpath(name).read_text(encoding="utf-8")
+
+
+def _json_for_script(data: Any) -> str:
+    """JSON that is safe inside <script>: no "<", ">" or "&" can end or confuse the element."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _page(title: str, payload: dict) -> str:
+    L, H, N, S = payload["shape"]
+    subtitle = f"{N} queries × {S} keys · {L} layers × {H} heads"
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{_CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="attnkit.viz.head_view">
+<title>{html.escape(title)}</title>
+<style>
+{_asset("head_view.css")}
+</style>
+</head>
+<body>
+<header class="ak-header">
+  <h1>{html.escape(title)}</h1>
+  <p class="ak-sub">{html.escape(subtitle)}</p>
+  <div class="ak-controls">
+    <label>Layer <select id="ak-layer" aria-label="layer"></select></label>
+    <label>Head <select id="ak-head" aria-label="head"></select></label>
+    <span class="ak-legend" aria-label="legend">
+      <span class="ak-swatch" id="ak-swatch"></span>
+      <span>line opacity = attention weight (0 → 1)</span>
+    </span>
+  </div>
+  <p class="ak-hint">Hover (or focus) a query on the left to see only its row, a key on
+  the right to see only its column. <span id="ak-status"></span></p>
+</header>
+<main class="ak-scroll">
+  <div class="ak-grid ak-colheads"><div>queries</div><div></div><div>keys</div></div>
+  <div class="ak-grid">
+    <div class="ak-col ak-left" id="ak-queries"></div>
+    <svg class="ak-lines" id="ak-svg" role="img" aria-label="attention lines">
+      <g id="ak-all"></g><g id="ak-focus"></g>
+    </svg>
+    <div class="ak-col ak-right" id="ak-keys"></div>
+  </div>
+</main>
+<footer class="ak-notes"><ul id="ak-notes"></ul></footer>
+<script type="application/json" id="ak-data">{_json_for_script(payload)}</script>
+<script>
+{_asset("head_view.js")}
+</script>
+</body>
+</html>
+"""

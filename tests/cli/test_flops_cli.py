@@ -1,0 +1,115 @@
+"""`attnkit flops` through `main([...])`, plus one real subprocess run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attnkit.analysis import mha_cost, swin_window_cost, vit_cost
+from attnkit.cli import flops_plot
+from attnkit.cli.main import main
+
+
+def run(capsys, *argv):
+    """(exit code, stdout, stderr) of `attnkit flops ...`, argparse exits included."""
+    try:
+        code = main(["flops", *argv])
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_table_for_vit_b16_attention(capsys):
+    code, out, err = run(capsys, "--tokens", "197", "--dim", "768", "--heads", "12")
+    assert code == 0 and err == ""
+    assert "4NC² + 2N²C = 4·197·768² + 2·197²·768 = 524,391,936 MACs" in out
+    total = next(line for line in out.splitlines() if line.startswith("total"))
+    assert total.split()[2:5] == ["524,391,936", "1,048,783,872", "100.0%"]
+    assert "params: 2,362,368" in out
+    rows = [line for line in out.splitlines() if line.startswith(("q_proj", "out_proj"))]
+    assert len({len(r) for r in rows}) == 1  # aligned columns
+
+
+@pytest.mark.parametrize(
+    "argv,cost",
+    [
+        (["--tokens", "9", "--dim", "12", "--heads", "4"], mha_cost(9, 12, 4)),
+        (
+            ["--tokens", "7", "--dim", "12", "--heads", "6", "--kv-heads", "2", "--context",
+             "11", "--context-dim", "5", "--out-dim", "3", "--head-dim", "4", "--causal",
+             "--batch", "2"],
+            mha_cost(7, 12, 6, kv_heads=2, context_len=11, context_dim=5, out_dim=3,
+                     head_dim=4, causal=True, batch=2),
+        ),
+        (["--grid", "56x56", "--window", "7", "--dim", "96", "--heads", "3", "--shifted"],
+         swin_window_cost(56, 56, 96, 3, 7, shifted=True)),
+        (["--grid", "10x9", "--window", "7", "--dim", "8", "--heads", "2"],
+         swin_window_cost(10, 9, 8, 2, 7)),
+    ],
+)  # fmt: skip
+def test_json_equals_library(capsys, argv, cost):
+    code, out, _ = run(capsys, *argv, "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["macs"] == cost.macs and data["flops"] == cost.flops == 2 * cost.macs
+    assert data["params"] == cost.params and data["terms"] == cost.terms
+    assert all(type(data[k]) is int for k in ("macs", "flops", "params", "score_matrix_bytes"))
+
+
+def test_model_breakdowns(capsys):
+    code, out, _ = run(capsys, "--model", "vit", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["params"] == 86_567_656 == vit_cost().total.params
+    assert len([k for k in data["parts"] if k.startswith("block.")]) == 12
+    code, out, _ = run(capsys, "--model", "bert")
+    assert code == 0 and "layer.5" in out and "22,713,216" in out
+    code, out, _ = run(capsys, "--model", "transformer", "--layers", "2", "--seq-len", "9")
+    assert code == 0 and "decoder.1" in out and "generator" in out
+
+
+@pytest.mark.parametrize(
+    "argv,fragment",
+    [
+        (["--tokens", "5", "--dim", "10", "--heads", "3"], "--heads 3 must divide --dim 10"),
+        (["--tokens", "5", "--dim", "12", "--heads", "4", "--kv-heads", "3"], "--kv-heads 3"),
+        (["--dim", "12", "--heads", "4", "--window", "7"], "--window needs --grid"),
+        (["--dim", "12", "--heads", "4", "--grid", "5by5", "--window", "2"], "HxW"),
+        (["--dim", "12", "--heads", "4", "--grid", "4x4", "--tokens", "15"], "disagrees"),
+        (["--tokens", "x", "--dim", "12", "--heads", "4"], "invalid int"),
+        (["--tokens", "4", "--dim", "12", "--heads", "4", "--shifted"], "--shifted"),
+        (["--model", "vit", "--heads", "7"], "must divide"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and fragment in err and "Traceback" not in err
+
+
+def test_subprocess_python_m_attnkit():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    argv = [sys.executable, "-m", "attnkit", "flops", "--tokens", "3136", "--dim", "96"]
+    done = subprocess.run(
+        [*argv, "--heads", "3", "--json"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["macs"] == 4 * 3136 * 96**2 + 2 * 3136**2 * 96
+    bad = subprocess.run([*argv, "--heads", "5"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_plot_writes_png_atomically(capsys, tmp_path, monkeypatch):
+    # the real measurement takes ~15 s: shrink it to two tiny grids here
+    monkeypatch.setattr(flops_plot, "GRIDS", (4, 8))
+    monkeypatch.setattr(flops_plot, "sgemm_gflops", lambda size=2048: 1.0)
+    target = tmp_path / "cost.png"
+    code, _, err = run(
+        capsys, "--dim", "16", "--heads", "2", "--window", "4", "--plot", str(target)
+    )
+    assert code == 0, err
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list(tmp_path.iterdir()) == [target]  # no temporary file left behind
+    assert "N=   64" in err and "wrote" in err
