@@ -10,6 +10,8 @@ from attnkit.seq2seq.tasks import (
     EOS,
     PAD,
     Task,
+    TaskDataset,
+    collate,
     exact_match,
     heldout,
     make_batch,
@@ -84,3 +86,13 @@ def test_exact_match_compares_up_to_eos():
     tgt = torch.tensor([[BOS, 5, 6, EOS, PAD], [BOS, 5, EOS, PAD, PAD], [BOS, 7, EOS, PAD, PAD]])
     pred = torch.tensor([[5, 6, EOS, 9], [5, 6, EOS, PAD], [7, 7, 7, 7]])  # no EOS: no match
     assert exact_match(pred, tgt).tolist() == [True, False, False]
+
+
+def test_task_dataset_is_deterministic_and_collates():
+    task = Task("sort", min_len=2, max_len=5, num_symbols=6)
+    ds = TaskDataset(task, 10, seed=3)
+    assert len(ds) == 10 and ds[4] == TaskDataset(task, 10, seed=3)[4]
+    src, tgt = collate([ds[i] for i in range(4)])
+    assert src.shape[0] == tgt.shape[0] == 4 and (tgt[:, 0] == BOS).all()
+    with pytest.raises(IndexError):
+        ds[10]

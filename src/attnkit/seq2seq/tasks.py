@@ -30,6 +30,8 @@ __all__ = [
     "PAD",
     "TASKS",
     "Task",
+    "TaskDataset",
+    "collate",
     "exact_match",
     "heldout",
     "make_batch",
@@ -141,7 +143,11 @@ def pad_batch(rows: Sequence[Sequence[int]], *, pad: int = PAD) -> Tensor:
     return out
 
 
-def _tensors(pairs: Sequence[tuple[list[int], list[int]]]) -> tuple[Tensor, Tensor]:
+def collate(pairs: Sequence[tuple[list[int], list[int]]]) -> tuple[Tensor, Tensor]:
+    """(source ids, target ids) pairs -> src (B, S) and tgt (B, T).
+
+    src rows are ``symbols EOS PAD...``, tgt rows ``BOS symbols EOS PAD...``.
+    """
     src = pad_batch([[*s, EOS] for s, _ in pairs])  # (B, S)
     tgt = pad_batch([[BOS, *t, EOS] for _, t in pairs])  # (B, T)
     return src, tgt
@@ -156,7 +162,28 @@ def make_batch(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    return _tensors([task.draw(rng, split) for _ in range(batch_size)])
+    return collate([task.draw(rng, split) for _ in range(batch_size)])
+
+
+class TaskDataset(torch.utils.data.Dataset):
+    """A map-style view of a task: item i is drawn from `random.Random(f"{seed}:{i}")`.
+
+    For loops that want a `Dataset` and a `collate_fn` (`collate`) instead of a
+    stream. Items are pairs of symbol-id lists; the split is as in `Task.draw`.
+    """
+
+    def __init__(self, task: Task, size: int, *, seed: int = 0, split: str = "train") -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.task, self.size, self.seed, self.split = task, size, seed, split
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+        if not 0 <= i < self.size:
+            raise IndexError(f"index {i} out of range for a TaskDataset of size {self.size}")
+        return self.task.draw(random.Random(f"{self.seed}:{i}"), self.split)
 
 
 def heldout(task: Task, n: int, seed: int = 1234) -> tuple[Tensor, Tensor]:
