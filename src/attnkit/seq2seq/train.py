@@ -1,9 +1,13 @@
 """Training a Transformer on a synthetic task, with checkpoints, metrics and resume.
 
-The shared training loop (`attnkit.train.loop`, progress bar, atomic
-checkpoints, resume, DDP) was not on main when this was written. `_Loop` below
-is the minimal stand-in: it only knows "a step", "an evaluation" and "a state
-to save", so swapping it for the shared loop touches `train()` alone.
+The shared training loop (`attnkit.train.loop.fit`: progress bar, atomic
+checkpoints, resume, DDP) was not on main when this was written (it is on the
+`vision` branch). `_Loop` below is the minimal stand-in: it only knows "a
+step", "an evaluation" and "a state to save", so swapping it touches `train()`
+alone: `fit(model, step, TaskDataset(task, eval_every * batch_size),
+collate_fn=collate, evaluate=lambda m: evaluate(m, task, src, tgt), ...)`
+with one epoch per evaluation and `max_steps` for the budget (`fit` has no
+early stop at a target exact match).
 
 Files in `out`: ``checkpoint.pt`` (model, optimizer, schedule, data RNG,
 step), ``config.json`` (model, task, training), ``metrics.json`` (held-out
