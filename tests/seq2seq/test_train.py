@@ -43,6 +43,8 @@ def test_cli_smoke_train_resume_decode(tmp_path, capsys):
     assert metrics["step"] == 10 and [h["step"] for h in metrics["history"]] == [5, 10]
 
     capsys.readouterr()
+    assert main(["seq2seq", "train", "--out", str(out), "--steps", "5", *SMOKE]) == 2
+    assert "already holds checkpoint.pt; pass --resume" in capsys.readouterr().err
     assert main(["seq2seq", "decode", str(out), "abc", "ed", "--beam", "2"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split("\t")[0] for line in lines] == ["abc", "ed"]

@@ -165,6 +165,11 @@ def train(
     rng = random.Random(cfg.seed)
     state = {"step": 0, "seconds": 0.0, "history": []}
     out = Path(out) if out is not None else None
+    if not resume and out is not None and (out / CHECKPOINT).exists():
+        raise ValueError(
+            f"out {out} already holds {CHECKPOINT}; pass --resume (resume=True) to continue "
+            "or choose another directory"
+        )
     if resume:
         if out is None or not (out / CHECKPOINT).exists():
             raise ValueError(f"resume: no checkpoint at {out and out / CHECKPOINT}; train first")
