@@ -6,12 +6,12 @@ import argparse
 import sys
 
 from attnkit import __version__
-from attnkit.cli import explain, flops
+from attnkit.cli import explain, flops, seq2seq
 from attnkit.cli._errors import EXIT_USAGE, UsageError
 
 # Each subcommand module exposes register(subparsers), which adds its parser and
 # sets `run`. Add new subcommands to this tuple.
-SUBCOMMANDS = (explain, flops)
+SUBCOMMANDS = (explain, flops, seq2seq)
 
 
 def build_parser() -> argparse.ArgumentParser:

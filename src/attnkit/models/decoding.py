@@ -1,0 +1,189 @@
+"""Incremental decoding: a key/value cache, greedy search and beam search.
+
+Dimensions: B batch, K beams, N new query positions, S key length (source
+length for cross-attention, decoded length for self-attention), T target length,
+V vocabulary, C model width, H heads, Hkv key/value heads, Dh head width.
+
+The cache keeps, for every attention of a decoder, the keys and values it has
+already computed: self-attention appends the new positions at each step (the
+new queries see every cached key — `attention`'s causal mask is bottom-right
+aligned when N != S, so it holds for any number of new tokens); cross-attention
+projects the encoder output once, at the first step. `CachedMultiHeadAttention`
+does this with `MultiHeadAttention`'s own pieces (`heads_qkv`, `attend`,
+`merge_heads`, `proj`), so there is one attention implementation.
+
+`greedy` and `beam_search` need a model with
+
+* ``encode(src) -> (memory (B, S, C), memory_mask (B, 1, 1, S) bool, True = may attend)``
+* ``decode(tgt (B, N), memory, memory_mask, cache=KVCache) -> logits (B, N, V)``
+
+(`attnkit.models.transformer.Transformer` has both).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.modules.attention import MultiHeadAttention
+
+__all__ = ["CachedMultiHeadAttention", "KVCache", "beam_search", "greedy"]
+
+
+class KVCache:
+    """Keys and values of a decoder's attentions, kept across decoding steps.
+
+    `entries[module] = (k, v)`, each (B, Hkv, S, Dh): for self-attention S grows
+    by the new positions of each step; for cross-attention S is the source length.
+    `length` is the number of target positions decoded so far, i.e. the
+    positional offset of the next token (advanced by the model's `decode`).
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[nn.Module, tuple[Tensor, Tensor]] = {}
+        self.length = 0
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` (M,) of every entry, in that order (beam search)."""
+        self.entries = {
+            m: (k.index_select(0, index), v.index_select(0, index))
+            for m, (k, v) in self.entries.items()
+        }
+
+
+class CachedMultiHeadAttention(MultiHeadAttention):
+    """`MultiHeadAttention` whose forward also takes a `KVCache`.
+
+    Without a cache it is exactly `MultiHeadAttention.forward`. With one:
+
+    * self-attention (``context=None``): the keys/values of the N new positions
+      are appended to this module's entry; the new queries attend to all of
+      them. Pass ``causal=True`` for a decoder: the mask is aligned bottom-right,
+      so query i of the N new ones sees the S - N cached keys and new keys <= i.
+    * cross-attention: the context's keys/values are projected at the first
+      call and reused afterwards (the context must not change between calls).
+
+    mask: boolean, True = may attend, broadcastable to (B, H, N, S) — for
+    cross-attention the source padding mask (B, 1, 1, S).
+    """
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """x (B, N, C), context (B, S, Cc) or None -> (B, N, Co)."""
+        if cache is None:
+            return super().forward(x, context, mask=mask, causal=causal)
+        cached = cache.entries.get(self)
+        if context is None:
+            q, k, v = self.heads_qkv(x)  # (B, H, N, Dh), (B, Hkv, N, Dh) x2
+            if cached is not None:
+                k = torch.cat([cached[0], k], dim=2)  # (B, Hkv, S_past + N, Dh)
+                v = torch.cat([cached[1], v], dim=2)  # (B, Hkv, S_past + N, Dh)
+            cache.entries[self] = (k, v)
+        elif cached is None:
+            q, k, v = self.heads_qkv(x, context)
+            cache.entries[self] = (k, v)
+        else:
+            # An empty context projects only the queries; the keys/values are cached.
+            q, _, _ = self.heads_qkv(x, context[:, :0])  # (B, H, N, Dh)
+            k, v = cached
+        o = self.attend(q, k, v, mask=mask, causal=causal).out  # (B, H, N, Dh)
+        return self.proj(self.merge_heads(o))
+
+
+def _check_src(src: Tensor, max_len: int) -> None:
+    if not isinstance(src, Tensor) or src.dim() != 2 or src.dtype.is_floating_point:
+        got = tuple(src.shape) if isinstance(src, Tensor) else type(src).__name__
+        raise ValueError(f"src must be integer token ids of shape (B, S), got {got}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+
+
+@torch.no_grad()
+def greedy(model: nn.Module, src: Tensor, *, bos: int, eos: int, pad: int, max_len: int) -> Tensor:
+    """Greedy decoding with a key/value cache.
+
+    src: (B, S) token ids, padded with `pad`. Returns (B, T) token ids without
+    the BOS, T <= max_len; a row ends with its first EOS and is `pad` after it.
+    """
+    _check_src(src, max_len)
+    memory, memory_mask = model.encode(src)
+    cache = KVCache()
+    batch = src.shape[0]
+    token = torch.full((batch, 1), bos, dtype=torch.long, device=src.device)  # (B, 1)
+    done = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    out = []
+    for _ in range(max_len):
+        logits = model.decode(token, memory, memory_mask, cache=cache)  # (B, 1, V)
+        token = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        token = token.masked_fill(done[:, None], pad)
+        out.append(token)
+        done |= token[:, 0] == eos
+        if bool(done.all()):
+            break
+    return torch.cat(out, dim=1)
+
+
+@torch.no_grad()
+def beam_search(
+    model: nn.Module,
+    src: Tensor,
+    *,
+    bos: int,
+    eos: int,
+    pad: int,
+    max_len: int,
+    beam_size: int = 4,
+    length_penalty: float = 0.6,
+) -> Tensor:
+    """Beam search with a key/value cache (one cache row per beam).
+
+    Hypotheses are ranked by log p / lp(T) with lp(T) = ((5 + T) / 6)^α
+    (Wu et al. 2016, §7; the Transformer paper uses α = 0.6, §6.1). A beam
+    that emitted EOS is frozen: it is extended only by `pad` at no cost.
+    src: (B, S) padded with `pad`. Returns the best hypothesis per row, (B, T)
+    without the BOS, `pad` after the first EOS.
+    """
+    _check_src(src, max_len)
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    batch, k = src.shape[0], beam_size
+    memory, memory_mask = model.encode(src)
+    memory = memory.repeat_interleave(k, dim=0)  # (B·K, S, C)
+    memory_mask = memory_mask.repeat_interleave(k, dim=0)  # (B·K, 1, 1, S)
+    cache = KVCache()
+    device = src.device
+    tokens = torch.full((batch * k, 1), bos, dtype=torch.long, device=device)  # (B·K, 1)
+    # Only the first beam is live at the start, so the K beams do not duplicate.
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0
+    done = torch.zeros(batch, k, dtype=torch.bool, device=device)
+    lengths = torch.zeros(batch, k, device=device)
+    for _ in range(max_len):
+        logits = model.decode(tokens[:, -1:], memory, memory_mask, cache=cache)  # (B·K, 1, V)
+        logp = logits[:, -1].float().log_softmax(-1).view(batch, k, -1)  # (B, K, V)
+        vocab = logp.shape[-1]
+        frozen = torch.full_like(logp, float("-inf"))
+        frozen[..., pad] = 0.0
+        logp = torch.where(done[..., None], frozen, logp)
+        total = (scores[..., None] + logp).view(batch, k * vocab)  # (B, K·V)
+        scores, flat = total.topk(k, dim=-1)  # (B, K)
+        beam, token = flat // vocab, flat % vocab  # (B, K) each
+        rows = (beam + torch.arange(batch, device=device)[:, None] * k).view(-1)  # (B·K,)
+        tokens = torch.cat([tokens.index_select(0, rows), token.view(-1, 1)], dim=1)
+        cache.reorder(rows)
+        done = done.gather(1, beam)
+        lengths = lengths.gather(1, beam) + (~done).float()
+        done = done | (token == eos)
+        if bool(done.all()):
+            break
+    penalty = ((5.0 + lengths) / 6.0) ** length_penalty  # (B, K)
+    best = (scores / penalty).argmax(-1)  # (B,)
+    rows = best + torch.arange(batch, device=device) * k
+    return tokens.index_select(0, rows)[:, 1:]

@@ -1,0 +1,359 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al. 2017) and a causal LM.
+
+Dimensions: B batch, S source length, T target length, N new target positions
+(cached decoding), C model width (d_model), F feed-forward width (d_ff), H heads,
+V vocabulary.
+
+Masks follow attnkit's convention, boolean **True = may attend**: padding masks
+are (B, 1, 1, S) from the token ids (`pad_mask`); the target self-attention is
+also causal (position i sees positions <= i), aligned bottom-right when a
+key/value cache makes N != S.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.models.decoding import CachedMultiHeadAttention, KVCache
+from attnkit.modules.blocks import EncoderBlock, FeedForward, residual
+from attnkit.modules.embed import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+
+__all__ = [
+    "PRESETS",
+    "CausalLM",
+    "DecoderBlock",
+    "Transformer",
+    "TransformerConfig",
+    "config_from_dict",
+    "pad_mask",
+    "preset",
+]
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Hyper-parameters of `Transformer` and `CausalLM` (the paper's names in brackets)."""
+
+    src_vocab: int  # source vocabulary size (CausalLM: the vocabulary)
+    tgt_vocab: int  # target vocabulary size (CausalLM: ignored)
+    d_model: int = 512  # model width C [d_model]
+    num_heads: int = 8  # attention heads H [h]
+    d_ff: int = 2048  # feed-forward hidden width F [d_ff]
+    encoder_layers: int = 6  # encoder blocks [N]
+    decoder_layers: int = 6  # decoder blocks [N]
+    dropout: float = 0.1  # on embeddings+positions and every sublayer output [P_drop]
+    attn_dropout: float = 0.0  # on attention probabilities (not in the paper)
+    norm_first: bool = False  # pre-norm (True) or the paper's post-norm (False)
+    share_embeddings: bool = False  # one token table for source and target (§3.4)
+    tie_generator: bool = True  # generator weight = target token table (§3.4)
+    positions: str = "sinusoidal"  # "sinusoidal" (§3.5) or "learned"
+    max_len: int = 1024  # longest sequence the positions cover
+    activation: str = "relu"  # feed-forward activation (the paper: ReLU)
+    norm_eps: float = 1e-5  # LayerNorm epsilon
+    label_smoothing: float = 0.1  # ε_ls of the loss (§5.4)
+    pad_id: int = 0  # padding token: masked as a key, ignored by the loss
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab", "tgt_vocab", "d_model", "num_heads", "d_ff", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("encoder_layers", "decoder_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
+            )
+        if self.positions not in ("sinusoidal", "learned"):
+            raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {self.positions!r}")
+        if self.share_embeddings and self.src_vocab != self.tgt_vocab:
+            raise ValueError(
+                f"share_embeddings needs src_vocab == tgt_vocab, "
+                f"got {self.src_vocab} and {self.tgt_vocab}"
+            )
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if not 0 <= self.pad_id < min(self.src_vocab, self.tgt_vocab):
+            raise ValueError(f"pad_id must be a token id of both vocabularies, got {self.pad_id}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# Named presets: everything except the vocabulary sizes.
+PRESETS: dict[str, dict] = {
+    # Table 3, "base": 65M parameters with a 37k shared BPE vocabulary.
+    "base": dict(d_model=512, num_heads=8, d_ff=2048, encoder_layers=6, decoder_layers=6),
+    # Table 3, "big".
+    "big": dict(
+        d_model=1024, num_heads=16, d_ff=4096, encoder_layers=6, decoder_layers=6, dropout=0.3
+    ),
+    # Small and fast on a CPU: the synthetic tasks of attnkit.seq2seq.
+    "tiny": dict(
+        d_model=64,
+        num_heads=4,
+        d_ff=256,
+        encoder_layers=2,
+        decoder_layers=2,
+        dropout=0.0,
+        norm_first=True,
+        label_smoothing=0.0,
+        max_len=256,
+    ),
+}
+
+
+def preset(name: str, **overrides) -> TransformerConfig:
+    """`TransformerConfig` from a named preset; `overrides` must include the vocabularies."""
+    if name not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
+    return TransformerConfig(**{**PRESETS[name], **overrides})
+
+
+def pad_mask(tokens: Tensor, pad_id: int) -> Tensor:
+    """Key-padding mask (B, 1, 1, S) from token ids (B, S): True = may attend (not `pad_id`)."""
+    return (tokens != pad_id)[:, None, None, :]  # (B, 1, 1, S)
+
+
+class TokenEmbedding(nn.Module):
+    """tokens (B, N) -> table[tokens]·√C + positions -> dropout (§3.4, §3.5).
+
+    `offset` is the position of the first token (the cache length when decoding).
+    """
+
+    def __init__(self, table: nn.Embedding, positions: nn.Module, dropout: float) -> None:
+        super().__init__()
+        self.table, self.positions = table, positions
+        self.scale = math.sqrt(table.embedding_dim)
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        """(B, N) -> (B, N, C)."""
+        if tokens.dim() != 2 or tokens.dtype.is_floating_point:
+            raise ValueError(
+                f"tokens must be integer ids of shape (B, N), got {tokens.dtype} "
+                f"{tuple(tokens.shape)}"
+            )
+        return self.drop(self.positions(self.table(tokens) * self.scale, offset))
+
+
+def _attention(cfg: TransformerConfig) -> CachedMultiHeadAttention:
+    return CachedMultiHeadAttention(cfg.d_model, cfg.num_heads, dropout=cfg.attn_dropout)
+
+
+def _sublayer(fn: nn.Module, cfg: TransformerConfig) -> nn.Module:
+    norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+    return residual(fn, norm, dropout=cfg.dropout, norm_first=cfg.norm_first)
+
+
+def _feed_forward(cfg: TransformerConfig) -> nn.Module:
+    ff = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, dropout=cfg.dropout)
+    return _sublayer(ff, cfg)
+
+
+class DecoderBlock(nn.Module):
+    """Masked self-attention, cross-attention over the encoder output, feed-forward (§3.1).
+
+    Each sublayer is residual with post-norm or pre-norm (`cfg.norm_first`).
+    With ``cross_attention=False`` the block is a GPT-style decoder-only block.
+    """
+
+    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True) -> None:
+        super().__init__()
+        self.self_attn = _sublayer(_attention(cfg), cfg)
+        self.cross_attn = _sublayer(_attention(cfg), cfg) if cross_attention else None
+        self.ff = _feed_forward(cfg)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """x (B, N, C), memory (B, S, C) -> (B, N, C).
+
+        mask: target key-padding mask (B, 1, 1, T) or None, True = may attend;
+            the causal mask is always applied (bottom-right aligned, so with a
+            cache holding T - N positions the N new ones see all of them).
+        memory_mask: source key-padding mask (B, 1, 1, S), True = may attend.
+        cache: keys/values of earlier steps (see `attnkit.models.decoding`).
+        """
+        x = self.self_attn(x, mask=mask, causal=True, cache=cache)
+        if self.cross_attn is not None:
+            if memory is None:
+                raise ValueError("memory (B, S, C) is required by a block with cross-attention")
+            x = self.cross_attn(x, memory, mask=memory_mask, cache=cache)
+        return self.ff(x)
+
+
+def _encoder_block(cfg: TransformerConfig) -> EncoderBlock:
+    """Self-attention, add & norm, feed-forward, add & norm (§3.1)."""
+    return EncoderBlock(
+        cfg.d_model,
+        cfg.num_heads,
+        cfg.d_ff,
+        norm_first=cfg.norm_first,
+        dropout=cfg.dropout,
+        attn_dropout=cfg.attn_dropout,
+        activation=cfg.activation,
+        norm_eps=cfg.norm_eps,
+    )
+
+
+def _positions(cfg: TransformerConfig) -> nn.Module:
+    if cfg.positions == "learned":
+        return LearnedPositionalEmbedding(cfg.max_len, cfg.d_model)
+    return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_len)
+
+
+def _table(vocab: int, cfg: TransformerConfig) -> nn.Embedding:
+    table = nn.Embedding(vocab, cfg.d_model)
+    # ·√C in the forward makes the scaled embedding unit-variance (§3.4).
+    nn.init.normal_(table.weight, std=cfg.d_model**-0.5)
+    return table
+
+
+def _final_norm(cfg: TransformerConfig) -> nn.Module:
+    # Pre-norm stacks end un-normalised: a last LayerNorm (Xiong et al. 2020).
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm_first else nn.Identity()
+
+
+def _generator(table: nn.Embedding, cfg: TransformerConfig, tie: bool) -> nn.Linear:
+    gen = nn.Linear(cfg.d_model, table.num_embeddings, bias=False)
+    if tie:
+        gen.weight = table.weight
+    return gen
+
+
+def _lm_loss(logits: Tensor, labels: Tensor, cfg: TransformerConfig) -> Tensor:
+    """Cross-entropy with label smoothing; `pad_id` labels are ignored. (B, T, V), (B, T)."""
+    return F.cross_entropy(
+        logits.flatten(0, 1),  # (B·T, V)
+        labels.flatten(),  # (B·T,)
+        ignore_index=cfg.pad_id,
+        label_smoothing=cfg.label_smoothing,
+    )
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer; `generator` returns logits (softmax is in the loss).
+
+    forward(src (B, S), tgt (B, T)) -> logits (B, T, V): tgt is the decoder
+    input (BOS y1 ... ), logits[:, t] predict the token after tgt[:, t].
+    """
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        src_table = _table(cfg.src_vocab, cfg)
+        tgt_table = src_table if cfg.share_embeddings else _table(cfg.tgt_vocab, cfg)
+        self.src_embed = TokenEmbedding(src_table, _positions(cfg), cfg.dropout)
+        self.tgt_embed = TokenEmbedding(tgt_table, _positions(cfg), cfg.dropout)
+        self.encoder = nn.ModuleList(_encoder_block(cfg) for _ in range(cfg.encoder_layers))
+        self.encoder_norm = _final_norm(cfg)
+        self.decoder = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.decoder_layers))
+        self.decoder_norm = _final_norm(cfg)
+        self.generator = _generator(tgt_table, cfg, cfg.tie_generator)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> memory (B, S, C) and its padding mask (B, 1, 1, S), True = may attend."""
+        mask = pad_mask(src, self.cfg.pad_id)
+        x = self.src_embed(src)
+        for block in self.encoder:
+            x = block(x, mask=mask)
+        return self.encoder_norm(x), mask
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None,
+        *,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """tgt (B, N) -> logits (B, N, V).
+
+        Without a cache, tgt is the whole decoder input and its `pad_id`
+        positions are masked as keys. With a cache, tgt holds only the N new
+        tokens (positions cache.length, ...); no target padding mask is applied
+        (decoded tokens are never padding that later tokens must not see).
+        """
+        offset = 0 if cache is None else cache.length
+        mask = pad_mask(tgt, self.cfg.pad_id) if cache is None else None
+        x = self.tgt_embed(tgt, offset)
+        for block in self.decoder:
+            x = block(x, memory, mask=mask, memory_mask=memory_mask, cache=cache)
+        if cache is not None:
+            cache.length += tgt.shape[1]
+        return self.generator(self.decoder_norm(x))
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """src (B, S), tgt (B, T) -> logits (B, T, V)."""
+        memory, memory_mask = self.encode(src)
+        return self.decode(tgt, memory, memory_mask)
+
+    def loss(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """Teacher-forced loss; tgt (B, T) = BOS y1 ... EOS PAD..., predicted from tgt[:, :-1]."""
+        return _lm_loss(self(src, tgt[:, :-1]), tgt[:, 1:], self.cfg)
+
+
+class CausalLM(nn.Module):
+    """Decoder-only language model from the same `DecoderBlock` (no cross-attention).
+
+    Uses `cfg.src_vocab` as the vocabulary and `cfg.decoder_layers` blocks.
+    forward(tokens (B, T), cache=None) -> logits (B, T, V); with a cache,
+    tokens are the N new ones only.
+    """
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        table = _table(cfg.src_vocab, cfg)
+        self.embed = TokenEmbedding(table, _positions(cfg), cfg.dropout)
+        self.blocks = nn.ModuleList(
+            DecoderBlock(cfg, cross_attention=False) for _ in range(cfg.decoder_layers)
+        )
+        self.norm = _final_norm(cfg)
+        self.generator = _generator(table, cfg, cfg.tie_generator)
+
+    def forward(self, tokens: Tensor, *, cache: KVCache | None = None) -> Tensor:
+        offset = 0 if cache is None else cache.length
+        mask = pad_mask(tokens, self.cfg.pad_id) if cache is None else None
+        x = self.embed(tokens, offset)
+        for block in self.blocks:
+            x = block(x, mask=mask, cache=cache)
+        if cache is not None:
+            cache.length += tokens.shape[1]
+        return self.generator(self.norm(x))
+
+    def loss(self, tokens: Tensor) -> Tensor:
+        """Next-token loss over tokens (B, T); `pad_id` labels are ignored."""
+        return _lm_loss(self(tokens[:, :-1]), tokens[:, 1:], self.cfg)
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, max_new: int) -> Tensor:
+        """Greedy continuation with a cache: prompt (B, P) -> (B, P + max_new)."""
+        cache = KVCache()
+        out, new = [prompt], prompt
+        for _ in range(max_new):
+            new = self(new, cache=cache)[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+            out.append(new)
+        return torch.cat(out, dim=1)
+
+
+def config_from_dict(d: dict) -> TransformerConfig:
+    """Inverse of `TransformerConfig.to_dict` (unknown keys are an error)."""
+    fields = set(TransformerConfig.__dataclass_fields__)
+    unknown = sorted(set(d) - fields)
+    if unknown:
+        raise ValueError(f"unknown TransformerConfig fields {unknown}; known: {sorted(fields)}")
+    return TransformerConfig(**d)

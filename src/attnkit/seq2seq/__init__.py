@@ -1,0 +1,32 @@
+"""Sequence-to-sequence on synthetic tasks: data, training, alignment pictures."""
+
+from attnkit.seq2seq.alignment import cross_attention, mirror_accuracy, save_alignment_png
+from attnkit.seq2seq.tasks import BOS, EOS, PAD, TASKS, Task, exact_match, heldout, make_batch
+from attnkit.seq2seq.train import (
+    TrainConfig,
+    build_model,
+    evaluate,
+    load_checkpoint,
+    predict,
+    train,
+)
+
+__all__ = [
+    "BOS",
+    "EOS",
+    "PAD",
+    "TASKS",
+    "Task",
+    "TrainConfig",
+    "build_model",
+    "cross_attention",
+    "evaluate",
+    "exact_match",
+    "heldout",
+    "load_checkpoint",
+    "make_batch",
+    "mirror_accuracy",
+    "predict",
+    "save_alignment_png",
+    "train",
+]
