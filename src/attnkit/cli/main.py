@@ -6,12 +6,15 @@ import argparse
 import sys
 
 from attnkit import __version__
+from attnkit.cli import explain_image, train
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (train, explain_image):
+        module.register(subparsers)  # each sets `run=` with set_defaults
     return parser
 
 
