@@ -36,9 +36,7 @@ def cli_errors(prog: str) -> Callable:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from attnkit.models.vit import PRESETS
-    from attnkit.train.loop import TrainConfig
 
-    d = TrainConfig()
     p = subparsers.add_parser(
         "train",
         help="train a ViT, T2T-ViT or CNN+CBAM on the 8×8 digits",
@@ -46,15 +44,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Under `torchrun --nproc_per_node N -m attnkit train ...` the run is data-parallel.",
     )
     p.add_argument("model", choices=sorted(PRESETS), help="model preset")
-    p.add_argument("--epochs", type=int, default=d.epochs, help=f"default {d.epochs}")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch")
-    p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate, default {d.lr}")
+    recipe = "default: the model's recipe in attnkit.train.data.DIGITS_RECIPES"
+    p.add_argument("--epochs", type=int, default=None, help=recipe)
+    p.add_argument("--batch-size", type=int, default=None, help="global batch; " + recipe)
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate; " + recipe)
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="model init, data order, augmentation")
     p.add_argument(
         "--out", type=Path, default=None, help="run directory, default attnkit-out/MODEL"
     )
     p.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads per process (default 1: these models are small, and on a "
+        "shared CPU more threads mostly wait on each other)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar or epoch lines")
     p.set_defaults(run=run_train)
 
@@ -66,20 +72,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 @cli_errors("train")
 def run_train(args: argparse.Namespace) -> int:
     from attnkit.models.vit import PRESETS, build_model
-    from attnkit.train.data import classify_step, evaluate_classifier, load_digits, random_shift
-    from attnkit.train.loop import TrainConfig, distributed, fit
-
-    for name in ("epochs", "batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    out = args.out or DEFAULT_OUT / args.model
-    config = TrainConfig(
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        max_steps=args.max_steps,
+    from attnkit.train.data import (
+        DIGITS_RECIPES,
+        classify_step,
+        evaluate_classifier,
+        load_digits,
+        random_shift,
     )
+    from attnkit.train.loop import distributed, fit
+
+    for name in ("epochs", "batch_size", "lr", "max_steps", "threads"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    out = args.out or DEFAULT_OUT / args.model
+    recipe = DIGITS_RECIPES[args.model]
+    given = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr") if getattr(args, k)}
+    config = dataclasses.replace(recipe, seed=args.seed, max_steps=args.max_steps, **given)
     model_config = PRESETS[args.model]
     data = load_digits()
     run_info = {
@@ -89,6 +98,7 @@ def run_train(args: argparse.Namespace) -> int:
         "data": {"name": "digits", "test_fraction": 0.2, "split_seed": 0},
         "init_seed": args.seed,
     }
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model = build_model(model_config)
     augment = functools.partial(random_shift, max_shift=1, fill=data.background)

@@ -14,9 +14,28 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from attnkit.train.loop import StepResult
+from attnkit.train.loop import StepResult, TrainConfig
 
-__all__ = ["Digits", "classify_step", "evaluate_classifier", "load_digits", "random_shift"]
+__all__ = [
+    "DIGITS_RECIPES",
+    "Digits",
+    "classify_step",
+    "evaluate_classifier",
+    "load_digits",
+    "random_affine",
+    "random_shift",
+]
+
+
+# Training settings per model preset (attnkit.models.vit.PRESETS) for the digits; the
+# CLI's defaults. Batch 32 gives twice the steps of 64 per epoch, which the
+# transformers need on 1,437 images.
+DIGITS_RECIPES: dict[str, TrainConfig] = {
+    "vit": TrainConfig(epochs=60, batch_size=32, lr=2e-3),
+    "vit-mean": TrainConfig(epochs=40, batch_size=32, lr=2e-3),
+    "t2t": TrainConfig(epochs=60, batch_size=32, lr=2e-3),
+    "cnn": TrainConfig(epochs=20, batch_size=32, lr=3e-3),
+}
 
 
 @dataclass(frozen=True)
@@ -120,3 +139,39 @@ def evaluate_classifier(
         correct += int((logits.argmax(-1) == labels).sum())
         n += len(labels)
     return {"test_loss": loss / n, "test_acc": correct / n}
+
+
+def random_affine(
+    images: Tensor,
+    *,
+    degrees: float = 10.0,
+    scale: float = 0.1,
+    shift: float = 1.0,
+    fill: float = 0.0,
+) -> Tensor:
+    """Rotate by U(-degrees, degrees), scale by U(1-scale, 1+scale), translate by
+    U(-shift, shift) pixels per axis; each image its own draw (global torch RNG).
+
+    images (B, C, H, W) -> (B, C, H, W), bilinear resampling, outside pixels = `fill`.
+    """
+    if images.dim() != 4:
+        raise ValueError(f"images must have shape (B, C, H, W), got {tuple(images.shape)}")
+    b, _, h, w = images.shape
+
+    def uniform(bound: float) -> Tensor:
+        return (torch.rand(b, device=images.device) * 2 - 1) * bound
+
+    angle = uniform(degrees) * (torch.pi / 180)
+    zoom = 1 + uniform(scale)
+    cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom
+    # affine_grid works in [-1, 1] coordinates: a pixel is 2/W wide
+    theta = torch.stack(
+        [
+            torch.stack([cos, -sin, uniform(shift) * 2 / w], -1),
+            torch.stack([sin, cos, uniform(shift) * 2 / h], -1),
+        ],
+        1,
+    )  # (B, 2, 3)
+    grid = F.affine_grid(theta, list(images.shape), align_corners=False)  # (B, H, W, 2)
+    out = F.grid_sample(images - fill, grid, align_corners=False)  # zeros outside
+    return out + fill
