@@ -170,7 +170,13 @@ def plot_explanations(
         ax.set_yticks([])
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    h, w = explanation.rollout.shape[-2:]
+    note = (
+        f"bright = more attention; each map is scaled to its own maximum; the {h}×{w} patch "
+        "grid is upsampled bilinearly over the image"
+    )
+    fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7, color="dimgray")
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
