@@ -31,10 +31,10 @@ __all__ = [
 # CLI's defaults. Batch 32 gives twice the steps of 64 per epoch, which the
 # transformers need on 1,437 images.
 DIGITS_RECIPES: dict[str, TrainConfig] = {
-    "vit": TrainConfig(epochs=60, batch_size=32, lr=2e-3),
-    "vit-mean": TrainConfig(epochs=40, batch_size=32, lr=2e-3),
-    "t2t": TrainConfig(epochs=60, batch_size=32, lr=2e-3),
-    "cnn": TrainConfig(epochs=20, batch_size=32, lr=3e-3),
+    "vit": TrainConfig(epochs=100, batch_size=32, lr=2e-3),
+    "vit-mean": TrainConfig(epochs=60, batch_size=32, lr=2e-3),
+    "t2t": TrainConfig(epochs=40, batch_size=32, lr=2e-3),
+    "cnn": TrainConfig(epochs=30, batch_size=32, lr=3e-3),
 }
 
 
