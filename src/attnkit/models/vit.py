@@ -44,8 +44,9 @@ def _check_image(x: Tensor, channels: int, size: int, who: str) -> None:
 class PatchEmbed(nn.Module):
     """Non-overlapping P × P patches, each linearly projected: (B, Ci, I, I) -> (B, N, C).
 
-    A Conv2d with kernel = stride = P is that linear map applied per patch.
-    Tokens are in row-major grid order; `grid` = (I/P, I/P).
+    A "hard split" (nn.Unfold with stride = kernel = P; T2TEmbed's soft split
+    overlaps) then a Linear on each flattened patch (c, y, x order). Tokens are
+    in row-major grid order; `grid` = (I/P, I/P).
     """
 
     def __init__(self, image_size: int, patch_size: int, in_chans: int, dim: int) -> None:
@@ -56,12 +57,15 @@ class PatchEmbed(nn.Module):
             )
         self.image_size, self.in_chans = image_size, in_chans
         self.grid = (image_size // patch_size, image_size // patch_size)
-        self.proj = nn.Conv2d(in_chans, dim, patch_size, stride=patch_size)
+        self.split = nn.Unfold(patch_size, stride=patch_size)
+        self.proj = nn.Linear(in_chans * patch_size**2, dim)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, Ci, I, I) -> (B, N, C)."""
         _check_image(x, self.in_chans, self.image_size, "PatchEmbed")
-        return self.proj(x).flatten(2).transpose(1, 2)  # (B, C, h, w) -> (B, h·w, C)
+        return self.proj(
+            self.split(x).transpose(1, 2)
+        )  # (B, Ci·P², N) -> (B, N, Ci·P²) -> (B, N, C)
 
 
 class T2TEmbed(nn.Module):
@@ -126,12 +130,12 @@ class ViTConfig:
     t2t_splits: tuple[tuple[int, int], ...] = ((3, 1), (3, 2), (3, 1))  # (kernel, stride), t2t
     t2t_chan: int = 32  # token-transformer width, tokens="t2t"
     dim: int = 64  # C
-    depth: int = 4  # encoder blocks
+    depth: int = 2  # encoder blocks
     num_heads: int = 4  # H
-    mlp_ratio: float = 2.0  # feed-forward hidden width F = C·mlp_ratio
+    mlp_ratio: float = 4.0  # feed-forward hidden width F = C·mlp_ratio
     pool: str = "cls"  # "cls" (class token) or "mean" (mean of the patch tokens)
-    pos: str = "learned"  # "learned" table or fixed "sincos" (2-D sin-cos)
-    dropout: float = 0.1  # on sublayer outputs
+    pos: str = "sincos"  # fixed 2-D sin-cos, or a "learned" table
+    dropout: float = 0.0  # on sublayer outputs
     attn_dropout: float = 0.0  # on attention probabilities
 
 
@@ -247,11 +251,11 @@ PRESETS: dict[str, ViTConfig | CNNConfig] = {
     # 16 tokens of 2 × 2 pixels + a class token, width 64, 2 pre-norm blocks, 2-D sin-cos
     # positions, no dropout (on 1,437 images shift augmentation regularises better; see
     # docs/vision-results.md for the settings tried)
-    "vit": ViTConfig(depth=2, mlp_ratio=4.0, pos="sincos", dropout=0.0),
+    "vit": ViTConfig(),
     # the same with mean pooling over the patch tokens instead of a class token
-    "vit-mean": ViTConfig(depth=2, mlp_ratio=4.0, pos="sincos", dropout=0.0, pool="mean"),
+    "vit-mean": ViTConfig(pool="mean"),
     # soft splits 8×8 (k3 s1) -> 4×4 (k3 s2) -> 16 tokens (k3 s1), then the "vit" backbone
-    "t2t": ViTConfig(tokens="t2t", depth=2, mlp_ratio=4.0, pos="sincos", dropout=0.0),
+    "t2t": ViTConfig(tokens="t2t"),
     "cnn": CNNConfig(),
 }
 
