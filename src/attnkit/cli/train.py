@@ -142,7 +142,7 @@ def load_run(directory: Path) -> tuple[torch.nn.Module, dict]:
         raise FileNotFoundError(
             f"--checkpoint: no checkpoint.pt in {directory}; run `attnkit train` first"
         )
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=True)
     info = state["run_info"]
     model = build_model(config_from_dict(info["model_kind"], info["model"]))
     model.load_state_dict(state["model"])

@@ -354,7 +354,7 @@ def _save(path, model, optimizer, scheduler, epoch, step, history, run_info) -> 
 def _load(path, model, optimizer, scheduler, run_info) -> tuple[int, int, list]:
     if path is None or not path.exists():
         raise ValueError(f"resume: no checkpoint at {path}; train without --resume first")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=True)
     if state.get("run_info") != run_info:
         saved = state.get("run_info") or {}
         keys = sorted(k for k in set(saved) | set(run_info) if saved.get(k) != run_info.get(k))
