@@ -1,0 +1,72 @@
+"""Counter-based attention dropout for the chunked backend.
+
+Shapes: B batch, H query heads, N queries, S keys; a block covers rows i0:i1 and keys j0:j1.
+
+Why not ``F.dropout``: the chunked backward must see the forward's keep mask again without
+storing the N×S mask, and torch's CPU ``bernoulli_`` is ~10× slower than drawing raw bits
+(PERF-NOTES.md). Each (query block, key block) gets its own ``torch.Generator`` seeded from one
+per-call seed and the block coordinates (the idea of Philox offsets in FlashAttention-2, Dao
+2023, section 3.1, done with torch's own generator), so forward and backward regenerate the
+same bits block by block.
+
+Exact keep probability: one random byte ``u`` (uniform on 0..255) per probability; the entry is
+kept iff ``u < T`` with ``T = round(256 * (1 - p))``. So P(keep) = T / 256 exactly (within 1/512
+of 1 - p), and kept entries are scaled by 256 / T, which makes E[dropout(P)] = P exactly.
+Example: p = 0.1 gives T = 230, keep probability 0.8984375, scale 1.1130435.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_MASK64 = (1 << 64) - 1
+
+
+def draw_seed() -> int:
+    """One 63-bit seed from torch's default generator, so ``torch.manual_seed`` controls it."""
+    return int(torch.empty((), dtype=torch.int64).random_().item())
+
+
+def keep_threshold(p: float) -> tuple[int, float]:
+    """Byte threshold T (keep iff byte < T) and the scale 256 / T applied to kept entries."""
+    t = min(256, max(0, round(256.0 * (1.0 - p))))
+    return t, (256.0 / t if t > 0 else 0.0)
+
+
+def _mix(x: int) -> int:
+    # splitmix64 finaliser (Steele et al. 2014): nearby block ids give unrelated seeds.
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def block_keep(seed: int, qi: int, kj: int, shape: tuple[int, ...], t: int) -> Tensor | None:
+    """Keep mask (bool, ``shape``) of block (qi, kj); None when everything is kept (T = 256)."""
+    if t >= 256:
+        return None
+    gen = torch.Generator().manual_seed(_mix(_mix(seed ^ (qi << 32)) ^ kj) >> 1)
+    n = 1
+    for d in shape:
+        n *= d
+    # random_ on int64 fills all 64 bits: 8 uniform bytes per draw, the cheap path on CPU.
+    bits = torch.empty((n + 7) // 8, dtype=torch.int64).random_(generator=gen)
+    return bits.view(torch.uint8)[:n].view(shape) < t
+
+
+def dropout_keep_mask(
+    seed: int, shape: tuple[int, int, int, int], p: float, block_q: int, block_k: int
+) -> Tensor:
+    """Materialise the full (B, H, N, S) keep mask the chunked backend uses (tests only)."""
+    b, h, n, s = shape
+    t, _ = keep_threshold(p)
+    full = torch.ones(shape, dtype=torch.bool)
+    for qi, i0 in enumerate(range(0, n, block_q)):
+        i1 = min(i0 + block_q, n)
+        for kj, j0 in enumerate(range(0, s, block_k)):
+            j1 = min(j0 + block_k, s)
+            keep = block_keep(seed, qi, kj, (b, h, i1 - i0, j1 - j0), t)
+            if keep is not None:
+                full[:, :, i0:i1, j0:j1] = keep
+    return full
