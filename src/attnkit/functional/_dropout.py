@@ -9,9 +9,9 @@ per-call seed and the block coordinates (the idea of Philox offsets in FlashAtte
 2023, section 3.1, done with torch's own generator), so forward and backward regenerate the
 same bits block by block.
 
-Exact keep probability: one random byte ``u`` (uniform on 0..255) per probability; the entry is
-kept iff ``u < T`` with ``T = round(256 * (1 - p))``. So P(keep) = T / 256 exactly (within 1/512
-of 1 - p), and kept entries are scaled by 256 / T, which makes E[dropout(P)] = P exactly.
+Exact keep probability: one random byte ``u`` (uniform on 0..255, tested) per probability;
+the entry is kept iff ``u < T`` with ``T = round(256 * (1 - p))``. So P(keep) = T / 256 exactly
+(within 1/512 of 1 - p), and kept entries are scaled by 256 / T, so E[dropout(P)] = P exactly.
 Example: p = 0.1 gives T = 230, keep probability 0.8984375, scale 1.1130435.
 """
 
@@ -50,9 +50,13 @@ def block_keep(seed: int, qi: int, kj: int, shape: tuple[int, ...], t: int) -> T
     n = 1
     for d in shape:
         n *= d
-    # random_ on int64 fills all 64 bits: 8 uniform bytes per draw, the cheap path on CPU.
-    bits = torch.empty((n + 7) // 8, dtype=torch.int64).random_(generator=gen)
-    return bits.view(torch.uint8)[:n].view(shape) < t
+    # int64.random_() is the cheap path on CPU but draws from [0, 2**63): the top byte of each
+    # word is only 0..127, so use the 7 low (uniform) bytes. The full-range random_(-2**63,
+    # None) is ~3× slower.
+    m = (n + 6) // 7
+    bits = torch.empty(m, dtype=torch.int64).random_(generator=gen)
+    uniform = bits.view(torch.uint8).view(m, 8)[:, :7]  # (m, 7) little-endian low bytes
+    return (uniform < t).view(-1)[:n].view(shape)
 
 
 def dropout_keep_mask(
