@@ -42,8 +42,10 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def block_keep(seed: int, qi: int, kj: int, shape: tuple[int, ...], t: int) -> Tensor | None:
-    """Keep mask (bool, ``shape``) of block (qi, kj); None when everything is kept (T = 256)."""
+def block_keep(
+    seed: int, qi: int, kj: int, shape: tuple[int, ...], t: int, dtype: torch.dtype
+) -> Tensor | None:
+    """0/1 keep mask of block (qi, kj) in ``dtype``; None when everything is kept (T = 256)."""
     if t >= 256:
         return None
     gen = torch.Generator().manual_seed(_mix(_mix(seed ^ (qi << 32)) ^ kj) >> 1)
@@ -56,7 +58,9 @@ def block_keep(seed: int, qi: int, kj: int, shape: tuple[int, ...], t: int) -> T
     m = (n + 6) // 7
     bits = torch.empty(m, dtype=torch.int64).random_(generator=gen)
     uniform = bits.view(torch.uint8).view(m, 8)[:, :7]  # (m, 7) little-endian low bytes
-    return (uniform < t).view(-1)[:n].view(shape)
+    # comparing straight into a float tensor is ~5× cheaper than a bool mask times a float
+    keep = torch.lt(uniform, t, out=torch.empty(m, 7, dtype=dtype))  # (m, 7)
+    return keep.view(-1)[:n].view(shape)
 
 
 def dropout_keep_mask(
@@ -70,7 +74,7 @@ def dropout_keep_mask(
         i1 = min(i0 + block_q, n)
         for kj, j0 in enumerate(range(0, s, block_k)):
             j1 = min(j0 + block_k, s)
-            keep = block_keep(seed, qi, kj, (b, h, i1 - i0, j1 - j0), t)
+            keep = block_keep(seed, qi, kj, (b, h, i1 - i0, j1 - j0), t, torch.float32)
             if keep is not None:
-                full[:, :, i0:i1, j0:j1] = keep
+                full[:, :, i0:i1, j0:j1] = keep > 0
     return full

@@ -77,7 +77,7 @@ def _scores(pl, s, i0, i1, j0, j1, cut, mask4, bias4):
 
 def _forward(pl, q, k, v, mask4, bias4, t_keep, seed):
     b, hkv, g, n, bq, bk = pl.b, pl.hkv, pl.g, pl.n, pl.bq, pl.bk
-    qs = q.to(pl.cdt).view(b, hkv, g, n, pl.d)  # (B, Hkv, G, N, D)
+    qs = (q.to(pl.cdt) * pl.scale).view(b, hkv, g, n, pl.d)  # (B, Hkv, G, N, D), pre-scaled
     kt = k.to(pl.cdt).reshape(b * hkv, pl.s, pl.d).transpose(1, 2)  # (B*Hkv, D, S)
     vv = v.to(pl.cdt).reshape(b * hkv, pl.s, pl.dv)  # (B*Hkv, S, Dv)
     out = torch.zeros(b, hkv, g, n, pl.dv, dtype=pl.cdt)
@@ -91,11 +91,8 @@ def _forward(pl, q, k, v, mask4, bias4, t_keep, seed):
         acc = torch.zeros(b * hkv, g * nq, pl.dv, dtype=pl.cdt)  # unnormalised output
         for kj, j0, j1, cut in pl.k_blocks(i0, i1):
             nk = j1 - j0
-            s = torch.bmm(
-                qb, kt[:, :, j0:j1], out=sbuf[: b * hkv * g * nq * nk].view(b * hkv, g * nq, nk)
-            )
-            if pl.scale != 1.0:
-                s.mul_(pl.scale)
+            s = sbuf[: b * hkv * g * nq * nk].view(b * hkv, g * nq, nk)  # (B*Hkv, G*nq, nk)
+            torch.bmm(qb, kt[:, :, j0:j1], out=s)
             _scores(pl, s, i0, i1, j0, j1, cut, mask4, bias4)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             # rows with nothing visible yet keep max -inf; shift them by 0 so exp gives 0, not NaN
@@ -103,9 +100,8 @@ def _forward(pl, q, k, v, mask4, bias4, t_keep, seed):
             s.sub_(m_safe).exp_()  # P~ = exp(S - m), Algorithm 1 line 10
             alpha = (m - m_safe).exp_()
             l.mul_(alpha).add_(s.sum(-1, keepdim=True))  # softmax normaliser: before dropout
-            keep = block_keep(seed, qi, kj, (b, pl.h, nq, nk), t_keep) if seed is not None else None
-            if keep is not None:
-                s.mul_(keep.view(b * hkv, g * nq, nk))  # 256/T rescale applied once at the end
+            if seed is not None:  # the 256/T rescale is applied once, at the end
+                s.mul_(block_keep(seed, qi, kj, (b * hkv, g * nq, nk), t_keep, pl.cdt))
             acc.mul_(alpha).baddbmm_(s, vv[:, j0:j1])
             m = m_new
         # l == 0 exactly when the row saw nothing: out 0, lse -inf (no 0/0)
@@ -118,7 +114,7 @@ def _forward(pl, q, k, v, mask4, bias4, t_keep, seed):
 def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, want_dbias):
     b, hkv, g, n, s_len = pl.b, pl.hkv, pl.g, pl.n, pl.s
     cdt = pl.cdt
-    qs = q.to(cdt).view(b, hkv, g, n, pl.d)  # (B, Hkv, G, N, D)
+    qs = (q.to(cdt) * pl.scale).view(b, hkv, g, n, pl.d)  # (B, Hkv, G, N, D), pre-scaled
     kk = k.to(cdt).reshape(b * hkv, s_len, pl.d)  # (B*Hkv, S, D)
     vv = v.to(cdt).reshape(b * hkv, s_len, pl.dv)  # (B*Hkv, S, Dv)
     do = dout.to(cdt) * pl.inv_keep if seed is not None else dout.to(cdt)
@@ -144,20 +140,19 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
         dqb = torch.zeros(b * hkv, g * nq, pl.d, dtype=cdt)
         for kj, j0, j1, cut in pl.k_blocks(i0, i1):
             nk = j1 - j0
-            s = torch.bmm(qb, kk[:, j0:j1].transpose(1, 2))  # (B*Hkv, G*nq, nk)
-            if pl.scale != 1.0:
-                s.mul_(pl.scale)
+            # S - lse in the gemm's accumulator (beta = 1), then bias and masks
+            s = torch.baddbmm(neg_lse, qb, kk[:, j0:j1].transpose(1, 2))  # (B*Hkv, G*nq, nk)
             _scores(pl, s, i0, i1, j0, j1, cut, mask4, bias4)
-            p = s.add_(neg_lse).exp_()  # P = exp(S - lse), Algorithm 2 line 11
-            keep = block_keep(seed, qi, kj, (b, pl.h, nq, nk), t_keep) if seed is not None else None
-            if keep is not None:
-                keep = keep.view(b * hkv, g * nq, nk)
-                dv[:, j0:j1].baddbmm_((p * keep).transpose(1, 2), dob)
-                dp = torch.bmm(dob, vv[:, j0:j1].transpose(1, 2)).mul_(keep)
+            p = s.exp_()  # P = exp(S - lse), Algorithm 2 line 11
+            dp = torch.bmm(dob, vv[:, j0:j1].transpose(1, 2))  # (B*Hkv, G*nq, nk)
+            if seed is not None:
+                pk = p * block_keep(seed, qi, kj, (b * hkv, g * nq, nk), t_keep, cdt)
+                dv[:, j0:j1].baddbmm_(pk.transpose(1, 2), dob)
+                # dS = P * (keep * dP~ - D) = (P * keep) * dP~ - P * D, line 13 with dropout
+                ds = dp.mul_(pk).sub_(p.mul_(dlt))
             else:
                 dv[:, j0:j1].baddbmm_(p.transpose(1, 2), dob)
-                dp = torch.bmm(dob, vv[:, j0:j1].transpose(1, 2))  # (B*Hkv, G*nq, nk)
-            ds = dp.sub_(dlt).mul_(p)  # dS = P * (dP - D), line 13
+                ds = dp.sub_(dlt).mul_(p)  # dS = P * (dP - D), Algorithm 2 line 13
             if dbias4 is not None:
                 ds4 = ds.view(b, pl.h, nq, nk)  # (B, H, nq, nk)
                 ds4 = ds4.sum(red, keepdim=True) if red else ds4
@@ -167,8 +162,7 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
             dqb.baddbmm_(ds, kk[:, j0:j1])
             dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), qb)
         dq[:, :, :, i0:i1] = dqb.view(b, hkv, g, nq, pl.d)  # (B, Hkv, G, nq, D)
-    dq = dq.view(b, pl.h, n, pl.d).mul_(pl.scale)
-    dk.mul_(pl.scale)
+    dq = dq.view(b, pl.h, n, pl.d).mul_(pl.scale)  # dk needs no scale: q was pre-scaled
     return dq, dk.view(k.shape), dv.view(v.shape), dbias4
 
 
