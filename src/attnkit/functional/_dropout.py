@@ -17,6 +17,8 @@ Example: p = 0.1 gives T = 230, keep probability 0.8984375, scale 1.1130435.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -42,10 +44,26 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
+Alloc = Callable[[str, tuple[int, ...], torch.dtype], Tensor]
+
+
+def _empty(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    return torch.empty(shape, dtype=dtype)
+
+
 def block_keep(
-    seed: int, qi: int, kj: int, shape: tuple[int, ...], t: int, dtype: torch.dtype
+    seed: int,
+    qi: int,
+    kj: int,
+    shape: tuple[int, ...],
+    t: int,
+    dtype: torch.dtype,
+    alloc: Alloc = _empty,
 ) -> Tensor | None:
-    """0/1 keep mask of block (qi, kj) in ``dtype``; None when everything is kept (T = 256)."""
+    """0/1 keep mask of block (qi, kj) in ``dtype``; None when everything is kept (T = 256).
+
+    ``alloc(name, shape, dtype)`` may hand out reused scratch buffers.
+    """
     if t >= 256:
         return None
     gen = torch.Generator().manual_seed(_mix(_mix(seed ^ (qi << 32)) ^ kj) >> 1)
@@ -56,10 +74,10 @@ def block_keep(
     # word is only 0..127, so use the 7 low (uniform) bytes. The full-range random_(-2**63,
     # None) is ~3× slower.
     m = (n + 6) // 7
-    bits = torch.empty(m, dtype=torch.int64).random_(generator=gen)
+    bits = alloc("bits", (m,), torch.int64).random_(generator=gen)
     uniform = bits.view(torch.uint8).view(m, 8)[:, :7]  # (m, 7) little-endian low bytes
     # comparing straight into a float tensor is ~5× cheaper than a bool mask times a float
-    keep = torch.lt(uniform, t, out=torch.empty(m, 7, dtype=dtype))  # (m, 7)
+    keep = torch.lt(uniform, t, out=alloc("keep", (m, 7), dtype))  # (m, 7)
     return keep.view(-1)[:n].view(shape)
 
 
