@@ -4,7 +4,7 @@ Legend: B batch, H heads, N queries = S keys, D head width (B=1, H=8, D=64 here)
 
 One process times every config (warm-up, then repeats with the implementations interleaved so
 that load from other users hits all of them alike; medians). Peak extra memory of one
-forward+backward is measured per config in a fresh subprocess (ru_maxrss after - before).
+forward+backward is measured per config in a fresh subprocess (VmHWM after - VmRSS before).
 Writes bench_attention.json and bench_attention.md under --out.
 
     python benchmarks/bench_attention.py            # N in 256, 1024, 2048, 4096
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -83,15 +82,26 @@ def time_config(n, mask_kind, p, backward, repeats):
     return {impl: statistics.median(ts) for impl, ts in times.items()}
 
 
+def _status_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        line = next(x for x in f if x.startswith(field + ":"))
+    return int(line.split()[1]) / 1024  # kB -> MiB
+
+
 def peak_memory_child(impl, n, mask_kind, p):
-    """Runs in a fresh process: peak RSS growth (MiB) of one forward+backward."""
+    """Runs in a fresh process: peak RSS growth (MiB) of one forward+backward.
+
+    Resets the kernel's high-water mark (VmHWM, Linux >= 4.0) after the inputs exist, so
+    earlier peaks (torch import, building the inputs) do not hide the call's own.
+    """
     inputs = make_inputs(n, mask_kind, True)
     small = make_inputs(64, mask_kind, True)
     run_once(impl, 64, mask_kind, p, True, small)  # load kernels / thread pools first
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    before = _status_mib("VmRSS")
     run_once(impl, n, mask_kind, p, True, inputs)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return (after - before) / 1024  # ru_maxrss is KiB on Linux
+    return _status_mib("VmHWM") - before
 
 
 def peak_memory(impl, n, mask_kind, p):

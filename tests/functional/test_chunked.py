@@ -273,3 +273,11 @@ def test_dropout_unbiased():
     stderr = outs.std(0) / math.sqrt(outs.shape[0])
     assert (err < 5 * stderr + 1e-12).all()
     assert err.max() < 0.05  # a missing 1/keep rescale would be off by ~0.3 * |out|
+
+
+def test_backward_leaves_incoming_gradient_untouched():
+    q, k, v = make(1, 2, 2, 9, 11, 4, 4)
+    out, _ = run(q, k, v, dropout_p=0.5, training=True)
+    go = torch.ones_like(out)
+    out.backward(go)
+    assert (go == 1).all()

@@ -100,7 +100,7 @@ def _scores(pl, s, i0, i1, j0, j1, cut, mask4, bias4):
 
 def _forward(pl, q, k, v, mask4, bias4, t_keep, seed):
     b, hkv, g, n = pl.b, pl.hkv, pl.g, pl.n
-    qs = (q.to(pl.cdt) * pl.scale).view(b, hkv, g, n, pl.d)  # (B, Hkv, G, N, D), pre-scaled
+    q5 = q.view(b, hkv, g, n, pl.d)  # (B, Hkv, G, N, D)
     kt = k.to(pl.cdt).reshape(b * hkv, pl.s, pl.d).transpose(1, 2)  # (B*Hkv, D, S)
     vv = v.to(pl.cdt).reshape(b * hkv, pl.s, pl.dv)  # (B*Hkv, S, Dv)
     out = torch.zeros(b, hkv, g, n, pl.dv, dtype=pl.cdt)
@@ -108,7 +108,8 @@ def _forward(pl, q, k, v, mask4, bias4, t_keep, seed):
     ws = _Workspace()
     for qi, i0, i1 in pl.q_blocks():
         nq = i1 - i0
-        qb = qs[:, :, :, i0:i1].reshape(b * hkv, g * nq, pl.d)  # (B*Hkv, G*nq, D)
+        # pre-scaled per block (a small copy, not one of size N·D): (B*Hkv, G*nq, D)
+        qb = (q5[:, :, :, i0:i1].to(pl.cdt) * pl.scale).reshape(b * hkv, g * nq, pl.d)
         m = torch.full((b * hkv, g * nq, 1), _NEG_INF, dtype=pl.cdt)  # running max
         l = torch.zeros(b * hkv, g * nq, 1, dtype=pl.cdt)  # running sum of exp
         acc = torch.zeros(b * hkv, g * nq, pl.dv, dtype=pl.cdt)  # unnormalised output
@@ -136,18 +137,13 @@ def _forward(pl, q, k, v, mask4, bias4, t_keep, seed):
 def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, want_dbias):
     b, hkv, g, n, s_len = pl.b, pl.hkv, pl.g, pl.n, pl.s
     cdt = pl.cdt
-    qs = (q.to(cdt) * pl.scale).view(b, hkv, g, n, pl.d)  # (B, Hkv, G, N, D), pre-scaled
     kk = k.to(cdt).reshape(b * hkv, s_len, pl.d)  # (B*Hkv, S, D)
     vv = v.to(cdt).reshape(b * hkv, s_len, pl.dv)  # (B*Hkv, S, Dv)
-    do = dout.to(cdt) * pl.inv_keep if seed is not None else dout.to(cdt)
-    # D_i = rowsum(dO_i * O_i) (Algorithm 2 line 4, with dropout's 256/T folded into dO);
-    # a gradient on lse adds P_ij * dlse_i to dS_ij, i.e. subtracts dlse_i from D_i.
-    delta = (dout.to(cdt) * out.to(cdt)).sum(-1)  # (B, H, N)
-    if dlse is not None:
-        delta = delta - dlse.to(cdt)
-    do = do.view(b, hkv, g, n, pl.dv)  # (B, Hkv, G, N, Dv)
-    delta = delta.view(b, hkv, g, n)  # (B, Hkv, G, N)
-    lse_safe = lse.to(cdt).nan_to_num(neginf=0.0).view(b, hkv, g, n)  # empty rows: P = 0
+    q5 = q.view(b, hkv, g, n, pl.d)  # (B, Hkv, G, N, D)
+    do5 = dout.reshape(b, hkv, g, n, pl.dv)  # (B, Hkv, G, N, Dv); may be an expanded view
+    o5 = out.view(b, hkv, g, n, pl.dv)  # (B, Hkv, G, N, Dv)
+    lse4 = lse.view(b, hkv, g, n)  # (B, Hkv, G, N)
+    dlse4 = dlse.view(b, hkv, g, n) if dlse is not None else None  # (B, Hkv, G, N)
     dq = torch.empty(b, hkv, g, n, pl.d, dtype=cdt)
     dk = torch.zeros(b * hkv, s_len, pl.d, dtype=cdt)
     dv = torch.zeros(b * hkv, s_len, pl.dv, dtype=cdt)
@@ -156,10 +152,18 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
     red = [i for i, e in enumerate(bias4.shape) if e == 1] if want_dbias else []
     for qi, i0, i1 in pl.q_blocks():
         nq = i1 - i0
-        qb = qs[:, :, :, i0:i1].reshape(b * hkv, g * nq, pl.d)  # (B*Hkv, G*nq, D)
-        dob = do[:, :, :, i0:i1].reshape(b * hkv, g * nq, pl.dv)  # (B*Hkv, G*nq, Dv)
-        neg_lse = -lse_safe[:, :, :, i0:i1].reshape(b * hkv, g * nq, 1)  # (B*Hkv, G*nq, 1)
-        dlt = delta[:, :, :, i0:i1].reshape(b * hkv, g * nq, 1)  # (B*Hkv, G*nq, 1)
+        rows = (b * hkv, g * nq)  # per-block copies only: nothing of size N·D is duplicated
+        qb = (q5[:, :, :, i0:i1].to(cdt) * pl.scale).reshape(*rows, pl.d)  # (B*Hkv, G*nq, D)
+        dob = do5[:, :, :, i0:i1].to(cdt).reshape(*rows, pl.dv)  # (B*Hkv, G*nq, Dv)
+        # D_i = rowsum(dO_i * O_i), Algorithm 2 line 4; a gradient on lse adds P_ij * dlse_i
+        # to dS_ij, i.e. subtracts dlse_i from D_i.
+        dlt = (dob * o5[:, :, :, i0:i1].to(cdt).reshape(*rows, pl.dv)).sum(-1, keepdim=True)
+        if dlse4 is not None:
+            dlt -= dlse4[:, :, :, i0:i1].to(cdt).reshape(*rows, 1)
+        if seed is not None:
+            dob = dob * pl.inv_keep  # dropout's 256/T folded into dO (never in place: user's)
+        # empty rows have lse -inf: shift them by 0 so that P = exp(-inf) = 0, not NaN
+        neg_lse = -lse4[:, :, :, i0:i1].to(cdt).nan_to_num(neginf=0.0).reshape(*rows, 1)
         dqb = torch.zeros(b * hkv, g * nq, pl.d, dtype=cdt)
         for kj, j0, j1, cut in pl.k_blocks(i0, i1):
             nk = j1 - j0
