@@ -162,12 +162,17 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="*", help="override the list of N")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--no-memory", action="store_true", help="skip the subprocess memory runs")
+    ap.add_argument(
+        "--threads", type=int, help="torch.set_num_threads (1 resists other users' load)"
+    )
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         impl, n, mask_kind, p = args.child
         print(peak_memory_child(impl, int(n), mask_kind, float(p)))
         return
+    if args.threads:
+        torch.set_num_threads(args.threads)
     sizes = args.sizes or ([128, 256] if args.quick else [256, 1024, 2048, 4096])
     sgemm = {n: sgemm_gflops(n) for n in ((512, 1024) if args.quick else (2048, 4096))}
     rows = []
