@@ -10,7 +10,7 @@ import torch
 from attnkit import AttentionOutput, attention, masks, use_backend
 from tests.naive import naive_attention
 
-BACKENDS = ["reference", "fused"]  # "chunked" joins when its kernel lands
+BACKENDS = ["reference", "fused", "chunked"]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-10}
 
 
@@ -102,7 +102,7 @@ def test_fully_masked_rows_give_zero_output_and_zero_grad(backend, dtype):
         assert torch.isneginf(res.lse[0, :, 2]).all() and torch.isneginf(res.lse[1]).all()
 
 
-@pytest.mark.parametrize("backend", ["reference"])
+@pytest.mark.parametrize("backend", ["reference", "chunked"])
 def test_lse_is_logsumexp_of_scaled_masked_scores(backend):
     q, k, v = qkv(1, 2, 2, 11, 13, 8)
     mask = rand(1, 1, 11, 13, seed=3) > 0
@@ -120,7 +120,7 @@ def test_weights_rows_sum_to_one_and_match_reference():
     torch.testing.assert_close(res.weights.sum(-1), torch.ones(2, 3, 10))
 
 
-@pytest.mark.parametrize("backend", ["reference"])
+@pytest.mark.parametrize("backend", ["reference", "chunked"])
 def test_gradcheck_float64(backend):
     q, k, v = (t.requires_grad_() for t in qkv(1, 2, 1, 5, 7, 3, dv=4, dtype=torch.float64))
     mask = rand(1, 1, 5, 7, seed=9) > -0.5
