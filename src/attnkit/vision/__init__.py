@@ -1,6 +1,8 @@
-"""Vision attention: channel (SE), spatial and CBAM gates for CNNs; Swin window attention."""
+"""Vision attention: channel (SE), spatial and CBAM gates for CNNs; Swin window attention;
+self-attention over feature maps (SAGAN / non-local block)."""
 
 from attnkit.vision.channel import SqueezeExcitation
+from attnkit.vision.self_attention_2d import SelfAttention2d
 from attnkit.vision.spatial import CBAM, SpatialAttention
 from attnkit.vision.window import (
     SwinBlock,
@@ -13,6 +15,7 @@ from attnkit.vision.window import (
 
 __all__ = [
     "CBAM",
+    "SelfAttention2d",
     "SpatialAttention",
     "SqueezeExcitation",
     "SwinBlock",
