@@ -144,7 +144,7 @@ def plot_explanations(
     pred = explanation.logits.argmax(-1)
     big = F.interpolate(images[:, None].float(), size=(side, side), mode="nearest")[:, 0].numpy()
     columns = [("rollout", explanation.rollout)]
-    columns += [(f"head {i + 1}", explanation.heads[:, i]) for i in range(heads)]
+    columns += [(f"head {i}", explanation.heads[:, i]) for i in range(heads)]
     fig, axes = plt.subplots(
         b, 1 + len(columns), figsize=(1.6 * (1 + len(columns)), 1.75 * b + 0.5), squeeze=False
     )
