@@ -6,11 +6,20 @@ readers see either the old file or the complete new one.
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_text"]
+__all__ = [
+    "atomic_save",
+    "atomic_save_figure",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+]
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -45,3 +54,24 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "
     if not isinstance(text, str):
         raise ValueError(f"text: expected str, got {type(text).__name__}")
     return atomic_write_bytes(path, text.encode(encoding))
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
+    """JSON of ``obj`` (indented, trailing newline) written atomically."""
+    return atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def atomic_save(path: str | os.PathLike[str], obj: Any) -> Path:
+    """``torch.save(obj)`` written atomically: a checkpoint is complete or absent."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+def atomic_save_figure(path: str | os.PathLike[str], figure: Any, **savefig_kwargs) -> Path:
+    """A matplotlib figure as PNG (or the format of ``savefig_kwargs``), written atomically."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, **{"format": "png", **savefig_kwargs})
+    return atomic_write_bytes(path, buffer.getvalue())

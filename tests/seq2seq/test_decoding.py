@@ -162,3 +162,15 @@ def test_decoding_errors():
             max_len=3,
             beam_size=0,
         )
+
+
+def test_alignment_png_is_a_model_view_with_source_keys(tmp_path):
+    import pytest
+
+    from attnkit.seq2seq.alignment import save_alignment_png
+
+    maps = torch.softmax(torch.randn(2, 3, 4, 5), -1)  # (L, H, T, S)
+    path = save_alignment_png(maps, list("abcde"), list("wxyz"), tmp_path / "a.png", title="t")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="key_tokens"):
+        save_alignment_png(maps, list("abc"), list("wxyz"), tmp_path / "b.png")

@@ -12,13 +12,12 @@ stderr.
 from __future__ import annotations
 
 import math
-import os
 import sys
-import tempfile
 import time
 
 import torch
 
+from attnkit._io import atomic_save_figure
 from attnkit.analysis import mha_cost, swin_window_cost
 
 GRIDS = (8, 14, 21, 28, 42, 56)  # N = 64 ... 3136 tokens
@@ -147,18 +146,8 @@ def plot(path: str, *, dim: int, heads: int, window: int) -> None:
     ax.legend(handles, [h.get_label() for h in handles], loc="upper left", fontsize=8)
     fig.tight_layout()
 
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=directory)
     try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        atomic_save_figure(path, fig)
     finally:
         plt.close(fig)
     print(f"attnkit flops: wrote {path} ({rates})", file=sys.stderr)

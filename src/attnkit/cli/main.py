@@ -1,4 +1,7 @@
-"""`attnkit` command line: one module per subcommand, registered here."""
+"""attnkit: explain a BERT, train ViT and Transformer models, count what attention costs.
+
+One module per subcommand, registered in SUBCOMMANDS.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +9,16 @@ import argparse
 import sys
 
 from attnkit import __version__
-from attnkit.cli import explain, flops, seq2seq
+from attnkit.cli import explain, explain_image, flops, seq2seq, train
 from attnkit.cli._errors import EXIT_USAGE, UsageError
 
 # Each subcommand module exposes register(subparsers), which adds its parser and
 # sets `run`. Add new subcommands to this tuple.
-SUBCOMMANDS = (explain, flops, seq2seq)
+SUBCOMMANDS = (explain, explain_image, train, seq2seq, flops)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnkit", description=__doc__)
+    parser = argparse.ArgumentParser(prog="attnkit", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS:

@@ -1,5 +1,6 @@
 """Models built from attnkit modules: a BERT encoder that loads Hugging Face checkpoints,
-the encoder-decoder Transformer with cached decoding, and a decoder-only causal LM."""
+the encoder-decoder Transformer with cached decoding, a decoder-only causal LM, and
+ViT / T2T-ViT / a small CNN with CBAM for images (presets in `attnkit.models.vit.PRESETS`)."""
 
 from attnkit.models.bert import BertConfig, BertEncoder, BertOutput
 from attnkit.models.checkpoint import default_checkpoint
@@ -14,20 +15,27 @@ from attnkit.models.transformer import (
     pad_mask,
     preset,
 )
+from attnkit.models.vit import CNNConfig, PatchEmbed, SmallCNN, T2TEmbed, ViT, ViTConfig
 
 __all__ = [
     "PRESETS",
     "BertConfig",
     "BertEncoder",
     "BertOutput",
+    "CNNConfig",
     "CachedMultiHeadAttention",
     "CausalLM",
     "DecoderBlock",
     "Encoding",
     "KVCache",
+    "PatchEmbed",
+    "SmallCNN",
+    "T2TEmbed",
     "Tokenizer",
     "Transformer",
     "TransformerConfig",
+    "ViT",
+    "ViTConfig",
     "beam_search",
     "default_checkpoint",
     "greedy",

@@ -6,16 +6,12 @@ S source (key) positions.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from torch import Tensor
 
-from attnkit._io import atomic_write_bytes
 from attnkit.models.transformer import Transformer
 from attnkit.viz.record import record_attention
 
@@ -72,30 +68,12 @@ def save_alignment_png(
     Rows are decoder layers, columns heads; in each heatmap rows are target
     (query) tokens, columns source (key) tokens. Written atomically as PNG.
     """
+    from attnkit.viz import AttentionMaps, save_model_view
+
     if maps.dim() != 4:
         raise ValueError(f"maps must have shape (L, H, T, S), got {tuple(maps.shape)}")
-    layers, heads, n, s = maps.shape
-    if len(tgt_labels) != n or len(src_labels) != s:
-        raise ValueError(
-            f"labels must match maps (T={n}, S={s}), got {len(tgt_labels)} target and "
-            f"{len(src_labels)} source labels"
-        )
-    cell = 0.6 + 0.16 * max(n, s)
-    fig = Figure(figsize=(cell * heads + 1, cell * layers + 0.8), dpi=100)
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(layers, heads, squeeze=False)
-    for li in range(layers):
-        for hi in range(heads):
-            ax = axes[li][hi]
-            ax.imshow(maps[li, hi].float().cpu().numpy(), vmin=0, vmax=1, cmap="viridis")
-            ax.set_title(f"layer {li} head {hi}", fontsize=8)
-            ax.set_xticks(range(s), list(src_labels), fontsize=6)
-            ax.set_yticks(range(n), list(tgt_labels), fontsize=6)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return atomic_write_bytes(path, buffer.getvalue())
+    attn = AttentionMaps(list(tgt_labels), maps.float().cpu(), key_tokens=list(src_labels))
+    return save_model_view(attn, path, title=title)
 
 
 def write_alignments(

@@ -17,8 +17,6 @@ few held-out examples). All are written atomically.
 
 from __future__ import annotations
 
-import io
-import json
 import math
 import random
 import time
@@ -29,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from attnkit._io import atomic_write_bytes, atomic_write_text
+from attnkit._io import atomic_save, atomic_write_json
 from attnkit.models.decoding import greedy
 from attnkit.models.transformer import Transformer, TransformerConfig, config_from_dict, preset
 from attnkit.seq2seq.alignment import write_alignments
@@ -98,16 +96,6 @@ def _schedule(cfg: TrainConfig) -> Callable[[int], float]:
         return min(warm, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
     return factor
-
-
-def _save_torch(path: Path, obj) -> None:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
-
-
-def _save_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 class _Loop:
@@ -215,10 +203,10 @@ def train(
             "model_config": model_cfg.to_dict(),
             "task": task.to_dict(),
         }
-        _save_torch(out / CHECKPOINT, ckpt)
+        atomic_save(out / CHECKPOINT, ckpt)
         config = {"model": model_cfg.to_dict(), "task": task.to_dict(), "train": asdict(cfg)}
-        _save_json(out / CONFIG, config)
-        _save_json(out / METRICS, _metrics(state, cfg))
+        atomic_write_json(out / CONFIG, config)
+        atomic_write_json(out / METRICS, _metrics(state, cfg))
 
     if state["step"] < cfg.steps:
         _Loop(cfg.steps, cfg.eval_every, cfg.stop_at, progress).run(

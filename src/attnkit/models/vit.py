@@ -1,0 +1,286 @@
+"""ViT, T2T-ViT and a small CNN with CBAM, from attnkit modules; configs and named presets.
+
+Dimensions: B batch, Ci image channels, I image side, P patch side,
+h × w token grid, N = h·w tokens (+1 with a class token), C width, K classes.
+
+ViT: Dosovitskiy et al. 2021. T2T-ViT: Yuan et al. 2021 (tokens-to-token:
+soft split with overlap -> token transformer -> reshape to a grid, repeated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.functional.positional import sincos_2d
+from attnkit.modules.blocks import EncoderBlock, FeedForward, PreNormResidual
+from attnkit.modules.classic import T2TAttention
+from attnkit.modules.embed import LearnedPositionalEmbedding
+from attnkit.vision.spatial import CBAM
+
+__all__ = [
+    "PRESETS",
+    "CNNConfig",
+    "PatchEmbed",
+    "SmallCNN",
+    "T2TEmbed",
+    "ViT",
+    "ViTConfig",
+    "build_model",
+    "config_from_dict",
+]
+
+
+def _check_image(x: Tensor, channels: int, size: int, who: str) -> None:
+    if x.dim() != 4 or x.shape[1:] != (channels, size, size):
+        raise ValueError(
+            f"{who}: images must have shape (B, {channels}, {size}, {size}), got {tuple(x.shape)}"
+        )
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping P × P patches, each linearly projected: (B, Ci, I, I) -> (B, N, C).
+
+    A "hard split" (nn.Unfold with stride = kernel = P; T2TEmbed's soft split
+    overlaps) then a Linear on each flattened patch (c, y, x order). Tokens are
+    in row-major grid order; `grid` = (I/P, I/P).
+    """
+
+    def __init__(self, image_size: int, patch_size: int, in_chans: int, dim: int) -> None:
+        super().__init__()
+        if image_size % patch_size:
+            raise ValueError(
+                f"patch_size must divide image_size={image_size}, got patch_size={patch_size}"
+            )
+        self.image_size, self.in_chans = image_size, in_chans
+        self.grid = (image_size // patch_size, image_size // patch_size)
+        self.split = nn.Unfold(patch_size, stride=patch_size)
+        self.proj = nn.Linear(in_chans * patch_size**2, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, Ci, I, I) -> (B, N, C)."""
+        _check_image(x, self.in_chans, self.image_size, "PatchEmbed")
+        return self.proj(
+            self.split(x).transpose(1, 2)
+        )  # (B, Ci·P², N) -> (B, N, Ci·P²) -> (B, N, C)
+
+
+class T2TEmbed(nn.Module):
+    """Tokens-to-token embedding (Yuan et al. 2021, §3.1): (B, Ci, I, I) -> (B, N, C).
+
+    For each (kernel k, stride s) in `splits` but the last: soft split (an
+    overlapping nn.Unfold with padding k//2, tokens of width c·k²), then a token
+    transformer — T2TAttention (width c·k² -> `chan`, skip through V) and a
+    pre-norm feed-forward — then reshape back to a (chan, h, w) map. The last
+    soft split is projected to C by a Linear. `grid` is the final (h, w).
+    """
+
+    def __init__(
+        self,
+        image_size: int,
+        in_chans: int,
+        dim: int,
+        splits: tuple[tuple[int, int], ...],
+        chan: int,
+        mlp_ratio: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if not splits:
+            raise ValueError("splits must hold at least one (kernel, stride) pair, got ()")
+        self.image_size, self.in_chans = image_size, in_chans
+        self.unfolds = nn.ModuleList(nn.Unfold(k, padding=k // 2, stride=s) for k, s in splits)
+        self.stages = nn.ModuleList()  # one token transformer per split but the last
+        self.sides: list[int] = []
+        side, width = image_size, in_chans
+        for i, (k, s) in enumerate(splits):
+            side = (side + 2 * (k // 2) - k) // s + 1
+            self.sides.append(side)
+            if i < len(splits) - 1:
+                ff = PreNormResidual(FeedForward(chan, int(chan * mlp_ratio)), nn.LayerNorm(chan))
+                stage = nn.Sequential(
+                    nn.LayerNorm(width * k * k), T2TAttention(width * k * k, chan), ff
+                )
+                self.stages.append(stage)
+                width = chan
+        self.grid = (side, side)
+        self.proj = nn.Linear(width * splits[-1][0] ** 2, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, Ci, I, I) -> (B, N, C)."""
+        _check_image(x, self.in_chans, self.image_size, "T2TEmbed")
+        for unfold, stage, side in zip(self.unfolds, self.stages, self.sides, strict=False):
+            tokens = unfold(x).transpose(1, 2)  # (B, c·k², h·w) -> (B, h·w, c·k²)
+            tokens = stage(tokens)  # (B, h·w, chan)
+            x = tokens.transpose(1, 2).unflatten(2, (side, side))  # (B, chan, h, w)
+        return self.proj(self.unfolds[-1](x).transpose(1, 2))  # (B, N, c·k²) -> (B, N, C)
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """A ViT or T2T-ViT classifier."""
+
+    image_size: int = 8  # I, square images
+    in_chans: int = 1  # Ci
+    num_classes: int = 10  # K
+    tokens: str = "patch"  # "patch" (PatchEmbed) or "t2t" (T2TEmbed)
+    patch_size: int = 2  # P, tokens="patch": N = (I/P)² tokens
+    t2t_splits: tuple[tuple[int, int], ...] = ((3, 1), (3, 2), (3, 1))  # (kernel, stride), t2t
+    t2t_chan: int = 32  # token-transformer width, tokens="t2t"
+    dim: int = 64  # C
+    depth: int = 2  # encoder blocks
+    num_heads: int = 4  # H
+    mlp_ratio: float = 4.0  # feed-forward hidden width F = C·mlp_ratio
+    pool: str = "cls"  # "cls" (class token) or "mean" (mean of the patch tokens)
+    pos: str = "sincos"  # fixed 2-D sin-cos, or a "learned" table
+    dropout: float = 0.0  # on sublayer outputs
+    attn_dropout: float = 0.0  # on attention probabilities
+
+
+@dataclass(frozen=True)
+class CNNConfig:
+    """A small CNN with CBAM after every convolution stage."""
+
+    image_size: int = 8  # I
+    in_chans: int = 1  # Ci
+    num_classes: int = 10  # K
+    widths: tuple[int, ...] = (32, 64)  # channels per stage; 2×2 max-pool between stages
+    reduction: int = 8  # CBAM channel reduction r
+    kernel_size: int = 3  # CBAM spatial kernel (odd; small maps want small kernels)
+
+
+class ViT(nn.Module):
+    """Vision Transformer classifier: tokens -> (+ positions) -> pre-norm encoder -> head.
+
+    images (B, Ci, I, I) -> logits (B, K). Positions are added to the patch
+    tokens only; the class token (pool="cls") is prepended after. The encoder
+    blocks are `blocks.{i}` (record their attention with
+    `record_attention(model)`; maps (B, H, N', N') with N' = N + 1 for "cls").
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        c = config
+        _choice("pool", c.pool, ("cls", "mean"))
+        _choice("pos", c.pos, ("learned", "sincos"))
+        _choice("tokens", c.tokens, ("patch", "t2t"))
+        self.config = c
+        if c.tokens == "patch":
+            self.embed: nn.Module = PatchEmbed(c.image_size, c.patch_size, c.in_chans, c.dim)
+        else:
+            self.embed = T2TEmbed(c.image_size, c.in_chans, c.dim, c.t2t_splits, c.t2t_chan)
+        self.grid: tuple[int, int] = self.embed.grid
+        n = self.grid[0] * self.grid[1]
+        if c.pos == "learned":
+            self.pos: nn.Module = LearnedPositionalEmbedding(n, c.dim)
+        else:
+            self.pos = _FixedPositions(sincos_2d(*self.grid, c.dim))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.pool == "cls" else None
+        hidden = int(c.dim * c.mlp_ratio)
+        self.blocks = nn.ModuleList(
+            EncoderBlock(c.dim, c.num_heads, hidden, dropout=c.dropout, attn_dropout=c.attn_dropout)
+            for _ in range(c.depth)
+        )
+        self.norm = nn.LayerNorm(c.dim)
+        self.head = nn.Linear(c.dim, c.num_classes)
+
+    @property
+    def class_token(self) -> bool:
+        return self.cls_token is not None
+
+    def forward(self, images: Tensor) -> Tensor:
+        """(B, Ci, I, I) -> logits (B, K)."""
+        x = self.pos(self.embed(images))  # (B, N, C)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1)  # (B, 1 + N, C)
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x)
+        return self.head(x[:, 0] if self.cls_token is not None else x.mean(1))
+
+
+class _FixedPositions(nn.Module):
+    """x + table; the table (N, C) is a non-persistent buffer (recomputed, not saved)."""
+
+    def __init__(self, table: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("table", table, persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, N, C) -> (B, N, C)."""
+        return x + self.table.to(x.dtype)
+
+
+class SmallCNN(nn.Module):
+    """[Conv3×3 -> BatchNorm -> ReLU -> CBAM] per stage, 2×2 max-pool between stages,
+    global average pool, Linear. images (B, Ci, I, I) -> logits (B, K)."""
+
+    def __init__(self, config: CNNConfig) -> None:
+        super().__init__()
+        self.config = config
+        layers: list[nn.Module] = []
+        width = config.in_chans
+        for i, out in enumerate(config.widths):
+            if i:
+                layers.append(nn.MaxPool2d(2))
+            layers += [
+                nn.Conv2d(width, out, 3, padding=1, bias=False),
+                nn.BatchNorm2d(out),
+                nn.ReLU(inplace=True),
+                CBAM(out, config.reduction, config.kernel_size),
+            ]
+            width = out
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(width, config.num_classes)
+
+    def forward(self, images: Tensor) -> Tensor:
+        """(B, Ci, I, I) -> logits (B, K)."""
+        c = self.config
+        _check_image(images, c.in_chans, c.image_size, "SmallCNN")
+        return self.head(self.features(images).mean((2, 3)))
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+PRESETS: dict[str, ViTConfig | CNNConfig] = {
+    # 16 tokens of 2 × 2 pixels + a class token, width 64, 2 pre-norm blocks, 2-D sin-cos
+    # positions, no dropout (on 1,437 images shift augmentation regularises better; see
+    # docs/vision-results.md for the settings tried)
+    "vit": ViTConfig(),
+    # the same with mean pooling over the patch tokens instead of a class token
+    "vit-mean": ViTConfig(pool="mean"),
+    # soft splits 8×8 (k3 s1) -> 4×4 (k3 s2) -> 16 tokens (k3 s1), then the "vit" backbone
+    "t2t": ViTConfig(tokens="t2t"),
+    "cnn": CNNConfig(),
+}
+
+
+def build_model(config: ViTConfig | CNNConfig) -> nn.Module:
+    """The model a config describes."""
+    if isinstance(config, ViTConfig):
+        return ViT(config)
+    if isinstance(config, CNNConfig):
+        return SmallCNN(config)
+    raise ValueError(f"config must be a ViTConfig or CNNConfig, got {type(config).__name__}")
+
+
+def config_from_dict(kind: str, fields: dict) -> ViTConfig | CNNConfig:
+    """Inverse of `dataclasses.asdict` for a saved config (`kind`: "ViTConfig" or "CNNConfig")."""
+    cls = {"ViTConfig": ViTConfig, "CNNConfig": CNNConfig}.get(kind)
+    if cls is None:
+        raise ValueError(f"config kind must be 'ViTConfig' or 'CNNConfig', got {kind!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise ValueError(f"unknown {kind} fields {unknown}; known: {sorted(names)}")
+    # JSON turns tuples into lists; dataclass fields here that are sequences are tuples
+    return cls(**{k: _tuples(v) for k, v in fields.items()})
+
+
+def _tuples(v):
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v

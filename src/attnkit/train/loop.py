@@ -1,0 +1,330 @@
+"""A generic training loop: any model, any loss, any map-style dataset; DDP under torchrun.
+
+What a run directory holds (all written by rank 0, each atomically: temporary
+file + `os.replace`, so Ctrl-C or a crash leaves the last good version):
+
+    config.json      the caller's `run_info` and the `TrainConfig`
+    checkpoint.pt    model, optimizer, scheduler, epoch, step, history (after every epoch)
+    metrics.json     per-epoch history, parameter count, wall-clock seconds
+
+Resuming (`resume=True`) restarts at the epoch after the last checkpoint. The
+global RNG is reseeded at the start of every epoch from (seed, epoch, rank),
+so a resumed run draws the same shuffles and augmentations as an uninterrupted one.
+
+Distributed: launch under `torchrun`; wrap the call in `distributed()` (which
+runs `init_process_group`: gloo on CPU, nccl on GPU). `fit` then wraps the
+model in DistributedDataParallel (gradients averaged over ranks), shards the
+data with a DistributedSampler and splits `batch_size` (global) over ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from attnkit._io import atomic_save, atomic_write_json
+
+__all__ = [
+    "FitResult",
+    "StepResult",
+    "TrainConfig",
+    "distributed",
+    "fit",
+]
+
+CHECKPOINT, METRICS, CONFIG = "checkpoint.pt", "metrics.json", "config.json"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings (AdamW, linear warm-up then cosine decay per step)."""
+
+    epochs: int = 40  # passes over the training set
+    batch_size: int = 64  # global batch; each of W processes takes batch_size / W
+    lr: float = 2e-3  # peak learning rate
+    weight_decay: float = 0.05  # AdamW decoupled weight decay
+    warmup: float = 0.05  # fraction of all steps spent warming up linearly
+    grad_clip: float | None = 1.0  # max global gradient norm, None = no clipping
+    seed: int = 0  # data order and augmentation; the caller seeds model init
+    max_steps: int | None = None  # stop after this many optimizer steps (smoke runs)
+
+
+class StepResult(NamedTuple):
+    """What a step function returns for one batch."""
+
+    loss: Tensor  # scalar, the mean over the batch's `count` items
+    count: int  # items the loss averages over (examples, tokens, ...)
+    correct: int | None = None  # correctly predicted items, if accuracy means something
+
+
+StepFn = Callable[[nn.Module, Any], StepResult]
+
+
+@dataclass
+class FitResult:
+    history: list[dict[str, float]]  # one dict per epoch: train_loss, train_acc, eval metrics, ...
+    params: int  # trainable parameters
+    seconds: float  # wall-clock training time of this process (this invocation)
+
+
+# --------------------------------------------------------------------------- atomic files
+
+
+# --------------------------------------------------------------------------- distributed
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@contextlib.contextmanager
+def distributed() -> Iterator[torch.device]:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1); yield the device.
+
+    gloo on CPU, nccl on GPU (one GPU per process: cuda:LOCAL_RANK). A plain
+    `python` launch yields the single device and does nothing else.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local}" if cuda else "cpu")
+    if world == 1 or dist.is_initialized():
+        yield device
+        return
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        yield device
+    finally:
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def fit(
+    model: nn.Module,
+    step: StepFn,
+    train_set: Dataset,
+    *,
+    config: TrainConfig,
+    out_dir: str | Path | None = None,
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+    collate_fn: Callable | None = None,
+    resume: bool = False,
+    run_info: dict | None = None,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
+) -> FitResult:
+    """Train `model` with AdamW; return the history (and write a run directory if `out_dir`).
+
+    Args:
+        step: `step(model, batch) -> StepResult`, the loss of one batch (the
+            model is in train mode; batches are moved to `device` first).
+        train_set: map-style dataset; `collate_fn` as for DataLoader.
+        evaluate: `evaluate(model) -> {"test_acc": ..., ...}` after every
+            epoch, on rank 0, in eval mode under `torch.no_grad()`.
+        resume: continue from `out_dir/checkpoint.pt` (an error if missing).
+            Without it, an `out_dir` that already holds a checkpoint is refused.
+        run_info: JSON-able description of the run (model config, data) saved
+            in config.json; a resumed run must have the same run_info.
+        optimizer: `optimizer(params) -> torch.optim.Optimizer`; default AdamW
+            with `config.lr` and `config.weight_decay`. The schedule scales its lr.
+    """
+    rank, world = _rank_world()
+    if config.batch_size % world:
+        raise ValueError(
+            f"batch_size must be a multiple of the {world} processes, got {config.batch_size}"
+        )
+    out = Path(out_dir) if out_dir is not None else None
+    ckpt_path = out / CHECKPOINT if out is not None else None
+    run_info = dict(run_info or {})
+    model.to(device)
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    sampler = DistributedSampler(train_set, world, rank, shuffle=True, seed=config.seed)
+    loader = DataLoader(
+        train_set, batch_size=config.batch_size // world, sampler=sampler, collate_fn=collate_fn
+    )
+    per_epoch = len(loader)
+    total = config.epochs * per_epoch
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    if optimizer is None:
+        opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    else:
+        opt = optimizer(list(model.parameters()))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, _warmup_cosine(total, config.warmup))
+    start_epoch, done_steps, history = 0, 0, []
+    if resume:
+        start_epoch, done_steps, history = _load(ckpt_path, model, opt, scheduler, run_info)
+    elif ckpt_path is not None and ckpt_path.exists():
+        raise ValueError(
+            f"out_dir {out} already holds {CHECKPOINT}; pass resume=True (--resume) to continue "
+            "or choose another directory"
+        )
+    if out is not None and rank == 0:
+        atomic_write_json(out / CONFIG, {"run": run_info, "train": dataclasses.asdict(config)})
+    net = _wrap(model, device, world)
+    show = progress and rank == 0
+    started = time.perf_counter()
+    for epoch in range(start_epoch, config.epochs):
+        if done_steps >= total:
+            break
+        torch.manual_seed(_epoch_seed(config.seed, epoch, rank))
+        sampler.set_epoch(epoch)
+        stats, done_steps = _train_epoch(
+            net, step, loader, opt, scheduler, config, device, done_steps, total,
+            desc=f"epoch {epoch + 1}/{config.epochs}", show=show,
+        )  # fmt: skip
+        row = {"epoch": epoch + 1, "step": done_steps, "lr": scheduler.get_last_lr()[0], **stats}
+        if rank == 0:
+            if evaluate is not None:
+                row.update(_evaluate(model, evaluate))
+            row["seconds"] = round(time.perf_counter() - started, 3)
+            history.append(row)
+            if out is not None:
+                _save(ckpt_path, model, opt, scheduler, epoch + 1, done_steps, history, run_info)
+                metrics = {"history": history, "params": params, "world_size": world}
+                atomic_write_json(out / METRICS, metrics)
+            if show:
+                _print_row(row)
+    return FitResult(history, params, time.perf_counter() - started)
+
+
+def _train_epoch(net, step, loader, optimizer, scheduler, config, device, done, total, desc, show):
+    """One pass over this rank's shard; returns (mean train metrics over all ranks, steps)."""
+    from tqdm.auto import tqdm
+
+    net.train()
+    sums = torch.zeros(3, dtype=torch.float64)  # loss·count, count, correct
+    has_acc = False
+    bar = tqdm(total=min(len(loader), total - done), desc=desc, disable=not show, leave=False)
+    with bar:
+        for batch in loader:
+            if done >= total:
+                break
+            result = step(net, _to_device(batch, device))
+            optimizer.zero_grad(set_to_none=True)
+            result.loss.backward()  # DDP averages the gradients over ranks here
+            if config.grad_clip is not None:
+                nn.utils.clip_grad_norm_(net.parameters(), config.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            done += 1
+            has_acc = result.correct is not None
+            sums += torch.tensor(
+                [result.loss.item() * result.count, result.count, result.correct or 0],
+                dtype=torch.float64,
+            )
+            postfix = {"loss": f"{sums[0] / sums[1]:.4f}"}
+            if has_acc:
+                postfix["acc"] = f"{sums[2] / sums[1]:.2%}"
+            bar.set_postfix(postfix, refresh=False)
+            bar.update()
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(sums)
+    stats = {"train_loss": (sums[0] / sums[1]).item()}
+    if has_acc:
+        stats["train_acc"] = (sums[2] / sums[1]).item()
+    return stats, done
+
+
+def _evaluate(model: nn.Module, evaluate) -> dict[str, float]:
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return dict(evaluate(model))
+    finally:
+        model.train(was)
+
+
+def _print_row(row: dict) -> None:
+    from tqdm.auto import tqdm
+
+    parts = [f"epoch {row['epoch']}"]
+    for key, value in row.items():
+        if key in ("epoch", "step"):
+            continue
+        pct = key.endswith("acc")
+        parts.append(f"{key} {value:.2%}" if pct else f"{key} {value:.4g}")
+    tqdm.write("  ".join(parts), file=sys.stderr)
+
+
+def _warmup_cosine(total: int, warmup: float) -> Callable[[int], float]:
+    """Learning-rate factor at step t: linear warm-up, then cosine decay to 0."""
+    warm = max(1, int(total * warmup))
+
+    def factor(t: int) -> float:
+        if t < warm:
+            return (t + 1) / warm
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (t - warm) / max(1, total - warm))))
+
+    return factor
+
+
+def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    return (seed * 1_000_003 + epoch * 1_009 + rank) % (2**63)
+
+
+def _wrap(model: nn.Module, device: torch.device | str, world: int) -> nn.Module:
+    if world == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device] if torch.device(device).type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)  # broadcasts rank 0's weights
+
+
+def _to_device(batch, device):
+    if isinstance(batch, Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def _save(path, model, optimizer, scheduler, epoch, step, history, run_info) -> None:
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "epoch": epoch,
+        "step": step,
+        "history": history,
+        "run_info": run_info,
+    }
+    atomic_save(path, state)
+
+
+def _load(path, model, optimizer, scheduler, run_info) -> tuple[int, int, list]:
+    if path is None or not path.exists():
+        raise ValueError(f"resume: no checkpoint at {path}; train without --resume first")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state.get("run_info") != run_info:
+        saved = state.get("run_info") or {}
+        keys = sorted(k for k in set(saved) | set(run_info) if saved.get(k) != run_info.get(k))
+        raise ValueError(f"resume: {path} was trained with different settings for {keys}")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return state["epoch"], state["step"], state["history"]

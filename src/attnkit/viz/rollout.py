@@ -1,0 +1,180 @@
+"""Attention rollout (Abnar & Zuidema 2020) and class-token maps on images.
+
+Dimensions: L layers, B batch, H heads, N tokens (class token first when
+there is one), h × w patch grid (h·w patch tokens), I image side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.viz.record import record_attention
+
+__all__ = [
+    "HEAD_FUSIONS",
+    "ImageExplanation",
+    "attention_rollout",
+    "explain_images",
+    "plot_explanations",
+    "token_map",
+]
+
+HEAD_FUSIONS = ("mean", "max", "min")
+
+
+def attention_rollout(
+    maps: Tensor | Sequence[Tensor], *, head_fusion: str = "mean", discard_ratio: float = 0.0
+) -> Tensor:
+    """Roll attention through the layers: (L, B, H, N, N) or L × (B, H, N, N) -> (B, N, N).
+
+    Per layer (Abnar & Zuidema 2020, §3): fuse the heads (mean, max or min),
+    zero the `discard_ratio` fraction of smallest entries of each row (Gildenblat's
+    variant; never the diagonal), add the identity for the residual connection,
+    renormalise rows to sum to 1; then multiply the layers, first layer on the
+    right: R = Â_L ··· Â_1. Row i of R is how much token i at the output draws
+    on each input token; rows sum to 1. With one layer and no discard R = (A + I) / 2.
+    """
+    if head_fusion not in HEAD_FUSIONS:
+        raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+    layers = list(maps)
+    shapes = {tuple(a.shape) for a in layers}
+    if not layers or len(shapes) != 1 or len(next(iter(shapes))) != 4:
+        raise ValueError(
+            f"maps must be L >= 1 maps of one shape (B, H, N, N), got shapes {sorted(shapes)}"
+        )
+    b, _, n, s = layers[0].shape
+    if n != s:
+        raise ValueError(f"rollout needs self-attention maps (B, H, N, N), got (B, H, {n}, {s})")
+    eye = torch.eye(n, dtype=torch.float64, device=layers[0].device)
+    rollout = eye.expand(b, n, n)
+    for a in layers:
+        fused = getattr(a.double(), head_fusion)(dim=1)  # (B, N, N)
+        fused = fused.values if head_fusion != "mean" else fused
+        drop = int(n * discard_ratio)
+        if drop:
+            order = fused.masked_fill(eye.bool(), float("inf")).argsort(dim=-1)  # (B, N, N)
+            fused = fused.scatter(-1, order[..., :drop], 0.0)  # smallest off-diagonal -> 0
+        fused = fused + eye
+        fused = fused / fused.sum(-1, keepdim=True)
+        rollout = fused @ rollout  # (B, N, N)
+    return rollout.to(layers[0].dtype)
+
+
+def token_map(rows: Tensor, grid: tuple[int, int], *, class_token: bool) -> Tensor:
+    """Relevance of each patch on the grid: (..., N, N) -> (..., h, w).
+
+    With a class token: its row (query 0) over the patch keys 1..N-1.
+    Without: the mean over all query rows (for mean-pooled models).
+    """
+    h, w = grid
+    patches = rows[..., 0, 1:] if class_token else rows.mean(-2)  # (..., h·w)
+    if patches.shape[-1] != h * w:
+        raise ValueError(
+            f"grid {h}×{w} needs {h * w} patch tokens (+1 class token: {class_token}), "
+            f"got maps with N = {rows.shape[-1]}"
+        )
+    return patches.unflatten(-1, (h, w))  # (..., h, w)
+
+
+@dataclass
+class ImageExplanation:
+    """What `explain_images` returns."""
+
+    heads: Tensor  # (B, H, h, w) last layer's class-token (or mean) attention per head
+    rollout: Tensor  # (B, h, w) attention rollout through all layers
+    logits: Tensor  # (B, K)
+
+
+@torch.no_grad()
+def explain_images(
+    model: nn.Module,
+    images: Tensor,
+    *,
+    grid: tuple[int, int],
+    class_token: bool,
+    prefix: str = "blocks.",
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+) -> ImageExplanation:
+    """Run `model` on images (B, Ci, I, I) while recording the attention of the modules
+    under `prefix` (the encoder blocks; a T2T embedding's attention is left out)."""
+    model.eval()
+    with record_attention(model) as rec:
+        logits = model(images)
+    maps = rec.stack(prefix)  # (L, B, H, N, N)
+    rollout = attention_rollout(maps, head_fusion=head_fusion, discard_ratio=discard_ratio)
+    return ImageExplanation(
+        heads=token_map(maps[-1], grid, class_token=class_token),
+        rollout=token_map(rollout, grid, class_token=class_token),
+        logits=logits,
+    )
+
+
+def plot_explanations(
+    images: Tensor,
+    explanation: ImageExplanation,
+    labels: Tensor,
+    path: str | Path,
+    *,
+    title: str = "",
+    upsample: int = 8,
+) -> Path:
+    """A PNG grid, one row per image: input | rollout | head 1 ... head H, written atomically.
+
+    images (B, I, I) raw intensities; each map (h, w) is bilinearly upsampled
+    to (I·upsample)² and laid over the image; row titles give the prediction.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnkit._io import atomic_save_figure
+
+    b, side = images.shape[0], images.shape[-1] * upsample
+    heads = explanation.heads.shape[1]
+    pred = explanation.logits.argmax(-1)
+    big = F.interpolate(images[:, None].float(), size=(side, side), mode="nearest")[:, 0].numpy()
+    columns = [("rollout", explanation.rollout)]
+    columns += [(f"head {i + 1}", explanation.heads[:, i]) for i in range(heads)]
+    fig, axes = plt.subplots(
+        b, 1 + len(columns), figsize=(1.6 * (1 + len(columns)), 1.75 * b + 0.5), squeeze=False
+    )
+    for r in range(b):
+        ok = bool(pred[r] == labels[r])
+        ax = axes[r, 0]
+        ax.imshow(big[r], cmap="gray", vmin=0)
+        ax.set_title(
+            f"pred {int(pred[r])} / true {int(labels[r])}",
+            fontsize=9,
+            color="darkgreen" if ok else "crimson",
+        )
+        for c, (name, maps) in enumerate(columns, start=1):
+            heat = F.interpolate(maps[r][None, None].float(), size=(side, side), mode="bilinear")
+            heat = (heat[0, 0] / heat.max().clamp_min(1e-12)).numpy()  # (side, side) in [0, 1]
+            axes[r, c].imshow(big[r], cmap="gray", vmin=0)
+            axes[r, c].imshow(heat, cmap="inferno", alpha=0.6, vmin=0, vmax=1)
+            if r == 0:
+                axes[r, c].set_title(name, fontsize=9)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    if title:
+        fig.suptitle(title, fontsize=10)
+    h, w = explanation.rollout.shape[-2:]
+    note = (
+        f"bright = more attention; each map is scaled to its own maximum; the {h}×{w} patch "
+        "grid is upsampled bilinearly over the image"
+    )
+    fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7, color="dimgray")
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    plt.close(fig)
+    return atomic_save_figure(path, fig, dpi=110)
