@@ -28,7 +28,8 @@ its pooler (dense + tanh on the class token); `num_classes=0` (no head) for a
 | -------------------------------------------- | ------------------------------- |
 | embeddings.cls_token (1, 1, C)               | cls_token (1, 1, C)             |
 | embeddings.position_embeddings (1, 1 + N, C) | pos.weight (1 + N, C)           |
-| embeddings.patch_embeddings.projection.*     | embed.proj.* (Conv2d, P × P)    |
+| embeddings.patch_embeddings.projection.*     | embed.proj.* (Linear (C, Ci·P²) |
+|   (Conv2d weight (C, Ci, P, P))              |   = conv weight.flatten(1))     |
 | layers.{i}.* (table above)                   | blocks.{i}.*                    |
 | layernorm.*                                  | norm.*                          |
 | pooler.dense.*                               | pooler.0.*                      |
@@ -116,28 +117,25 @@ VIT_MODEL_TABLE: dict[str, str] = {
 }
 
 
-# HF tensors with a leading batch axis of 1 that attnkit does not have
-_LEADING_ONE = {"embeddings.position_embeddings"}
-
-
-def _peer_shape(src: str, shape: Shape) -> Shape:
-    return (1, *shape) if src.rsplit("vit.", 1)[-1] in _LEADING_ONE else tuple(shape)
-
-
-def _peer_shapes(ours: Mapping[str, Tensor], table) -> dict[str, Shape]:
+def _peer_shapes(
+    ours: Mapping[str, Tensor], table, shapes: Mapping[str, Shape] | None = None
+) -> dict[str, Shape]:
+    """HF name -> the shape HF gives it: a row block of ours, or `shapes[name]` (a reshape)."""
     wanted: dict[str, Shape] = {}
     for name, t in ours.items():
         if name not in table:
             raise ValueError(f"no Hugging Face name for attnkit parameter {name!r}")
         sources = table[name]
         for src in sources:
-            wanted[src] = _peer_shape(src, (t.shape[0] // len(sources), *t.shape[1:]))
-    return wanted
+            wanted[src] = (t.shape[0] // len(sources), *t.shape[1:])
+    return wanted | dict(shapes or {})
 
 
-def _load_table(module: nn.Module, state: Mapping[str, Tensor], table, source: str) -> nn.Module:
+def _load_table(
+    module: nn.Module, state: Mapping[str, Tensor], table, source: str, shapes=None
+) -> nn.Module:
     ours = module.state_dict()
-    check_state(state, _peer_shapes(ours, table), source=source)
+    check_state(state, _peer_shapes(ours, table, shapes), source=source)
     new = {
         name: torch.cat([state[s] for s in table[name]]).reshape(t.shape)
         for name, t in ours.items()
@@ -145,12 +143,13 @@ def _load_table(module: nn.Module, state: Mapping[str, Tensor], table, source: s
     return load_exact(module, new, source=source)
 
 
-def _dump_table(module: nn.Module, table) -> dict[str, Tensor]:
+def _dump_table(module: nn.Module, table, shapes=None) -> dict[str, Tensor]:
+    wanted = _peer_shapes(module.state_dict(), table, shapes)
     out = {}
     for name, t in module.state_dict().items():
         sources = table[name]
         for src, part in zip(sources, t.detach().chunk(len(sources)), strict=True):
-            out[src] = part.reshape(_peer_shape(src, part.shape)).clone()
+            out[src] = part.reshape(wanted[src]).clone()
     return out
 
 
@@ -192,9 +191,15 @@ def vit_block_from_hf(layer: nn.Module, config) -> EncoderBlock:
     return load_hf_vit_layer_state(block, layer.state_dict())
 
 
-def _vit_model_table(vit: nn.Module) -> dict[str, tuple[str, ...]]:
-    """attnkit ViT name -> HF name(s): a ViT with a head is ViTForImageClassification's."""
-    prefix = "vit." if vit.config.num_classes else ""
+def _vit_model_table(vit: nn.Module) -> tuple[dict[str, tuple[str, ...]], dict[str, Shape]]:
+    """attnkit ViT name -> HF name(s), and HF's shapes where they differ from a row split.
+
+    A ViT with a head is ViTForImageClassification's (names under `vit.`).
+    """
+    cfg = vit.config
+    if cfg.tokens != "patch" or not cfg.cls_pos:
+        raise ValueError("Hugging Face's ViT has patch tokens and a class token with a position")
+    prefix = "vit." if cfg.num_classes else ""
     table = {
         ours: (theirs if ours.startswith("head.") else prefix + theirs,)
         for ours, theirs in VIT_MODEL_TABLE.items()
@@ -202,20 +207,28 @@ def _vit_model_table(vit: nn.Module) -> dict[str, tuple[str, ...]]:
     for i in range(len(vit.blocks)):
         for ours, theirs in VIT_LAYER_TABLE.items():
             table[f"blocks.{i}.{ours}"] = tuple(f"{prefix}layers.{i}.{t}" for t in theirs)
-    return table
+    c, p = cfg.dim, cfg.patch_size
+    shapes = {  # HF: a (1, 1 + N, C) table and a Conv2d; attnkit: (1 + N, C) and a Linear
+        prefix + "embeddings.position_embeddings": (1, *vit.pos.weight.shape),
+        prefix + "embeddings.patch_embeddings.projection.weight": (c, cfg.in_chans, p, p),
+    }
+    return table, shapes
 
 
 def load_hf_vit_model_state(vit: nn.Module, state: Mapping[str, Tensor]) -> nn.Module:
     """Copy a `ViTModel` (headless `vit`) or `ViTForImageClassification` state dict, exactly.
 
-    Raises ValueError naming every missing, unexpected or mis-shaped key.
+    The patch Conv2d weight (C, Ci, P, P) becomes the Linear weight (C, Ci·P²)
+    of attnkit's hard split (nn.Unfold flattens a patch in the same c, y, x
+    order). Raises ValueError naming every missing, unexpected or mis-shaped key.
     """
-    return _load_table(vit, state, _vit_model_table(vit), "load_hf_vit_model_state")
+    table, shapes = _vit_model_table(vit)
+    return _load_table(vit, state, table, "load_hf_vit_model_state", shapes)
 
 
 def hf_vit_model_state(vit: nn.Module) -> dict[str, Tensor]:
     """`vit`'s weights under HF names (load with `model.load_state_dict(..., strict=True)`)."""
-    return _dump_table(vit, _vit_model_table(vit))
+    return _dump_table(vit, *_vit_model_table(vit))
 
 
 def vit_config_from_hf(config, *, pooler: bool, num_classes: int = 0):
