@@ -8,7 +8,8 @@ naming each missing, unexpected or mis-shaped key (got vs wanted shape).
 * `attnkit.convert.torch_nn` — torch.nn.MultiheadAttention
 * `attnkit.convert.torch_transformer` — torch.nn.TransformerEncoderLayer and
   TransformerDecoderLayer
-* `attnkit.convert.hf_vision` — Hugging Face ViTLayer / SwinLayer (per layer so far)
+* `attnkit.convert.hf_vision` — Hugging Face ViTModel / ViTForImageClassification (whole
+  model) and ViTLayer / SwinLayer (per layer)
 * `attnkit.convert.keras` — keras.layers.MultiHeadAttention, AdditiveAttention, Attention
   (Keras is imported only when a Keras function is called)
 """
