@@ -40,7 +40,7 @@ HF's `last_hidden_state` is `ViT.features(images)`, its `pooler_output` (or
 the classifier's logits) is `ViT(images)`. attnkit has no Swin stage (patch
 merging) yet, so Swin converts per block.
 
-Differences (documented, tested where the modules exist):
+Differences (documented and tested):
 * HF Swin pads a grid that is not a multiple of the window M with zero tokens
   *that are attended to* (after the LayerNorm; their keys and values are the
   projection biases); attnkit's `WindowAttention` masks padded keys out by
