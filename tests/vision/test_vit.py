@@ -102,6 +102,27 @@ def test_config_errors(make, match):
         make()
 
 
+def test_hugging_face_options_class_position_pooler_no_head():
+    """cls_pos, pooler, num_classes=0, norm_eps, qkv_bias: what HF's ViTModel needs."""
+    cfg = ViTConfig(dim=16, depth=1, num_heads=2, pos="learned", num_classes=0, cls_pos=True)
+    cfg = dataclasses.replace(cfg, pooler=True, norm_eps=1e-12, qkv_bias=False)
+    vit = ViT(cfg).eval()
+    assert vit.pos.weight.shape == (1 + 16, 16) and vit.norm.eps == 1e-12
+    assert vit.blocks[0].attn.fn.in_proj.qkv.bias is None
+    images = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        tokens = vit.features(images)  # (B, 1 + N, C)
+        assert tokens.shape == (2, 17, 16)
+        torch.testing.assert_close(vit(images), vit.pooler(tokens[:, 0]))  # (B, C), no head
+        # the class token's position is pos.weight[0], the patches' the rest
+        patches = vit.embed(images)
+        cls = vit.cls_token + vit.pos.weight[0]
+        first = torch.cat([cls.expand(2, -1, -1), patches + vit.pos.weight[1:]], 1)
+        torch.testing.assert_close(vit.norm(vit.blocks[0](first)), tokens)
+    with pytest.raises(ValueError, match="cls_pos=True needs pool='cls' and pos='learned'"):
+        ViT(dataclasses.replace(cfg, pos="sincos"))
+
+
 def test_wrong_image_shape_names_wanted_shape():
     with pytest.raises(ValueError, match=r"\(B, 1, 8, 8\), got \(2, 3, 8, 8\)"):
         ViT(ViTConfig(dim=16, depth=1, num_heads=2))(torch.randn(2, 3, 8, 8))

@@ -42,7 +42,7 @@ def test_relative_position_index_depends_only_on_offset():
     assert len(set(seen.values())) == (2 * m - 1) ** 2  # distinct offsets, distinct entries
 
 
-def _brute_force_mask(h, w, m, s):
+def _brute_force_mask(h, w, m, s, mask_padding=True):
     """Per window, may (query, key) attend? Built pair by pair from region labels.
 
     After padding to Hp × Wp and rolling by -s, the token at rolled row r came
@@ -57,7 +57,7 @@ def _brute_force_mask(h, w, m, s):
         mask = torch.zeros(m * m, m * m, dtype=torch.bool)
         for (i, (qy, qx)), (j, (ky, kx)) in itertools.product(enumerate(cells), repeat=2):
             same = (qy + s >= hp) == (ky + s >= hp) and (qx + s >= wp) == (kx + s >= wp)
-            real = (ky + s) % hp < h and (kx + s) % wp < w
+            real = ((ky + s) % hp < h and (kx + s) % wp < w) or not mask_padding
             mask[i, j] = same and real
         masks.append(mask)
     return torch.stack(masks)
@@ -68,8 +68,15 @@ def test_window_mask_equals_brute_force(h, w, m, s):
     torch.testing.assert_close(window_mask(h, w, m, s), _brute_force_mask(h, w, m, s))
 
 
+@pytest.mark.parametrize("h, w, m, s", [(6, 6, 3, 1), (7, 5, 3, 1), (7, 9, 4, 2)])
+def test_window_mask_without_padding_mask_equals_brute_force(h, w, m, s):
+    got = window_mask(h, w, m, s, mask_padding=False)
+    torch.testing.assert_close(got, _brute_force_mask(h, w, m, s, mask_padding=False))
+
+
 def test_window_mask_none_when_nothing_masked():
     assert window_mask(8, 8, 4, 0) is None
+    assert window_mask(7, 5, 3, 0, mask_padding=False) is None  # padding attended, no shift
 
 
 def _global_equivalent(wa: WindowAttention, x: torch.Tensor) -> torch.Tensor:
@@ -88,7 +95,7 @@ def _global_equivalent(wa: WindowAttention, x: torch.Tensor) -> torch.Tensor:
         if qy // m != ky // m or qx // m != kx // m:
             continue
         wrap_same = (qy + s >= hp) == (ky + s >= hp) and (qx + s >= wp) == (kx + s >= wp)
-        real = (ky + s) % hp < h and (kx + s) % wp < w
+        real = ((ky + s) % hp < h and (kx + s) % wp < w) or wa.pad_attends
         allowed[i, j] = wrap_same and real
         rel = (qy - ky + m - 1) * (2 * m - 1) + (qx - kx + m - 1)
         bias[:, i, j] = table[rel]
@@ -104,6 +111,20 @@ def test_window_attention_equals_masked_global_attention(h, w, m, s):
         wa.bias_table.normal_()  # large enough to matter
     x = torch.randn(2, h, w, 12)
     torch.testing.assert_close(wa(x), _global_equivalent(wa, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("h, w, m, s", [(5, 7, 3, 0), (5, 7, 3, 1), (4, 5, 3, 1)])
+def test_pad_attends_equals_global_attention_over_zero_padding(h, w, m, s):
+    """pad_attends=True: the zero padding tokens are keys (reference Swin, Hugging Face)."""
+    torch.manual_seed(0)
+    wa = WindowAttention(12, 3, m, shift=s, pad_attends=True)
+    with torch.no_grad():
+        wa.bias_table.normal_()
+    x = torch.randn(2, h, w, 12)
+    torch.testing.assert_close(wa(x), _global_equivalent(wa, x), rtol=1e-5, atol=1e-5)
+    masked = WindowAttention(12, 3, m, shift=s)
+    masked.load_state_dict(wa.state_dict())
+    assert not torch.allclose(masked(x), wa(x), atol=1e-4)  # the padding changes the output
 
 
 def test_padded_grid_stays_finite_with_gradients():

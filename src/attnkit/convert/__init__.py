@@ -6,8 +6,10 @@ modules call these functions. A state dict that does not fit raises ValueError
 naming each missing, unexpected or mis-shaped key (got vs wanted shape).
 
 * `attnkit.convert.torch_nn` — torch.nn.MultiheadAttention
-* `attnkit.convert.torch_transformer` — torch.nn.TransformerEncoderLayer
-* `attnkit.convert.hf_vision` — Hugging Face ViTLayer / SwinLayer (per layer so far)
+* `attnkit.convert.torch_transformer` — torch.nn.TransformerEncoderLayer and
+  TransformerDecoderLayer
+* `attnkit.convert.hf_vision` — Hugging Face ViTModel / ViTForImageClassification (whole
+  model) and ViTLayer / SwinLayer (per layer)
 * `attnkit.convert.keras` — keras.layers.MultiHeadAttention, AdditiveAttention, Attention
   (Keras is imported only when a Keras function is called)
 """
@@ -26,21 +28,29 @@ from attnkit.convert.keras import (
 )
 from attnkit.convert.torch_nn import mha_from_torch, mha_to_torch
 from attnkit.convert.torch_transformer import (
+    decoder_from_torch,
+    decoder_masks_from_torch,
+    decoder_to_torch,
     encoder_from_torch,
     encoder_mask_from_torch,
     encoder_to_torch,
+    load_torch_decoder_state,
     load_torch_encoder_state,
 )
 
 __all__ = [
     "additive_from_keras",
     "additive_to_keras",
+    "decoder_from_torch",
+    "decoder_masks_from_torch",
+    "decoder_to_torch",
     "encoder_from_torch",
     "encoder_mask_from_torch",
     "encoder_to_torch",
     "keras_causal",
     "keras_masks",
     "load_keras_mha_state",
+    "load_torch_decoder_state",
     "load_torch_encoder_state",
     "luong_from_keras",
     "luong_to_keras",

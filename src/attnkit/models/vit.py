@@ -137,6 +137,11 @@ class ViTConfig:
     pos: str = "sincos"  # fixed 2-D sin-cos, or a "learned" table
     dropout: float = 0.0  # on sublayer outputs
     attn_dropout: float = 0.0  # on attention probabilities
+    # Options that Hugging Face's ViT uses (attnkit.convert.hf_vision loads it exactly):
+    norm_eps: float = 1e-5  # LayerNorm epsilon (HF ViT: 1e-12)
+    qkv_bias: bool = True  # biases of the q, k, v projections
+    cls_pos: bool = False  # the class token has a position too: one (1 + N, C) table
+    pooler: bool = False  # tanh(Linear(C, C)) on the pooled token before the head (HF, BERT)
 
 
 @dataclass(frozen=True)
@@ -177,28 +182,54 @@ class ViT(nn.Module):
             self.pos: nn.Module = LearnedPositionalEmbedding(n, c.dim)
         else:
             self.pos = _FixedPositions(sincos_2d(*self.grid, c.dim))
+        if c.cls_pos and (c.pool, c.pos) != ("cls", "learned"):
+            raise ValueError(
+                f"cls_pos=True needs pool='cls' and pos='learned', got {c.pool!r}, {c.pos!r}"
+            )
+        if c.cls_pos:
+            self.pos = LearnedPositionalEmbedding(n + 1, c.dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.pool == "cls" else None
         hidden = int(c.dim * c.mlp_ratio)
         self.blocks = nn.ModuleList(
-            EncoderBlock(c.dim, c.num_heads, hidden, dropout=c.dropout, attn_dropout=c.attn_dropout)
+            EncoderBlock(
+                c.dim,
+                c.num_heads,
+                hidden,
+                dropout=c.dropout,
+                attn_dropout=c.attn_dropout,
+                norm_eps=c.norm_eps,
+                qkv_bias=c.qkv_bias,
+            )
             for _ in range(c.depth)
         )
-        self.norm = nn.LayerNorm(c.dim)
-        self.head = nn.Linear(c.dim, c.num_classes)
+        self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
+        pooler = nn.Sequential(nn.Linear(c.dim, c.dim), nn.Tanh()) if c.pooler else nn.Identity()
+        self.pooler = pooler
+        # num_classes=0: no head, forward returns the pooled features (B, C)
+        self.head = nn.Linear(c.dim, c.num_classes) if c.num_classes else nn.Identity()
 
     @property
     def class_token(self) -> bool:
         return self.cls_token is not None
 
-    def forward(self, images: Tensor) -> Tensor:
-        """(B, Ci, I, I) -> logits (B, K)."""
-        x = self.pos(self.embed(images))  # (B, N, C)
+    def features(self, images: Tensor) -> Tensor:
+        """(B, Ci, I, I) -> the normalised tokens (B, N', C) (HF: last_hidden_state)."""
+        x = self.embed(images)  # (B, N, C)
+        if not self.config.cls_pos:
+            x = self.pos(x)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1)  # (B, 1 + N, C)
+        if self.config.cls_pos:
+            x = self.pos(x)
         for block in self.blocks:
             x = block(x)
-        x = self.norm(x)
-        return self.head(x[:, 0] if self.cls_token is not None else x.mean(1))
+        return self.norm(x)
+
+    def forward(self, images: Tensor) -> Tensor:
+        """(B, Ci, I, I) -> logits (B, K) (num_classes=0: pooled features (B, C))."""
+        x = self.features(images)
+        x = x[:, 0] if self.cls_token is not None else x.mean(1)  # (B, C)
+        return self.head(self.pooler(x))
 
 
 class _FixedPositions(nn.Module):

@@ -6,6 +6,9 @@ nW windows per image, Hh heads, Dh head width. Maps are channels-last (B, H, W, 
 Grids that are not multiples of M are padded at the bottom/right to Hp × Wp
 (multiples of M); padded tokens are masked out as keys, so the output on the
 real tokens does not depend on the padding, and they are cropped away after.
+`pad_attends=True` lets the zero padding tokens be attended to instead, as the
+reference Swin and Hugging Face's SwinLayer do (their keys/values are the
+projection biases); it exists to reproduce those numbers exactly.
 """
 
 from __future__ import annotations
@@ -76,7 +79,13 @@ def _padded(n: int, m: int) -> int:
 
 
 def window_mask(
-    h: int, w: int, window_size: int, shift: int, device: torch.device | str | None = None
+    h: int,
+    w: int,
+    window_size: int,
+    shift: int,
+    device: torch.device | str | None = None,
+    *,
+    mask_padding: bool = True,
 ) -> Tensor | None:
     """Boolean "may attend" mask per window, (nW, M², M²), or None when nothing is masked.
 
@@ -84,11 +93,11 @@ def window_mask(
     rolled grid the bottom/right bands hold tokens from the opposite edge, so
     Swin labels three regions per axis (slices [0, Hp-M), [Hp-M, Hp-s),
     [Hp-s, Hp)) and a token may attend only to keys with the same label. Padded
-    keys are blocked too.
+    keys are blocked too unless `mask_padding=False`.
     """
     m, s = window_size, shift
     hp, wp = _padded(h, m), _padded(w, m)
-    if s == 0 and (hp, wp) == (h, w):
+    if s == 0 and ((hp, wp) == (h, w) or not mask_padding):
         return None
     labels = torch.zeros(hp, wp, dtype=torch.long, device=device)
     if s:
@@ -98,6 +107,7 @@ def window_mask(
                 labels[rows, cols] = 3 * i + j
     valid = torch.zeros(hp, wp, dtype=torch.bool, device=device)
     valid[:h, :w] = True
+    valid |= not mask_padding
     valid = torch.roll(valid, (-s, -s), dims=(0, 1))  # padding moves with the shift
     labels = window_partition(labels[None, :, :, None], m)[..., 0]  # (nW, M²)
     valid = window_partition(valid[None, :, :, None], m)[..., 0]  # (nW, M²)
@@ -114,6 +124,8 @@ class WindowAttention(nn.Module):
         shift: s in [0, M); s > 0 rolls the grid by (-s, -s) first (SW-MSA) and
             masks pairs that were not neighbours before the roll.
         qkv_bias, attn_dropout: as in `MultiHeadAttention`.
+        pad_attends: padding tokens (grids not a multiple of M) may be attended
+            to, as in the reference Swin / Hugging Face; default: masked out.
 
     Parameters: `attn` (a `MultiHeadAttention`, whose `Attend` is what
     `record_attention` sees: maps (B·nW, Hh, M², M²)) and `bias_table`
@@ -129,6 +141,7 @@ class WindowAttention(nn.Module):
         shift: int = 0,
         qkv_bias: bool = True,
         attn_dropout: float = 0.0,
+        pad_attends: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(window_size, int) or window_size < 1:
@@ -137,7 +150,7 @@ class WindowAttention(nn.Module):
             raise ValueError(
                 f"shift must be an integer in [0, window_size={window_size}), got {shift!r}"
             )
-        self.window_size, self.shift = window_size, shift
+        self.window_size, self.shift, self.pad_attends = window_size, shift, pad_attends
         self.attn = MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias, dropout=attn_dropout)
         self.bias_table = nn.Parameter(torch.randn((2 * window_size - 1) ** 2, num_heads) * 0.02)
         self.register_buffer("index", relative_position_index(window_size), persistent=False)
@@ -167,7 +180,8 @@ class WindowAttention(nn.Module):
         if s:
             x = torch.roll(x, (-s, -s), dims=(1, 2))
         windows = window_partition(x, m)  # (B·nW, M², C)
-        allowed = window_mask(h, w, m, s, device=x.device)  # (nW, M², M²) or None
+        # (nW, M², M²) or None
+        allowed = window_mask(h, w, m, s, x.device, mask_padding=not self.pad_attends)
         if allowed is not None:
             allowed = allowed.repeat(b, 1, 1).unsqueeze(1)  # (B·nW, 1, M², M²)
         q, k, v = self.attn.heads_qkv(windows)  # (B·nW, Hh, M², Dh) each
@@ -179,14 +193,15 @@ class WindowAttention(nn.Module):
         return x[:, :h, :w]
 
     def extra_repr(self) -> str:
-        return f"window_size={self.window_size}, shift={self.shift}"
+        return f"window_size={self.window_size}, shift={self.shift}, pad_attends={self.pad_attends}"
 
 
 class SwinBlock(EncoderBlock):
     """A Swin Transformer block: pre-norm (S)W-MSA then pre-norm MLP, each residual.
 
     x (B, H, W, C) -> (B, H, W, C). Alternate `shift=0` and `shift=M // 2`
-    blocks as in the paper (Liu et al. 2021, Fig. 3b).
+    blocks as in the paper (Liu et al. 2021, Fig. 3b). `pad_attends`: see
+    `WindowAttention`.
     """
 
     def __init__(
@@ -199,6 +214,14 @@ class SwinBlock(EncoderBlock):
         mlp_ratio: float = 4.0,
         dropout: float = 0.0,
         attn_dropout: float = 0.0,
+        pad_attends: bool = False,
     ) -> None:
-        attn = WindowAttention(dim, num_heads, window_size, shift=shift, attn_dropout=attn_dropout)
+        attn = WindowAttention(
+            dim,
+            num_heads,
+            window_size,
+            shift=shift,
+            attn_dropout=attn_dropout,
+            pad_attends=pad_attends,
+        )
         super().__init__(dim, num_heads, int(dim * mlp_ratio), dropout=dropout, attn=attn)
