@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnkit.convert.torch_transformer import (
+from attnkit.convert.torch_decoder import (
     decoder_config_from_torch,
     decoder_from_torch,
     decoder_masks_from_torch,

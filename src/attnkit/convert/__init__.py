@@ -26,15 +26,17 @@ from attnkit.convert.keras import (
     mha_keras_state,
     mha_to_keras,
 )
-from attnkit.convert.torch_nn import mha_from_torch, mha_to_torch
-from attnkit.convert.torch_transformer import (
+from attnkit.convert.torch_decoder import (
     decoder_from_torch,
     decoder_masks_from_torch,
     decoder_to_torch,
+    load_torch_decoder_state,
+)
+from attnkit.convert.torch_nn import mha_from_torch, mha_to_torch
+from attnkit.convert.torch_transformer import (
     encoder_from_torch,
     encoder_mask_from_torch,
     encoder_to_torch,
-    load_torch_decoder_state,
     load_torch_encoder_state,
 )
 

@@ -197,13 +197,13 @@ class DecoderBlock(nn.Module):
     @classmethod
     def from_torch(cls, layer: nn.TransformerDecoderLayer) -> DecoderBlock:
         """Exact copy of a `torch.nn.TransformerDecoderLayer` (see `attnkit.convert`)."""
-        from attnkit.convert.torch_transformer import decoder_from_torch
+        from attnkit.convert.torch_decoder import decoder_from_torch
 
         return decoder_from_torch(layer)
 
     def to_torch(self, *, batch_first: bool = True) -> nn.TransformerDecoderLayer:
         """Exact copy as a `torch.nn.TransformerDecoderLayer` (call it with a causal tgt_mask)."""
-        from attnkit.convert.torch_transformer import decoder_to_torch
+        from attnkit.convert.torch_decoder import decoder_to_torch
 
         return decoder_to_torch(self, batch_first=batch_first)
 
