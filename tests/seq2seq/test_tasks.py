@@ -96,3 +96,8 @@ def test_task_dataset_is_deterministic_and_collates():
     assert src.shape[0] == tgt.shape[0] == 4 and (tgt[:, 0] == BOS).all()
     with pytest.raises(IndexError):
         ds[10]
+    first = ds[4]
+    ds.set_epoch(1)
+    assert ds[4] != first  # a new epoch draws new examples
+    ds.set_epoch(0)
+    assert ds[4] == first

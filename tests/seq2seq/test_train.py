@@ -35,7 +35,9 @@ def test_cli_smoke_train_resume_decode(tmp_path, capsys):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["step"] == 5 and 0.0 <= metrics["exact_match"] <= 1.0
     config = json.loads((out / "config.json").read_text())
-    assert config["task"]["name"] == "reverse" and config["model"]["d_model"] == 64
+    run = config["run"]  # fit's config.json: the run_info, then fit's settings
+    assert run["task"]["name"] == "reverse" and run["model"]["d_model"] == 64
+    assert run["heldout"]["size"] == 20 and config["train"]["max_steps"] == 5
 
     argv = ["seq2seq", "train", "--task", "reverse", "--out", str(out), "--steps", "10", "--resume"]
     assert main([*argv, *SMOKE]) == 0
@@ -44,7 +46,7 @@ def test_cli_smoke_train_resume_decode(tmp_path, capsys):
 
     capsys.readouterr()
     assert main(["seq2seq", "train", "--out", str(out), "--steps", "5", *SMOKE]) == 2
-    assert "already holds checkpoint.pt; pass --resume" in capsys.readouterr().err
+    assert "already holds checkpoint.pt; pass resume=True (--resume)" in capsys.readouterr().err
     assert main(["seq2seq", "decode", str(out), "abc", "ed", "--beam", "2"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split("\t")[0] for line in lines] == ["abc", "ed"]
@@ -78,7 +80,7 @@ def test_resume_refuses_a_different_task(tmp_path):
     cfg = TrainConfig(steps=2, eval_every=2, eval_size=4, batch_size=4)
     train(task, cfg=cfg, out=tmp_path, progress=False, alignments=0)
     other = Task("copy", min_len=2, max_len=3, num_symbols=4)
-    with pytest.raises(ValueError, match="task differs from the checkpoint's"):
+    with pytest.raises(ValueError, match=r"different settings for \['task'\]"):
         train(other, cfg=cfg, out=tmp_path, resume=True, progress=False)
 
 

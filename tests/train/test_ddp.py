@@ -70,6 +70,32 @@ def test_two_gloo_processes_equal_one_process_on_the_whole_batch(tmp_path):
     assert any(not torch.allclose(init[k], single[k]) for k in single)
 
 
+def _stop_worker(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        steps = []
+
+        def counting(model, batch):
+            steps.append(1)
+            return classify_step()(model, batch)
+
+        torch.manual_seed(0)
+        config = TrainConfig(epochs=4, batch_size=8, lr=0.01)  # 2 steps per epoch
+        # only rank 0 evaluates and decides; rank 1 must stop with it, not wait in step 5
+        fit(ViT(TINY), counting, _data(), config=config, progress=False,
+            evaluate=lambda m: {"done": 1.0}, stop_when=lambda row: row["epoch"] == 2)  # fmt: skip
+        (Path(out) / f"rank{rank}.steps").write_text(str(len(steps)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_stop_when_stops_every_rank(tmp_path):
+    mp.spawn(_stop_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    assert [(tmp_path / f"rank{r}.steps").read_text() for r in (0, 1)] == ["4", "4"]
+
+
 def test_torchrun_cli_two_processes(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2] / "src"), OMP_NUM_THREADS="1")
     cmd = [

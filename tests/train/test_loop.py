@@ -140,3 +140,56 @@ def test_generic_step_without_accuracy():
     )
     assert "train_acc" not in result.history[-1]
     assert result.history[-1]["train_loss"] < 0.1 * result.history[0]["train_loss"]
+
+
+class _EpochAwareData(TensorDataset):
+    """Records the epochs `fit` announces (a generated dataset would redraw its items)."""
+
+    def __init__(self, *tensors):
+        super().__init__(*tensors)
+        self.epochs = []
+
+    def set_epoch(self, epoch):
+        self.epochs.append(epoch)
+
+
+def test_stop_when_ends_the_run_and_dataset_hears_each_epoch(tmp_path):
+    x = torch.randn(16, 3)
+    data = _EpochAwareData(x, x.sum(1))
+    model = nn.Linear(3, 1)
+
+    def step(m, batch):
+        xb, yb = batch
+        return StepResult(nn.functional.mse_loss(m(xb)[:, 0], yb), len(yb))
+
+    result = fit(
+        model,
+        step,
+        data,
+        config=TrainConfig(epochs=5, batch_size=8),
+        out_dir=tmp_path,
+        evaluate=lambda m: {"score": 0.5},
+        stop_when=lambda row: row["epoch"] >= 2 and row["score"] > 0.4,
+        progress=False,
+    )
+    assert [row["epoch"] for row in result.history] == [1, 2]
+    assert data.epochs == [0, 1]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    # the latest row sits at the top level for a quick look
+    assert metrics["step"] == 4 and metrics["score"] == 0.5 and metrics["epoch"] == 2
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["epoch"] == 2
+
+
+def test_max_steps_is_the_schedule_budget():
+    """With max_steps the cosine schedule ends (lr 0) at the cap, not after all epochs."""
+    x = torch.randn(16, 3)
+    model = nn.Linear(3, 1)
+
+    def step(m, batch):
+        xb, yb = batch
+        return StepResult(nn.functional.mse_loss(m(xb)[:, 0], yb), len(yb))
+
+    config = TrainConfig(epochs=10, batch_size=8, max_steps=5)
+    result = fit(model, step, TensorDataset(x, x.sum(1)), config=config, progress=False)
+    assert [row["step"] for row in result.history] == [2, 4, 5]
+    assert result.history[-1]["lr"] == pytest.approx(0.0, abs=1e-12)

@@ -2,6 +2,10 @@
 
     attnkit seq2seq train --task reverse --out runs/reverse
     attnkit seq2seq decode runs/reverse "abcdef" "hgfe"
+    torchrun --nproc_per_node 2 -m attnkit seq2seq train --task reverse --out runs/r2
+
+Under torchrun the run is data-parallel (gloo on CPU, nccl on GPU; --batch-size
+is the global batch); rank 0 evaluates, writes the files and prints.
 
 `add_seq2seq_parser(train_subparsers)` adds the same training command as
 ``attnkit train seq2seq`` where a top-level ``train`` exists. Bad input exits
@@ -60,8 +64,10 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     norm.add_argument("--post-norm", dest="norm_first", action="store_false")
     p.add_argument("--positions", choices=("sinusoidal", "learned"))
     p.add_argument("--label-smoothing", type=float)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument(
+        "--steps", "--max-steps", type=int, default=d.steps, help="step budget (schedule length)"
+    )
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--warmup", type=int, default=d.warmup)
     p.add_argument("--eval-every", type=int, default=d.eval_every)
@@ -103,6 +109,7 @@ def _add_decode(p: argparse.ArgumentParser) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from attnkit.seq2seq.tasks import Task
     from attnkit.seq2seq.train import build_model, train, train_config_from
+    from attnkit.train.loop import distributed
 
     if args.resume and args.out is None:
         raise UsageError("train: --resume needs --out DIR (the directory of the run to continue)")
@@ -122,13 +129,24 @@ def run_train(args: argparse.Namespace) -> int:
         }
         cfg = train_config_from(vars(args))
         model_cfg = build_model(task, args.preset, **overrides).cfg
-        _, metrics = train(
-            task, model_cfg, cfg, out=args.out, resume=args.resume, progress=args.progress
-        )
+        with distributed() as device:
+            _, metrics = train(
+                task,
+                model_cfg,
+                cfg,
+                out=args.out,
+                resume=args.resume,
+                progress=args.progress,
+                device=device,
+            )
     except ValueError as e:
         raise UsageError(f"train: {e}") from e
-    summary = {k: v for k, v in metrics.items() if k != "history"}
-    print(json.dumps(summary))
+    except KeyboardInterrupt:
+        where = f"; the last good checkpoint is in {args.out}" if args.out else ""
+        print(f"attnkit seq2seq train: interrupted{where}", file=sys.stderr)
+        return 130
+    if metrics:  # rank 0 (the other ranks of a torchrun launch get none)
+        print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
     return 0
 
 

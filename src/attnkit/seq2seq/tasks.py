@@ -166,16 +166,23 @@ def make_batch(
 
 
 class TaskDataset(torch.utils.data.Dataset):
-    """A map-style view of a task: item i is drawn from `random.Random(f"{seed}:{i}")`.
+    """A map-style view of a task: item i of epoch e is drawn from
+    `random.Random(f"{seed}:{e}:{i}")`.
 
     For loops that want a `Dataset` and a `collate_fn` (`collate`) instead of a
-    stream. Items are pairs of symbol-id lists; the split is as in `Task.draw`.
+    stream, e.g. `attnkit.train.fit`, which shards the indices over DDP ranks and
+    calls `set_epoch` before every pass, so each epoch brings `size` new
+    examples. Items are pairs of symbol-id lists; the split is as in `Task.draw`.
     """
 
     def __init__(self, task: Task, size: int, *, seed: int = 0, split: str = "train") -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         self.task, self.size, self.seed, self.split = task, size, seed, split
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
     def __len__(self) -> int:
         return self.size
@@ -183,7 +190,7 @@ class TaskDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
         if not 0 <= i < self.size:
             raise IndexError(f"index {i} out of range for a TaskDataset of size {self.size}")
-        return self.task.draw(random.Random(f"{self.seed}:{i}"), self.split)
+        return self.task.draw(random.Random(f"{self.seed}:{self.epoch}:{i}"), self.split)
 
 
 def heldout(task: Task, n: int, seed: int = 1234) -> tuple[Tensor, Tensor]:

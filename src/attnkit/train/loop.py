@@ -5,11 +5,19 @@ file + `os.replace`, so Ctrl-C or a crash leaves the last good version):
 
     config.json      the caller's `run_info` and the `TrainConfig`
     checkpoint.pt    model, optimizer, scheduler, epoch, step, history (after every epoch)
-    metrics.json     per-epoch history, parameter count, wall-clock seconds
+    metrics.json     the latest epoch's row at top level, per-epoch history,
+                     parameter count, world size
 
 Resuming (`resume=True`) restarts at the epoch after the last checkpoint. The
 global RNG is reseeded at the start of every epoch from (seed, epoch, rank),
 so a resumed run draws the same shuffles and augmentations as an uninterrupted one.
+A `train_set` with a `set_epoch(epoch)` method is told the epoch before each
+pass (as DistributedSampler is), so a dataset generated from a seed can give
+fresh examples every epoch.
+
+An "epoch" is simply the unit of evaluation and checkpointing: a step-budgeted
+trainer sets the dataset's length to K batches to evaluate every K steps, caps
+the run with `max_steps` and ends it early with `stop_when`.
 
 Distributed: launch under `torchrun`; wrap the call in `distributed()` (which
 runs `init_process_group`: gloo on CPU, nccl on GPU). `fit` then wraps the
@@ -59,7 +67,7 @@ class TrainConfig:
     warmup: float = 0.05  # fraction of all steps spent warming up linearly
     grad_clip: float | None = 1.0  # max global gradient norm, None = no clipping
     seed: int = 0  # data order and augmentation; the caller seeds model init
-    max_steps: int | None = None  # stop after this many optimizer steps (smoke runs)
+    max_steps: int | None = None  # at most this many optimizer steps; the schedule ends there
 
 
 class StepResult(NamedTuple):
@@ -132,6 +140,7 @@ def fit(
     device: torch.device | str = "cpu",
     progress: bool = True,
     optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
+    stop_when: Callable[[dict[str, float]], bool] | None = None,
 ) -> FitResult:
     """Train `model` with AdamW; return the history (and write a run directory if `out_dir`).
 
@@ -147,6 +156,9 @@ def fit(
             in config.json; a resumed run must have the same run_info.
         optimizer: `optimizer(params) -> torch.optim.Optimizer`; default AdamW
             with `config.lr` and `config.weight_decay`. The schedule scales its lr.
+        stop_when: `stop_when(row) -> bool` on rank 0 with each epoch's history
+            row (train and eval metrics, after the checkpoint is written); True
+            ends training there on every rank, e.g. `lambda r: r["exact_match"] >= 1`.
     """
     rank, world = _rank_world()
     if config.batch_size % world:
@@ -189,11 +201,14 @@ def fit(
             break
         torch.manual_seed(_epoch_seed(config.seed, epoch, rank))
         sampler.set_epoch(epoch)
+        if hasattr(train_set, "set_epoch"):
+            train_set.set_epoch(epoch)
         stats, done_steps = _train_epoch(
             net, step, loader, opt, scheduler, config, device, done_steps, total,
             desc=f"epoch {epoch + 1}/{config.epochs}", show=show,
         )  # fmt: skip
         row = {"epoch": epoch + 1, "step": done_steps, "lr": scheduler.get_last_lr()[0], **stats}
+        stop = False
         if rank == 0:
             if evaluate is not None:
                 row.update(_evaluate(model, evaluate))
@@ -201,10 +216,13 @@ def fit(
             history.append(row)
             if out is not None:
                 _save(ckpt_path, model, opt, scheduler, epoch + 1, done_steps, history, run_info)
-                metrics = {"history": history, "params": params, "world_size": world}
+                metrics = {**row, "history": history, "params": params, "world_size": world}
                 atomic_write_json(out / METRICS, metrics)
             if show:
                 _print_row(row)
+            stop = stop_when is not None and bool(stop_when(row))
+        if stop_when is not None and _agree(stop, device):
+            break
     return FitResult(history, params, time.perf_counter() - started)
 
 
@@ -244,6 +262,15 @@ def _train_epoch(net, step, loader, optimizer, scheduler, config, device, done, 
     if has_acc:
         stats["train_acc"] = (sums[2] / sums[1]).item()
     return stats, done
+
+
+def _agree(flag: bool, device: torch.device | str) -> bool:
+    """Rank 0's `flag` on every rank (a broadcast under DDP)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    t = torch.tensor([float(flag)], device=device)
+    dist.broadcast(t, src=0)
+    return bool(t.item())
 
 
 def _evaluate(model: nn.Module, evaluate) -> dict[str, float]:
