@@ -31,7 +31,10 @@ def test_explain_image_writes_png(vit_run, tmp_path, capsys):
     )
     png = tmp_path / "attention.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
-    assert str(png) in capsys.readouterr().out
+    assert (tmp_path / "head_distance.png").read_bytes()[:4] == b"\x89PNG"
+    out = capsys.readouterr().out
+    assert str(png) in out
+    assert "layer 0: distance" in out and " px (mean " in out
 
 
 def test_resume_continues_the_run(vit_run, capsys):

@@ -192,3 +192,16 @@ def test_bad_forward_input():
         MultiHeadAttention(16, 2, context_dim=8)(rand(2, 3, 16))
     with pytest.raises(ValueError, match="does not broadcast"):
         m(rand(2, 3, 16), mask=torch.ones(5, 5, dtype=torch.bool))
+
+
+def test_detr_positions_equal_torch_with_distinct_query_key_value():
+    """DETR calls torch's module as mha(src + pos, src + pos, src): ours takes pos directly."""
+    theirs = torch_mha(32, 4, seed=5)
+    ours = MultiHeadAttention.from_torch(theirs).eval()
+    src, pos = rand(2, 9, 32, seed=6), rand(2, 9, 32, seed=7)
+    memory, memory_pos = rand(2, 5, 32, seed=8), rand(2, 5, 32, seed=9)
+    want, _ = theirs(src + pos, src + pos, src, need_weights=False)
+    torch.testing.assert_close(ours(src, pos=pos), want, atol=1e-6, rtol=1e-5)
+    want, _ = theirs(src + pos, memory + memory_pos, memory, need_weights=False)
+    got = ours(src, memory, pos=pos, context_pos=memory_pos)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

@@ -54,5 +54,37 @@ def run_explain_image(args: argparse.Namespace) -> int:
     title = f"{info['preset']}: rollout ({args.head_fusion}) and last-layer {what} attention"
     plot_explanations(data.to_pixels(images)[:, 0], expl, labels, out, title=title)
     acc = float((expl.logits.argmax(-1) == labels).float().mean())
-    print(f"wrote {out} ({len(labels)} test images, {acc:.0%} predicted correctly)")
+    stats = _head_stats(model, data.test.tensors[0])
+    print("what the heads do over all test images (distance in pixels, entropy):")
+    print("\n".join("  " + line for line in stats.summary(unit="px")))
+    distances = (args.out or args.checkpoint) / "head_distance.png"
+    _save_distances(stats, distances, info["preset"])
+    print(
+        f"wrote {out} ({len(labels)} test images, {acc:.0%} predicted correctly) "
+        f"and {distances.name}"
+    )
     return 0
+
+
+def _head_stats(model, images):
+    """Mean attention distance (pixels) and entropy per layer and head over `images`."""
+    import torch
+
+    from attnkit.analysis.heads import grid_positions, head_stats
+    from attnkit.viz.record import record_attention
+
+    with torch.no_grad(), record_attention(model) as rec:
+        model(images)
+    maps = rec.stack("blocks.")  # (L, B, H, N, N)
+    grid_h, grid_w = model.grid
+    pixels_per_patch = images.shape[-1] / grid_w
+    positions = grid_positions(grid_h, grid_w, pixels_per_patch, prefix=int(model.class_token))
+    return head_stats(maps, positions=positions)
+
+
+def _save_distances(stats, path: Path, preset: str) -> None:
+    from attnkit._io import atomic_save_figure
+    from attnkit.viz.head_plots import head_distance_figure
+
+    title = f"{preset}: mean attention distance per head (pixels; class-token queries left out)"
+    atomic_save_figure(path, head_distance_figure(stats, unit="pixels", title=title))

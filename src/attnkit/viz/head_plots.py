@@ -33,7 +33,8 @@ def head_distance_figure(
     names = list(layer_names) if layer_names is not None else [str(i) for i in range(layers)]
     if len(names) != layers:
         raise ValueError(f"layer_names: expected {layers} names, got {len(names)}")
-    fig = Figure(figsize=(1.2 + 0.9 * max(layers, 4), 4.2), dpi=100)
+    width = 1.2 + 0.9 * max(layers, 6)  # inches
+    fig = Figure(figsize=(width, 4.2), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     x = torch.arange(layers, dtype=torch.float32)[:, None].expand(layers, heads)  # (L, H)
@@ -48,6 +49,7 @@ def head_distance_figure(
     ax.set_ylabel(f"mean attention distance ({unit})")
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", fontsize=8, frameon=False)
-    ax.set_title(textwrap.fill(title or "Attention distance per head", 70), fontsize=10)
+    wrap = int(width * 9)  # characters of a 10-pt title that fit the plot area
+    ax.set_title(textwrap.fill(title or "Attention distance per head", wrap), fontsize=10)
     fig.tight_layout()
     return fig
