@@ -52,3 +52,23 @@ def test_heads_and_bad_input():
         block(torch.randn(1, 8, 3, 3))
     with pytest.raises(ValueError, match="multiples of num_heads=3"):
         SelfAttention2d(16, reduction=2, num_heads=3)
+
+
+def test_query_position_map_is_drawn_over_the_input(tmp_path):
+    from attnkit.viz.rollout import plot_query_attention, query_map
+
+    block = SelfAttention2d(8, reduction=2, num_heads=2, value_channels=8)
+    x = torch.randn(1, 8, 4, 6)
+    with record_attention(block) as rec:
+        block(x)
+    weights = rec["attend"]  # (1, 2, 24, 24)
+    maps = query_map(weights, (2, 5), (4, 6))
+    assert maps.shape == (1, 2, 4, 6)
+    torch.testing.assert_close(maps[0, 1, 3, 0], weights[0, 1, 2 * 6 + 5, 3 * 6 + 0])
+    torch.testing.assert_close(maps.sum((-1, -2)), torch.ones(1, 2))
+    path = plot_query_attention(torch.rand(32, 48), maps[0], (2, 5), tmp_path / "q.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="outside the 4×6 grid"):
+        query_map(weights, (4, 0), (4, 6))
+    with pytest.raises(ValueError, match=r"weights must have shape \(B, H, 20, 20\)"):
+        query_map(weights, (0, 0), (4, 5))

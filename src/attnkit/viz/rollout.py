@@ -84,6 +84,65 @@ def token_map(rows: Tensor, grid: tuple[int, int], *, class_token: bool) -> Tens
     return patches.unflatten(-1, (h, w))  # (..., h, w)
 
 
+def query_map(weights: Tensor, query: tuple[int, int], grid: tuple[int, int]) -> Tensor:
+    """Where one grid position looks: weights (B, H, P, P) over a row-major h × w grid
+    (P = h·w, e.g. `SelfAttention2d`'s recorded maps) -> (B, H, h, w) for query (row, col)."""
+    h, w = grid
+    row, col = query
+    if weights.dim() != 4 or weights.shape[-1] != h * w or weights.shape[-2] != h * w:
+        raise ValueError(
+            f"weights must have shape (B, H, {h * w}, {h * w}) for a {h}×{w} grid, "
+            f"got {tuple(weights.shape)}"
+        )
+    if not (0 <= row < h and 0 <= col < w):
+        raise ValueError(f"query {query} is outside the {h}×{w} grid")
+    return weights[:, :, row * w + col].unflatten(-1, (h, w))  # (B, H, h, w)
+
+
+def overlay(ax, image, heat: Tensor) -> None:
+    """Draw `heat` (h, w), upsampled bilinearly and scaled to its maximum, over `image`
+    (a 2-D array already at display size) on the matplotlib axes `ax`."""
+    side = image.shape[-2:]
+    big = F.interpolate(heat[None, None].float(), size=tuple(side), mode="bilinear")
+    big = (big[0, 0] / big.max().clamp_min(1e-12)).numpy()  # (side) in [0, 1]
+    ax.imshow(image, cmap="gray", vmin=0)
+    ax.imshow(big, cmap="inferno", alpha=0.6, vmin=0, vmax=1)
+
+
+def plot_query_attention(
+    image: Tensor, maps: Tensor, query: tuple[int, int], path: str | Path, *, title: str = ""
+) -> Path:
+    """PNG: the input and, per head, where the query position (row, col) attends.
+
+    image (h_img, w_img) intensities; maps (H, h, w) from `query_map`; the query
+    is marked with a cross. Written atomically.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from attnkit._io import atomic_save_figure
+
+    heads, h, w = maps.shape
+    img = image.float().numpy()
+    fig = Figure(figsize=(2.2 * (1 + heads), 2.6), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 1 + heads, squeeze=False)[0]
+    axes[0].imshow(img, cmap="gray")
+    axes[0].set_title("input", fontsize=9)
+    for i in range(heads):
+        overlay(axes[i + 1], img, maps[i])
+        axes[i + 1].set_title(f"head {i}", fontsize=9)
+    y = (query[0] + 0.5) * img.shape[0] / h - 0.5  # query centre in image pixels
+    x = (query[1] + 0.5) * img.shape[1] / w - 0.5
+    for ax in axes:
+        ax.plot([x], [y], marker="x", color="cyan", markersize=9, mew=2)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(title or f"attention of position {query} (cross)", fontsize=10)
+    fig.tight_layout()
+    return atomic_save_figure(path, fig)
+
+
 @dataclass
 class ImageExplanation:
     """What `explain_images` returns."""
@@ -158,10 +217,7 @@ def plot_explanations(
             color="darkgreen" if ok else "crimson",
         )
         for c, (name, maps) in enumerate(columns, start=1):
-            heat = F.interpolate(maps[r][None, None].float(), size=(side, side), mode="bilinear")
-            heat = (heat[0, 0] / heat.max().clamp_min(1e-12)).numpy()  # (side, side) in [0, 1]
-            axes[r, c].imshow(big[r], cmap="gray", vmin=0)
-            axes[r, c].imshow(heat, cmap="inferno", alpha=0.6, vmin=0, vmax=1)
+            overlay(axes[r, c], big[r], maps[r])
             if r == 0:
                 axes[r, c].set_title(name, fontsize=9)
     for ax in axes.flat:
