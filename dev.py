@@ -47,6 +47,14 @@ def _run(cmd: list[str], **kwargs) -> None:
     subprocess.run(cmd, check=True, **kwargs)
 
 
+def _pip(cmd: list[str]) -> None:
+    """Run pip quietly; show everything it said only if it fails."""
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        sys.stderr.write(done.stdout + done.stderr)
+        raise SystemExit(f"[dev] failed: {' '.join(cmd)}")
+
+
 def ensure_venv() -> Path:
     """Create or refresh the project venv; return its python."""
     python = _venv_python()
@@ -57,10 +65,10 @@ def ensure_venv() -> Path:
         _say(f"creating virtual environment in {VENV} ...")
         venv.EnvBuilder(with_pip=True).create(VENV)
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    _say(f"installing {TORCH_PIN} (CPU build) first ...")
-    _run([*pip, TORCH_PIN])
-    _say("installing attnkit (editable) with its test extras ...")
-    _run([*pip, "-e", f"{ROOT}[test]"])
+    _say(f"installing {TORCH_PIN} (CPU build) first (about a minute) ...")
+    _pip([*pip, TORCH_PIN])
+    _say("installing attnkit (editable) with its test extras (a few minutes) ...")
+    _pip([*pip, "-e", f"{ROOT}[test]"])
     STAMP.write_text(wanted)
     _say("environment ready")
     return python
