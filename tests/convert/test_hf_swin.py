@@ -113,9 +113,7 @@ def test_swin_model_without_pooler_returns_tokens():
     assert not swin.config.pool
     pixels = rand(1, 3, 32, 32)
     with torch.no_grad():
-        torch.testing.assert_close(
-            swin(pixels), model(pixels).last_hidden_state, atol=1e-5, rtol=0
-        )
+        torch.testing.assert_close(swin(pixels), model(pixels).last_hidden_state, atol=1e-5, rtol=0)
 
 
 def test_swin_model_state_that_does_not_fit_and_refusals():

@@ -220,7 +220,8 @@ class SwinModel(nn.Module):
         self.embed = PatchEmbed(cfg.image_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim)
         self.embed_norm = nn.LayerNorm(cfg.embed_dim, eps=REFERENCE_EPS)
         n = self.embed.grid[0] * self.embed.grid[1]
-        self.pos = nn.Parameter(torch.randn(1, n, cfg.embed_dim) * 0.02) if cfg.absolute_pos else None
+        pos = torch.randn(1, n, cfg.embed_dim) * 0.02
+        self.pos = nn.Parameter(pos) if cfg.absolute_pos else None
         self.drop = nn.Dropout(cfg.dropout)
         last = len(cfg.depths) - 1
         self.stages = nn.ModuleList(
@@ -246,7 +247,7 @@ class SwinModel(nn.Module):
         self.norm = nn.LayerNorm(cfg.num_features, eps=cfg.norm_eps)
 
     def stage_maps(self, images: Tensor) -> list[Tensor]:
-        """[embedded (B, H, W, C), output of stage 0, ..., output of the last stage] (no final norm)."""
+        """[embedded (B, H, W, C), output of stage 0, ..., of the last stage]; no final norm."""
         x = self.embed_norm(self.embed(images))  # (B, N, C)
         if self.pos is not None:
             x = x + self.pos
