@@ -189,7 +189,7 @@ def hf_swin_model(seed):
         images = rand(2, 3, image, image, seed=seed)
         hf_maps = []
         hooks = [
-            layer.register_forward_hook(lambda m, a, out: hf_maps.append(out[1]))
+            layer.register_forward_hook(lambda m, a, out, seen=hf_maps: seen.append(out[1]))
             for stage in model.encoder.layers
             for layer in stage.blocks
         ]
@@ -203,7 +203,8 @@ def hf_swin_model(seed):
         hidden = [gap(m.flatten(1, 2), w) for m, w in zip(maps, want.hidden_states, strict=True)]
         outs = [gap(pooled, want.pooler_output), gap(last, want.last_hidden_state), *hidden]
         worst = max(worst, *outs)
-        worst_maps = max(worst_maps, *(gap(rec[n], w) for n, w in zip(rec.names, hf_maps)))
+        pairs = zip(rec.names, hf_maps, strict=True)
+        worst_maps = max(worst_maps, *(gap(rec[n], w) for n, w in pairs))
     return worst, worst_maps
 
 

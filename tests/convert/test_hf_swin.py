@@ -41,6 +41,8 @@ def hf_swin_model(image=32, depths=(2, 2), heads=(2, 4), window=4, pooling=True,
 CASES = {
     # grids 16, 8 (multiples of M=4): no padding, odd blocks shifted
     "16-8-even": dict(image=32),
+    # eps that differs from the embedding / merging norms' fixed 1e-5; no q/k/v biases
+    "16-8-eps-no-qkv-bias": dict(image=32, layer_norm_eps=1e-3, qkv_bias=False),
     # grids 14, 7: both padded to multiples of 4 (pad_attends), absolute positions
     "14-7-odd": dict(image=28, use_absolute_embeddings=True),
     # grids 16, 8, 4: the last stage's grid equals M, so HF turns its shift off
