@@ -1,18 +1,18 @@
 """Hugging Face `SwinModel` (transformers 5.x names) <-> `attnkit.vision.SwinModel`.
 
-| HF SwinModel                                       | attnkit SwinModel                     |
-| -------------------------------------------------- | ------------------------------------- |
-| embeddings.patch_embeddings.projection.weight      | embed.proj.weight (C, Ci·P²)          |
-|   (Conv2d (C, Ci, P, P))                           |   = conv weight.flatten(1)            |
-| embeddings.patch_embeddings.projection.bias        | embed.proj.bias                       |
-| embeddings.norm.*                                  | embed_norm.*                          |
-| embeddings.position_embeddings (1, N, C)           | pos (1, N, C) (`absolute_pos`)        |
-| encoder.layers.{s}.blocks.{i}.* (SwinLayer)        | stages.{s}.blocks.{i}.* (SwinBlock,   |
-|                                                    |   table in `attnkit.convert.hf_vision`) |
-| encoder.layers.{s}.downsample.norm.*               | stages.{s}.downsample.norm.*          |
-| encoder.layers.{s}.downsample.reduction.weight     | stages.{s}.downsample.reduction.weight|
-| layernorm.*                                        | norm.*                                |
-| pooler (AdaptiveAvgPool1d, no weights)             | `pool=True` (mean over tokens)        |
+| HF SwinModel                                    | attnkit SwinModel                        |
+| ----------------------------------------------- | ---------------------------------------- |
+| embeddings.patch_embeddings.projection.weight   | embed.proj.weight (C, Ci·P²)             |
+|   (Conv2d (C, Ci, P, P))                        |   = conv weight.flatten(1)               |
+| embeddings.patch_embeddings.projection.bias     | embed.proj.bias                          |
+| embeddings.norm.*                               | embed_norm.*                             |
+| embeddings.position_embeddings (1, N, C)        | pos (1, N, C), with `absolute_pos`       |
+| encoder.layers.{s}.blocks.{i}.* (SwinLayer)     | stages.{s}.blocks.{i}.* (SwinBlock; the  |
+|                                                 |   layer table of `convert.hf_vision`)    |
+| encoder.layers.{s}.downsample.norm.*            | stages.{s}.downsample.norm.*             |
+| encoder.layers.{s}.downsample.reduction.weight  | stages.{s}.downsample.reduction.weight   |
+| layernorm.*                                     | norm.*                                   |
+| pooler (AdaptiveAvgPool1d, no weights)          | `pool=True` (mean over tokens)           |
 
 HF's `last_hidden_state` is `SwinModel.features(x)`, its `pooler_output` is
 `SwinModel(x)`, its `hidden_states` are `SwinModel.stage_maps(x)` flattened to
