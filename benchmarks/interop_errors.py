@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from attnkit import MultiHeadAttention, masks, record_attention
+from attnkit.convert import torch_decoder as td
 from attnkit.convert import torch_transformer as tt
 
 
@@ -77,14 +78,14 @@ def torch_decoder(seed):
     for norm_first in (False, True):
         layer = nn.TransformerDecoderLayer(24, 3, 40, batch_first=True, norm_first=norm_first)
         theirs = perturb(layer, seed)
-        ours = tt.decoder_from_torch(theirs).eval()
+        ours = td.decoder_from_torch(theirs).eval()
         x, memory = rand(3, 7, 24, seed=seed), rand(3, 11, 24, seed=seed + 1)
         kw = dict(
             tgt_mask=nn.Transformer.generate_square_subsequent_mask(7).isinf(),
             tgt_key_padding_mask=padding(3, 7, seed),
             memory_key_padding_mask=padding(3, 11, seed + 1),
         )
-        mask, mem = tt.decoder_masks_from_torch(**kw)
+        mask, mem = td.decoder_masks_from_torch(**kw)
         got = ours(x, memory, mask=mask, memory_mask=mem)
         worst = max(worst, gap(got, theirs(x, memory, **kw)))
     return worst, None
@@ -167,6 +168,46 @@ def hf_swin(seed):
     return worst, worst_maps
 
 
+def hf_swin_model(seed):
+    import transformers
+
+    from attnkit.convert import hf_swin
+
+    worst, worst_maps = 0.0, 0.0
+    for image in (32, 28):  # grids 16, 8 and 14, 7 (both padded), window 4, shifted
+        config = transformers.SwinConfig(
+            image_size=image,
+            patch_size=2,
+            embed_dim=16,
+            depths=[2, 2],
+            num_heads=[2, 4],
+            window_size=4,
+            attn_implementation="eager",
+        )
+        model = perturb(transformers.SwinModel(config), seed, std=0.1)
+        swin = hf_swin.swin_from_hf(model).eval()
+        images = rand(2, 3, image, image, seed=seed)
+        hf_maps = []
+        hooks = [
+            layer.register_forward_hook(lambda m, a, out, seen=hf_maps: seen.append(out[1]))
+            for stage in model.encoder.layers
+            for layer in stage.blocks
+        ]
+        with torch.no_grad():
+            want = model(images, output_hidden_states=True)
+            with record_attention(swin) as rec:
+                maps = swin.stage_maps(images)
+            pooled, last = swin(images), swin.features(images)
+        for h in hooks:
+            h.remove()
+        hidden = [gap(m.flatten(1, 2), w) for m, w in zip(maps, want.hidden_states, strict=True)]
+        outs = [gap(pooled, want.pooler_output), gap(last, want.last_hidden_state), *hidden]
+        worst = max(worst, *outs)
+        pairs = zip(rec.names, hf_maps, strict=True)
+        worst_maps = max(worst_maps, *(gap(rec[n], w) for n, w in pairs))
+    return worst, worst_maps
+
+
 PEERS = {
     "torch.nn.MultiheadAttention": torch_mha,
     "torch.nn.TransformerEncoderLayer": torch_encoder,
@@ -174,6 +215,7 @@ PEERS = {
     "keras.layers.MultiHeadAttention": keras_mha,
     "transformers ViTModel": hf_vit,
     "transformers SwinLayer": hf_swin,
+    "transformers SwinModel": hf_swin_model,
 }
 
 

@@ -10,10 +10,18 @@ naming each missing, unexpected or mis-shaped key (got vs wanted shape).
   TransformerDecoderLayer
 * `attnkit.convert.hf_vision` — Hugging Face ViTModel / ViTForImageClassification (whole
   model) and ViTLayer / SwinLayer (per layer)
+* `attnkit.convert.hf_swin` — Hugging Face SwinModel (whole model, into
+  `attnkit.vision.SwinModel`)
 * `attnkit.convert.keras` — keras.layers.MultiHeadAttention, AdditiveAttention, Attention
   (Keras is imported only when a Keras function is called)
 """
 
+from attnkit.convert.hf_swin import (
+    hf_swin_model_state,
+    load_hf_swin_model_state,
+    swin_config_from_hf,
+    swin_from_hf,
+)
 from attnkit.convert.keras import (
     additive_from_keras,
     additive_to_keras,
@@ -49,8 +57,10 @@ __all__ = [
     "encoder_from_torch",
     "encoder_mask_from_torch",
     "encoder_to_torch",
+    "hf_swin_model_state",
     "keras_causal",
     "keras_masks",
+    "load_hf_swin_model_state",
     "load_keras_mha_state",
     "load_torch_decoder_state",
     "load_torch_encoder_state",
@@ -61,4 +71,6 @@ __all__ = [
     "mha_keras_state",
     "mha_to_keras",
     "mha_to_torch",
+    "swin_config_from_hf",
+    "swin_from_hf",
 ]

@@ -37,8 +37,8 @@ its pooler (dense + tanh on the class token); `num_classes=0` (no head) for a
 |  classifier.*)                               |                                 |
 
 HF's `last_hidden_state` is `ViT.features(images)`, its `pooler_output` (or
-the classifier's logits) is `ViT(images)`. attnkit has no Swin stage (patch
-merging) yet, so Swin converts per block.
+the classifier's logits) is `ViT(images)`. A whole `SwinModel` (stages with
+patch merging) converts in `attnkit.convert.hf_swin`, using the layer table above.
 
 Differences (documented and tested):
 * HF Swin pads a grid that is not a multiple of the window M with zero tokens

@@ -200,8 +200,8 @@ class SwinBlock(EncoderBlock):
     """A Swin Transformer block: pre-norm (S)W-MSA then pre-norm MLP, each residual.
 
     x (B, H, W, C) -> (B, H, W, C). Alternate `shift=0` and `shift=M // 2`
-    blocks as in the paper (Liu et al. 2021, Fig. 3b). `pad_attends`: see
-    `WindowAttention`.
+    blocks as in the paper (Liu et al. 2021, Fig. 3b). `pad_attends`, `qkv_bias`:
+    see `WindowAttention`; `activation`, `norm_eps`: see `EncoderBlock`.
     """
 
     def __init__(
@@ -215,13 +215,25 @@ class SwinBlock(EncoderBlock):
         dropout: float = 0.0,
         attn_dropout: float = 0.0,
         pad_attends: bool = False,
+        qkv_bias: bool = True,
+        activation: str | nn.Module = "gelu",
+        norm_eps: float = 1e-5,
     ) -> None:
         attn = WindowAttention(
             dim,
             num_heads,
             window_size,
             shift=shift,
+            qkv_bias=qkv_bias,
             attn_dropout=attn_dropout,
             pad_attends=pad_attends,
         )
-        super().__init__(dim, num_heads, int(dim * mlp_ratio), dropout=dropout, attn=attn)
+        super().__init__(
+            dim,
+            num_heads,
+            int(dim * mlp_ratio),
+            dropout=dropout,
+            activation=activation,
+            norm_eps=norm_eps,
+            attn=attn,
+        )
