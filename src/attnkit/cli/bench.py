@@ -71,13 +71,23 @@ def plan_from_args(args):
 def run(args) -> int:
     import torch
 
+    plan = plan_from_args(args)
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return _run(args, plan)
+    finally:
+        torch.set_num_threads(threads)  # main() may be called in-process (tests)
+
+
+def _run(args, plan) -> int:
+    import torch
+
     from attnkit._io import atomic_write_json, atomic_write_text
     from attnkit.analysis.bench import run_benchmark
     from attnkit.analysis.bench_report import markdown
 
-    plan = plan_from_args(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     json_path = args.json or args.out / "bench.json"
     md_path = args.out / "bench.md"
     for path in (json_path, md_path):
