@@ -70,6 +70,7 @@ class Plan:
     large_mask_size: int = 16384  # N of target d (0 skips it)
     module_shape: tuple[int, int, int, int] = (8, 512, 512, 8)  # B, N, C, heads of targets c, f
     sgemm_size: int = 4096
+    bf16_max_n: int = 1024  # bfloat16 rows only up to this N (no native bf16 units on the CPU)
 
 
 def make_inputs(case: Case, grad: bool, seed: int = 0):
@@ -170,6 +171,22 @@ def kernel_row(case: Case, backward: bool, repeats: int, impls=KERNEL_IMPLS) -> 
         "ms": ms,
         "gflops": {i: attention_flops(case, backward) / (t / 1e3) / 1e9 for i, t in ms.items()},
     }
+
+
+def overhead_row(repeats: int, calls: int = 200) -> dict:
+    """Microseconds per call of `attention(backend="auto")` and of SDPA itself at N=16."""
+    q, k, v, _, _ = make_inputs(Case(16, "none", 0.0), False)
+
+    def loop(impl):
+        def step():
+            with torch.no_grad():
+                for _ in range(calls):
+                    attend(impl, q, k, v, None, False, 0.0)
+
+        return step
+
+    ms = time_interleaved({"auto": loop("auto"), "sdpa": loop("sdpa")}, max(repeats, 3))
+    return {"kind": "overhead", "n": 16, "us_per_call": {i: 1e3 * t / calls for i, t in ms.items()}}
 
 
 # --------------------------------------------------------------------------- modules
@@ -295,8 +312,10 @@ def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
     log(f"sgemm {plan.sgemm_size}")
     result["sgemm_gflops"][str(plan.sgemm_size)] = sgemm_gflops(plan.sgemm_size)
     rows = result["rows"]
+    log("dispatcher overhead (N=16)")
+    rows.append(overhead_row(plan.repeats))
     for dtype in plan.dtypes:
-        for n in plan.sizes:
+        for n in (n for n in plan.sizes if dtype == "float32" or n <= plan.bf16_max_n):
             for mask in MASKS:
                 for p in (0.0, 0.1):
                     for backward in (False, True):
