@@ -9,12 +9,12 @@ import argparse
 import sys
 
 from attnkit import __version__
-from attnkit.cli import explain, explain_image, flops, seq2seq, train
+from attnkit.cli import bench, explain, explain_image, flops, seq2seq, train
 from attnkit.cli._errors import EXIT_USAGE, UsageError
 
 # Each subcommand module exposes register(subparsers), which adds its parser and
 # sets `run`. Add new subcommands to this tuple.
-SUBCOMMANDS = (explain, explain_image, train, seq2seq, flops)
+SUBCOMMANDS = (explain, explain_image, train, seq2seq, flops, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

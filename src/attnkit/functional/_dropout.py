@@ -70,15 +70,16 @@ def block_keep(
     n = 1
     for d in shape:
         n *= d
-    # int64.random_() is the cheap path on CPU but draws from [0, 2**63): the top byte of each
-    # word is only 0..127, so use the 7 low (uniform) bytes. The full-range random_(-2**63,
-    # None) is ~3× slower.
-    m = (n + 6) // 7
-    bits = alloc("bits", (m,), torch.int64).random_(generator=gen)
-    uniform = bits.view(torch.uint8).view(m, 8)[:, :7]  # (m, 7) little-endian low bytes
-    # comparing straight into a float tensor is ~5× cheaper than a bool mask times a float
-    keep = torch.lt(uniform, t, out=alloc("keep", (m, 7), dtype))  # (m, 7)
-    return keep.view(-1)[:n].view(shape)
+    # Full-range int64 words (random_(-2**63, None): all 8 bytes uniform; measured as cheap as
+    # the default 63-bit random_() on torch 2.13), read as one contiguous uint8 run. Comparing a
+    # contiguous uint8 tensor with a scalar straight into a float tensor is ~6x cheaper than the
+    # same compare on a strided view (1 thread, 262k bytes: 0.05 ms vs 0.28 ms), and ~5x cheaper
+    # than a bool mask times a float.
+    m = (n + 7) // 8
+    bits = alloc("bits", (m,), torch.int64).random_(-(2**63), None, generator=gen)
+    uniform = bits.view(torch.uint8)[:n]  # (n,) uniform on 0..255
+    keep = torch.lt(uniform, t, out=alloc("keep", (n,), dtype))  # (n,)
+    return keep.view(shape)
 
 
 def dropout_keep_mask(

@@ -112,7 +112,8 @@ def attention(
     _validate(q, k, v, mask, bias, dropout_p, scale)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     p = float(dropout_p) if training else 0.0
-    name = _choose_backend(backend, need_weights=need_weights, dropout=p > 0)
+    elems = _mask_elems(q, k, mask, bias, causal)
+    name = _choose_backend(backend, need_weights=need_weights, dropout=p > 0, mask_elems=elems)
     if name == "reference":
         return _reference(q, k, v, mask, bias, causal, scale, p, need_weights)
     if name == "fused":
@@ -125,7 +126,30 @@ def attention(
     return AttentionOutput(out, None, lse)
 
 
-def _choose_backend(requested: str, *, need_weights: bool, dropout: bool) -> str:
+# SDPA turns a boolean mask into a float mask of the mask's own broadcast shape (and `_fused`
+# first combines mask, causal and bias into one), so a full (N, S) mask costs 4·N·S bytes on top
+# of the kernel's O(N) memory. Measured (B=1, H=8, D=64, float32, fwd+bwd, arbitrary (N, S)
+# mask): N=8192 SDPA +339 MiB, N=16384 SDPA +1.3 GiB (PERF-NOTES), chunked ~0.2 GiB at 16384;
+# chunked is ~1.5-1.8x slower than SDPA with a mask at N=1024-2048 (benchmarks/README.md).
+# From 2**26 mask elements (256 MiB as float32; N=S=8192) memory wins and auto picks chunked;
+# below, the float mask stays under 256 MiB and fused is kept for speed.
+_MASK_ELEMS_CHUNKED = 1 << 26
+
+
+def _mask_elems(q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, causal: bool):
+    """Elements of the float mask `_fused` would hand to SDPA (0: none, SDPA masks itself)."""
+    shapes = [t.shape for t in (mask, bias) if t is not None]
+    if not shapes:
+        return 0
+    if causal:
+        shapes.append(torch.Size((q.shape[2], k.shape[2])))  # (N, S)
+    return torch.broadcast_shapes(*shapes).numel()
+
+
+def _choose_backend(
+    requested: str, *, need_weights: bool, dropout: bool, mask_elems: int = 0
+) -> str:
+    """The backend a call runs on; `mask_elems` is what `_mask_elems` returns for the call."""
     if requested not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
     if requested != "auto":
@@ -143,7 +167,9 @@ def _choose_backend(requested: str, *, need_weights: bool, dropout: bool) -> str
     # SDPA leaves its fused CPU kernel for a slow math path as soon as dropout is
     # on (PERF-NOTES: ~12x slower at N=2048); the chunked kernel draws its
     # dropout bits cheaply and keeps O(N) memory.
-    return "chunked" if dropout else "fused"
+    if dropout or mask_elems >= _MASK_ELEMS_CHUNKED:
+        return "chunked"
+    return "fused"
 
 
 # --------------------------------------------------------------------------- backends
@@ -165,21 +191,34 @@ def _reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights) -> A
     heads, n, s = q.shape[1], q.shape[2], k.shape[2]
     kw = _repeat_kv(k, heads).to(work)  # (B, H, S, D)
     vw = _repeat_kv(v, heads).to(work)  # (B, H, S, Dv)
-    scores = torch.matmul(q.to(work), kw.transpose(-2, -1)) * scale  # (B, H, N, S)
+    # scale q (N·D) rather than the scores (N·S): one pass over the N×S matrix fewer
+    scores = torch.matmul(q.to(work) * scale, kw.transpose(-2, -1))  # (B, H, N, S)
     if bias is not None:
         scores = scores + bias.to(work)
     allowed = _allowed(mask, causal, n, s, q.device)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    with torch.no_grad():  # lse carries no gradient; tracking it would keep a 2nd (B,H,N,S) copy
-        lse = torch.logsumexp(scores, dim=-1)  # (B, H, N); -inf where a row sees nothing
-    dead = torch.isneginf(lse).unsqueeze(-1)  # (B, H, N, 1)
-    if bool(dead.any()):
+    with torch.no_grad():  # row max; -inf where a row sees nothing
+        top = scores.amax(dim=-1)  # (B, H, N)
+    dead = torch.isneginf(top).unsqueeze(-1)  # (B, H, N, 1)
+    any_dead = bool(dead.any())
+    if any_dead:
         # softmax of an all -inf row is NaN (and so is its gradient): give the
         # row finite scores, then zero its probabilities.
-        probs = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
-    else:
+        scores = scores.masked_fill(dead, 0.0)
+    if scores.requires_grad:
         probs = torch.softmax(scores, dim=-1)
+    else:
+        # no graph: softmax in place. A fresh N×S output costs its page faults, ~3x the
+        # softmax itself (1 thread, 8×8×512×512: 62 ms vs 19 ms); torch's MHA does the same.
+        probs = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
+    if any_dead:
+        probs = probs.masked_fill(dead, 0.0)
+    with torch.no_grad():
+        # lse = s_j - log p_j for any j, taken at the row max (p_max >= 1/S, so the log is
+        # well conditioned): two max passes instead of logsumexp's exp over all N×S scores.
+        lse = top - probs.amax(dim=-1).log()  # (B, H, N); dead rows: -inf - log 0 -> -inf
+        lse = lse.masked_fill(dead.squeeze(-1), float("-inf"))
     kept = F.dropout(probs, dropout_p, training=True) if dropout_p > 0 else probs
     out = torch.matmul(kept, vw).to(q.dtype)  # (B, H, N, Dv)
     return AttentionOutput(out, probs.to(q.dtype) if need_weights else None, lse)
@@ -195,11 +234,12 @@ def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:
         )
         return AttentionOutput(out)
     allowed = _allowed(mask, causal, n, s, q.device)
-    blocked = None if allowed is None else ~allowed
     if bias is not None and bool(torch.isneginf(bias).any()):
-        neg = torch.isneginf(bias)
-        blocked = neg if blocked is None else blocked | neg
-    dead = None if blocked is None else blocked.all(dim=-1, keepdim=True)  # (..., N, 1)
+        blocked = torch.isneginf(bias)
+        blocked = blocked if allowed is None else blocked | ~allowed
+        dead = blocked.all(dim=-1, keepdim=True)  # (..., N, 1)
+    else:  # any() over the mask: no second (N, S) temporary
+        dead = None if allowed is None else ~allowed.any(dim=-1, keepdim=True)  # (..., N, 1)
     if dead is not None and not bool(dead.any()):
         dead = None
     if bias is None:

@@ -1,0 +1,359 @@
+"""Attention benchmark on the CPU: attnkit's backends against torch, in one process run.
+
+Legend: B batch, H heads, N queries = S keys, D head width, C model width.
+
+Kernel rows time `attnkit.attention` (``auto`` and each backend), torch SDPA and plain
+matmul/softmax(+``F.dropout``) for every (N, mask, dropout, dtype, pass); module rows time a
+training step of `attnkit.MultiHeadAttention` against `torch.nn.MultiheadAttention` and
+`record_attention` against torch's ``need_weights=True``. Timings: one warm-up call each, then
+the implementations of a row run interleaved (rotating order) ``repeats`` times; medians.
+Compare ratios within one run: absolute times drift up to 2x on shared machines.
+
+Peak memory runs one forward+backward per configuration in a fresh subprocess
+(``python -m attnkit.analysis.bench --child ...``): the kernel's high-water mark VmHWM is reset
+once the inputs exist (Linux >= 4.0), and the peak above that RSS is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.functional.attention import _choose_backend, _mask_elems, attention
+
+__all__ = ["Case", "Plan", "run_benchmark"]
+
+MASKS = ("none", "causal", "padding", "bool")
+KERNEL_IMPLS = ("auto", "reference", "fused", "chunked", "sdpa", "plain")
+# Implementations that build the (B, H, N, S) scores (SDPA does with dropout: its math path);
+# skipped when those would exceed this many bytes as float32.
+DENSE_LIMIT_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attention configuration (B=1, H=8, D=64 unless said otherwise)."""
+
+    n: int  # N = S
+    mask: str  # one of MASKS
+    dropout: float  # attention dropout while training
+    dtype: str = "float32"  # "float32" or "bfloat16"
+    b: int = 1
+    h: int = 8
+    d: int = 64
+
+    @property
+    def score_bytes(self) -> int:
+        """The float32 (B, H, N, S) score matrix of all heads."""
+        return 4 * self.b * self.h * self.n * self.n
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one benchmark run measures."""
+
+    sizes: tuple[int, ...]  # N of the kernel rows
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    repeats: int = 3
+    memory_sizes: tuple[int, ...] = ()  # N of the subprocess peak-memory rows
+    memory_impls: tuple[str, ...] = ("auto", "chunked", "sdpa", "plain")
+    target_size: int = 2048  # N of target b (dropout training)
+    large_mask_size: int = 16384  # N of target d (0 skips it)
+    module_shape: tuple[int, int, int, int] = (8, 512, 512, 8)  # B, N, C, heads of targets c, f
+    sgemm_size: int = 4096
+    bf16_max_n: int = 1024  # bfloat16 rows only up to this N (no native bf16 units on the CPU)
+
+
+def make_inputs(case: Case, grad: bool, seed: int = 0):
+    """q, k, v (B, H, N, D) and the case's mask (True = may attend) or None, and causal."""
+    gen = torch.Generator().manual_seed(seed)
+    dtype = getattr(torch, case.dtype)
+    shape = (case.b, case.h, case.n, case.d)
+    q, k, v = (torch.randn(shape, generator=gen).to(dtype).requires_grad_(grad) for _ in range(3))
+    mask = None
+    if case.mask == "padding":  # (B, 1, 1, S): the last quarter of the keys is padding
+        mask = torch.ones(case.b, 1, 1, case.n, dtype=torch.bool)
+        mask[..., case.n - case.n // 4 :] = False
+    elif case.mask == "bool":  # arbitrary (N, S): ~10% of pairs blocked
+        mask = torch.rand(case.n, case.n, generator=gen) > 0.1
+    return q, k, v, mask, case.mask == "causal"
+
+
+def attend(impl: str, q, k, v, mask, causal: bool, p: float) -> Tensor:
+    """One attention call of `impl` (training-mode dropout `p`) -> out (B, H, N, D)."""
+    if impl in ("auto", "reference", "fused", "chunked"):
+        return attention(
+            q, k, v, mask=mask, causal=causal, dropout_p=p, training=p > 0, backend=impl
+        ).out
+    if impl == "sdpa":
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal
+        )
+    s = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)  # (B, H, N, S)
+    if causal:
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril_()
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return F.dropout(s.softmax(-1), p) @ v
+
+
+def applicable(impl: str, case: Case) -> bool:
+    dense = impl in ("reference", "plain") or (impl == "sdpa" and case.dropout > 0)
+    return not (dense and case.score_bytes * 3 > DENSE_LIMIT_BYTES)
+
+
+def auto_choice(case: Case) -> str:
+    """The backend ``auto`` runs for `case` (what `attention` would decide)."""
+    q, k, _, mask, causal = make_inputs(Case(case.n, case.mask, 0.0, b=1, h=1, d=1), False)
+    elems = _mask_elems(q, k, mask, None, causal)
+    return _choose_backend("auto", need_weights=False, dropout=case.dropout > 0, mask_elems=elems)
+
+
+def kernel_step(impl: str, case: Case, backward: bool, inputs) -> Callable[[], None]:
+    q, k, v, mask, causal = inputs
+
+    def step() -> None:
+        if backward:
+            for t in (q, k, v):
+                t.grad = None
+            attend(impl, q, k, v, mask, causal, case.dropout).sum().backward()
+        else:
+            with torch.no_grad():
+                attend(impl, q, k, v, mask, causal, case.dropout)
+
+    return step
+
+
+def time_interleaved(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """Median milliseconds per step: warm-up, then `repeats` rounds in rotating order."""
+    for step in steps.values():
+        step()
+    names = list(steps)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - t0)
+    return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+
+
+def attention_flops(case: Case, backward: bool) -> float:
+    """4·B·H·N·S·D per forward (half when causal); forward+backward ≈ 3.5× forward."""
+    f = 4 * case.b * case.h * case.n * case.n * case.d / (2 if case.mask == "causal" else 1)
+    return 3.5 * f if backward else f
+
+
+def sgemm_gflops(n: int, repeats: int = 5) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    ms = time_interleaved({"mm": lambda: a @ b}, repeats)["mm"]
+    return 2 * n**3 / (ms / 1e3) / 1e9
+
+
+def kernel_row(case: Case, backward: bool, repeats: int, impls=KERNEL_IMPLS) -> dict:
+    inputs = make_inputs(case, backward)
+    todo = [i for i in impls if applicable(i, case)]
+    ms = time_interleaved({i: kernel_step(i, case, backward, inputs) for i in todo}, repeats)
+    return {
+        "kind": "kernel",
+        **asdict(case),
+        "pass": "fwd+bwd" if backward else "fwd",
+        "auto_backend": auto_choice(case),
+        "ms": ms,
+        "gflops": {i: attention_flops(case, backward) / (t / 1e3) / 1e9 for i, t in ms.items()},
+    }
+
+
+def overhead_row(repeats: int, calls: int = 200) -> dict:
+    """Microseconds per call of `attention(backend="auto")` and of SDPA itself at N=16."""
+    q, k, v, _, _ = make_inputs(Case(16, "none", 0.0), False)
+
+    def loop(impl):
+        def step():
+            with torch.no_grad():
+                for _ in range(calls):
+                    attend(impl, q, k, v, None, False, 0.0)
+
+        return step
+
+    ms = time_interleaved({"auto": loop("auto"), "sdpa": loop("sdpa")}, max(repeats, 3))
+    return {"kind": "overhead", "n": 16, "us_per_call": {i: 1e3 * t / calls for i, t in ms.items()}}
+
+
+# --------------------------------------------------------------------------- modules
+
+
+def _mha_pair(shape, dropout: float, seed: int = 0):
+    from attnkit.modules.attention import MultiHeadAttention
+
+    b, n, c, heads = shape
+    torch.manual_seed(seed)
+    theirs = nn.MultiheadAttention(c, heads, dropout=dropout, batch_first=True)
+    ours = MultiHeadAttention.from_torch(theirs)
+    ours.attend.dropout = dropout
+    x = torch.randn(b, n, c)
+    return ours, theirs, x
+
+
+def module_rows(shape, repeats: int) -> list[dict]:
+    """Training step with dropout 0.1 (target c); recorded forward in eval (target f)."""
+    from attnkit.viz.record import record_attention
+
+    ours, theirs, x = _mha_pair(shape, 0.1)
+    ours.train(), theirs.train()
+    xg = x.clone().requires_grad_(True)
+
+    def train(fn):
+        def step():
+            ours.zero_grad(set_to_none=True), theirs.zero_grad(set_to_none=True)
+            fn().sum().backward()
+
+        return step
+
+    steps = {
+        "attnkit": train(lambda: ours(xg)),
+        "torch_need_weights": train(lambda: theirs(xg, xg, xg)[0]),
+        "torch_no_weights": train(lambda: theirs(xg, xg, xg, need_weights=False)[0]),
+    }
+    rows = [{"kind": "module", "what": "train_step_dropout0.1", "shape": list(shape)}]
+    rows[0]["ms"] = time_interleaved(steps, repeats)
+    ours.eval(), theirs.eval()
+
+    def recorded():
+        with torch.no_grad(), record_attention(ours):
+            ours(x)
+
+    def torch_weights():
+        with torch.no_grad():
+            theirs(x, x, x, need_weights=True, average_attn_weights=False)
+
+    ms = time_interleaved(
+        {"attnkit_record": recorded, "torch_need_weights": torch_weights}, repeats
+    )
+    rows.append({"kind": "module", "what": "eval_forward_with_weights", "shape": list(shape)})
+    rows[1]["ms"] = ms
+    return rows
+
+
+# --------------------------------------------------------------------------- peak memory
+
+
+def _status_mib(name: str) -> float:
+    with open("/proc/self/status") as f:
+        line = next(x for x in f if x.startswith(name + ":"))
+    return int(line.split()[1]) / 1024  # kB -> MiB
+
+
+def _child(impl: str, case: Case, threads: int) -> float:
+    """In a fresh process: peak RSS growth (MiB) of one forward+backward of `impl`."""
+    torch.set_num_threads(threads)
+    inputs = make_inputs(case, True)
+    small = make_inputs(Case(64, case.mask, case.dropout, case.dtype), True)
+    kernel_step(impl, case, True, small)()  # load kernels and thread pools first
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    before = _status_mib("VmRSS")
+    kernel_step(impl, case, True, inputs)()
+    return _status_mib("VmHWM") - before
+
+
+def peak_memory_mib(impl: str, case: Case, threads: int) -> float | None:
+    """Peak extra MiB of one forward+backward in a fresh subprocess; None if it failed."""
+    arg = json.dumps({"impl": impl, "case": asdict(case), "threads": threads})
+    cmd = [sys.executable, "-m", "attnkit.analysis.bench", "--child", arg]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        return None
+    return float(res.stdout.strip().splitlines()[-1])
+
+
+def memory_row(impl: str, case: Case, threads: int) -> dict:
+    # out, dq, dk, dv and lse exist whatever the implementation does
+    unavoidable = (
+        4 * case.b * case.h * case.n * case.d * torch.finfo(getattr(torch, case.dtype)).bits / 8
+    )
+    return {
+        "kind": "memory",
+        "impl": impl,
+        **asdict(case),
+        "peak_mib": peak_memory_mib(impl, case, threads),
+        "outputs_and_grads_mib": unavoidable / 2**20,
+        "score_matrix_mib": case.score_bytes / 2**20,
+    }
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
+    """Measure everything in `plan`; returns the JSON-able result (see `bench_report`)."""
+    from attnkit.analysis.bench_report import evaluate_targets
+
+    threads = torch.get_num_threads()
+    result = {
+        "meta": {
+            "torch": torch.__version__,
+            "threads": threads,
+            "load_avg": _load_avg(),
+            "plan": asdict(plan),
+        },
+        "sgemm_gflops": {},
+        "rows": [],
+    }
+    log(f"sgemm {plan.sgemm_size}")
+    result["sgemm_gflops"][str(plan.sgemm_size)] = sgemm_gflops(plan.sgemm_size)
+    rows = result["rows"]
+    log("dispatcher overhead (N=16)")
+    rows.append(overhead_row(plan.repeats))
+    for dtype in plan.dtypes:
+        for n in (n for n in plan.sizes if dtype == "float32" or n <= plan.bf16_max_n):
+            for mask in MASKS:
+                for p in (0.0, 0.1):
+                    for backward in (False, True):
+                        case = Case(n, mask, p, dtype)
+                        log(f"kernel N={n} {mask} p={p} {dtype} {'fwd+bwd' if backward else 'fwd'}")
+                        rows.append(kernel_row(case, backward, plan.repeats))
+    if plan.target_size not in plan.sizes:
+        for backward in (False, True):
+            log(f"kernel N={plan.target_size} dropout 0.1 (target b)")
+            case = Case(plan.target_size, "none", 0.1)
+            rows.append(kernel_row(case, backward, plan.repeats, ("auto", "chunked", "sdpa")))
+    log(f"modules {plan.module_shape}")
+    rows.extend(module_rows(plan.module_shape, plan.repeats))
+    mem_cases = [Case(n, m, p) for n in plan.memory_sizes for m in MASKS for p in (0.0, 0.1)]
+    mem_cases.append(Case(plan.target_size, "none", 0.1))
+    for case in dict.fromkeys(mem_cases):
+        for impl in plan.memory_impls if case.n in plan.memory_sizes else ("auto",):
+            if applicable(impl, case):
+                log(f"memory {impl} N={case.n} {case.mask} p={case.dropout}")
+                rows.append(memory_row(impl, case, threads))
+    if plan.large_mask_size:
+        case = Case(plan.large_mask_size, "bool", 0.0)
+        for impl in ("auto", "sdpa"):
+            log(f"memory {impl} N={case.n} bool mask (target d)")
+            rows.append(memory_row(impl, case, threads))
+    result["meta"]["load_avg_end"] = _load_avg()
+    result["targets"] = evaluate_targets(result)
+    return result
+
+
+def _load_avg() -> list[float]:
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except OSError:
+        return []
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
+    spec = json.loads(sys.argv[2])
+    print(_child(spec["impl"], Case(**spec["case"]), spec["threads"]))
