@@ -111,11 +111,17 @@ def applicable(impl: str, case: Case) -> bool:
     return not (dense and case.score_bytes * 3 > DENSE_LIMIT_BYTES)
 
 
-def auto_choice(case: Case) -> str:
+def auto_choice(case: Case, backward: bool = False) -> str:
     """The backend ``auto`` runs for `case` (what `attention` would decide)."""
     q, k, _, mask, causal = make_inputs(Case(case.n, case.mask, 0.0, b=1, h=1, d=1), False)
     elems = _mask_elems(q, k, mask, None, causal)
-    return _choose_backend("auto", need_weights=False, dropout=case.dropout > 0, mask_elems=elems)
+    return _choose_backend(
+        "auto",
+        need_weights=False,
+        dropout=case.dropout > 0,
+        mask_elems=elems,
+        low_precision_grad=backward and case.dtype == "bfloat16",
+    )
 
 
 def kernel_step(impl: str, case: Case, backward: bool, inputs) -> Callable[[], None]:
@@ -134,16 +140,25 @@ def kernel_step(impl: str, case: Case, backward: bool, inputs) -> Callable[[], N
 
 
 def time_interleaved(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
-    """Median milliseconds per step: warm-up, then `repeats` rounds in rotating order."""
-    for step in steps.values():
+    """Median milliseconds per step: warm-up, then `repeats` rounds in rotating order.
+
+    A step faster than 20 ms is run several times per sample (timeit's autorange idea): a
+    single ms-sized call right after a large one (plain attention frees hundreds of MiB)
+    otherwise pays that one's cache and page-fault aftermath.
+    """
+    inner = {}
+    for name, step in steps.items():
+        t0 = time.perf_counter()
         step()
+        inner[name] = max(1, min(50, int(0.02 / max(time.perf_counter() - t0, 1e-6))))
     names = list(steps)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             t0 = time.perf_counter()
-            steps[name]()
-            times[name].append(time.perf_counter() - t0)
+            for _ in range(inner[name]):
+                steps[name]()
+            times[name].append((time.perf_counter() - t0) / inner[name])
     return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
 
 
@@ -167,7 +182,7 @@ def kernel_row(case: Case, backward: bool, repeats: int, impls=KERNEL_IMPLS) -> 
         "kind": "kernel",
         **asdict(case),
         "pass": "fwd+bwd" if backward else "fwd",
-        "auto_backend": auto_choice(case),
+        "auto_backend": auto_choice(case, backward),
         "ms": ms,
         "gflops": {i: attention_flops(case, backward) / (t / 1e3) / 1e9 for i, t in ms.items()},
     }
