@@ -119,6 +119,9 @@ def distributed() -> Iterator[torch.device]:
     dist.init_process_group("nccl" if cuda else "gloo")
     try:
         yield device
+        # Leave together: rank 0 evaluates and writes after the last step while the
+        # others are done; tearing gloo down under a peer that still runs can abort it.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
