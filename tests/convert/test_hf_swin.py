@@ -9,19 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 from attnkit import record_attention  # noqa: E402
 from attnkit.convert import hf_swin as hs  # noqa: E402
-
-
-def rand(*shape, seed=0):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
-
-
-def randomize(model, seed=0):
-    """HF zero-initialises biases and bias tables: make every weight count."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    return model.eval()
+from tests.convert.helpers import rand, randomize  # noqa: E402
 
 
 def hf_swin_model(image=32, depths=(2, 2), heads=(2, 4), window=4, pooling=True, **kwargs):

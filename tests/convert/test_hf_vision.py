@@ -9,19 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 from attnkit import EncoderBlock, record_attention  # noqa: E402
 from attnkit.convert import hf_vision as hv  # noqa: E402
-
-
-def rand(*shape, seed=0):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
-
-
-def randomize(model, seed=0):
-    """HF zero-initialises biases and sets LayerNorms to 1/0: make every weight count."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    return model.eval()
+from tests.convert.helpers import rand, randomize  # noqa: E402
 
 
 def hf_vit(**kwargs):

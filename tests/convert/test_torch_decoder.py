@@ -14,31 +14,16 @@ from attnkit.convert.torch_decoder import (
     load_torch_decoder_state,
 )
 from attnkit.models import DecoderBlock, KVCache, TransformerConfig
+from tests.convert.helpers import assert_close, padding, rand, randomize
 
 C, H, F, T, S = 24, 3, 40, 7, 11
 
 
-def rand(*shape, seed=0):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
-
-
 def torch_layer(seed=0, **kwargs):
     torch.manual_seed(seed)
-    layer = nn.TransformerDecoderLayer(C, H, F, dropout=0.1, **kwargs).eval()
-    with torch.no_grad():  # zero biases and unit norms would hide mistakes
-        for p in layer.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-    return layer
-
-
-def padding(b, n, seed=1):
-    kpm = rand(b, n, seed=seed) > 0.5  # torch: True = padding
-    kpm[:, 0] = False
-    return kpm
-
-
-def assert_close(got, want):
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    return randomize(
+        nn.TransformerDecoderLayer(C, H, F, dropout=0.1, **kwargs), seed=seed, scale=0.2
+    )
 
 
 def run_torch(layer, x, memory, **masks):

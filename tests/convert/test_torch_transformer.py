@@ -13,29 +13,14 @@ from attnkit.convert.torch_transformer import (
     encoder_to_torch,
     load_torch_encoder_state,
 )
-
-
-def rand(*shape, seed=0):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+from tests.convert.helpers import assert_close, padding, rand, randomize
 
 
 def torch_layer(c=24, h=3, f=40, seed=0, **kwargs):
     torch.manual_seed(seed)
-    layer = nn.TransformerEncoderLayer(c, h, f, dropout=0.1, **kwargs).eval()
-    with torch.no_grad():  # zero biases and unit norms would hide mistakes
-        for p in layer.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-    return layer
-
-
-def padding(b, n, seed=1):
-    kpm = rand(b, n, seed=seed) > 0.5  # torch: True = padding
-    kpm[:, 0] = False
-    return kpm
-
-
-def assert_close(got, want):
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    return randomize(
+        nn.TransformerEncoderLayer(c, h, f, dropout=0.1, **kwargs), seed=seed, scale=0.2
+    )
 
 
 CASES = [
