@@ -56,3 +56,16 @@ def load_exact(module: nn.Module, state: Mapping[str, Tensor], *, source: str) -
 def detached(module: nn.Module) -> dict[str, Tensor]:
     """The module's state dict, detached (copies made later are exact)."""
     return {k: v.detach() for k, v in module.state_dict().items()}
+
+
+def load_by_table(module: nn.Module, state: dict[str, Tensor], table: dict[str, str], source: str):
+    """Copy a peer's state dict into `module` through `table` (peer name -> attnkit name),
+    exactly; ValueError naming every missing, unexpected or mis-shaped key."""
+    ours = module.state_dict()
+    inverse = {v: k for k, v in table.items()}
+    unknown = [k for k in ours if k not in inverse]
+    if unknown:
+        raise ValueError(f"{source}: no peer name for {unknown}")
+    wanted = {inverse[k]: tuple(v.shape) for k, v in ours.items()}
+    check_state(state, wanted, source=source)
+    return load_exact(module, rename(state, table), source=source)

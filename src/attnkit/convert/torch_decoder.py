@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnkit.convert._state import check_state, load_exact, rename
+from attnkit.convert._state import load_by_table, load_exact, rename
 from attnkit.convert.torch_transformer import (
     _activation_from_torch,
     _activation_to_torch,
@@ -78,13 +78,7 @@ def load_torch_decoder_state(block: DecoderBlock, state: dict[str, Tensor]) -> D
 
     Raises ValueError naming every missing, unexpected or mis-shaped key.
     """
-    ours = block.state_dict()
-    inverse = {v: k for k, v in DECODER_TABLE.items()}
-    unknown = [k for k in ours if k not in inverse]
-    if unknown:
-        raise ValueError(f"load_torch_decoder_state: no torch name for {unknown}")
-    wanted = {inverse[k]: tuple(v.shape) for k, v in ours.items()}
-    check_state(state, wanted, source="load_torch_decoder_state")
+    return load_by_table(block, state, DECODER_TABLE, source="load_torch_decoder_state")
     return load_exact(block, rename(state, DECODER_TABLE), source="load_torch_decoder_state")
 
 

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.convert._state import check_state, load_exact, rename
+from attnkit.convert._state import load_by_table, load_exact, rename
 from attnkit.convert.torch_nn import mha_to_torch
 from attnkit.functional import masks as _masks
 from attnkit.modules.attention import MultiHeadAttention
@@ -83,13 +83,7 @@ def load_torch_encoder_state(block: EncoderBlock, state: dict[str, Tensor]) -> E
 
     Raises ValueError naming every missing, unexpected or mis-shaped key.
     """
-    ours = block.state_dict()
-    inverse = {v: k for k, v in ENCODER_TABLE.items()}
-    unknown = [k for k in ours if k not in inverse]
-    if unknown:
-        raise ValueError(f"load_torch_encoder_state: no torch name for {unknown}")
-    wanted = {inverse[k]: tuple(v.shape) for k, v in ours.items()}
-    check_state(state, wanted, source="load_torch_encoder_state")
+    return load_by_table(block, state, ENCODER_TABLE, source="load_torch_encoder_state")
     return load_exact(block, rename(state, ENCODER_TABLE), source="load_torch_encoder_state")
 
 
