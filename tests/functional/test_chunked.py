@@ -10,7 +10,13 @@ import math
 import pytest
 import torch
 
-from attnkit.functional._dropout import draw_seed, dropout_keep_mask, keep_threshold
+from attnkit.functional._dropout import (
+    draw_seed,
+    dropout_keep_mask,
+    keep_bytes,
+    keep_threshold,
+    row_ids,
+)
 from attnkit.functional.chunked import chunked_attention
 
 
@@ -227,19 +233,33 @@ def test_keep_threshold_exact():
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_keep_rate(p):
-    keep = dropout_keep_mask(123, (2, 4, 300, 500), p, 64, 128)
+    keep = dropout_keep_mask(123, (2, 4, 300, 500), p)
     rate, expect = keep.double().mean().item(), keep_threshold(p)[0] / 256
     assert abs(rate - expect) < 5 * math.sqrt(expect * (1 - expect) / keep.numel())
-    # different blocks must not repeat the same bits
+    # neither rows, heads nor key ranges repeat the same bits
     assert not torch.equal(keep[:, :, :64, :128], keep[:, :, 64:128, :128])
     assert not torch.equal(keep[:, :, :64, :128], keep[:, :, :64, 128:256])
+    assert not torch.equal(keep[:, 0], keep[:, 1]) and not torch.equal(keep[0], keep[1])
+    assert not torch.equal(dropout_keep_mask(124, (2, 4, 300, 500), p), keep)
+
+
+def test_keep_bytes_uniform_and_independent_of_blocking():
+    rows = row_ids(2, 3, 50, 0, 50)  # (B·H·N,)
+    whole = keep_bytes(7, rows, 0, 203, 203)  # (300, 203) uint8
+    counts = torch.bincount(whole.flatten().long(), minlength=256).double()
+    expect = whole.numel() / 256  # chi-square over 256 byte values: df 255, sd ~22.6
+    assert ((counts - expect) ** 2 / expect).sum() < 255 + 6 * math.sqrt(2 * 255)
+    # any key range of any row set regenerates the same bytes (forward and backward blocks)
+    for j0, nk in ((0, 1), (5, 11), (8, 64), (101, 102), (200, 3)):
+        part = keep_bytes(7, rows[17:40], j0, nk, 203)
+        assert torch.equal(part, whole[17:40, j0 : j0 + nk])
 
 
 def test_dropout_matches_same_keep_mask_and_grads():
     q, k, v = make(2, 4, 2, 37, 53, 8, 8)
     bias = torch.randn(4, 37, 53, dtype=torch.float64).requires_grad_()
     torch.manual_seed(2024)
-    keep = dropout_keep_mask(draw_seed(), (2, 4, 37, 53), 0.2, 16, 24)
+    keep = dropout_keep_mask(draw_seed(), (2, 4, 37, 53), 0.2)
     torch.manual_seed(2024)
     kw = {"bias": bias, "causal": True, "scale": 0.5}
     out, lse = run(q, k, v, dropout_p=0.2, training=True, block_q=16, block_k=24, **kw)

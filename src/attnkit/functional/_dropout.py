@@ -4,10 +4,12 @@ Shapes: B batch, H query heads, N queries, S keys; a block covers rows i0:i1 and
 
 Why not ``F.dropout``: the chunked backward must see the forward's keep mask again without
 storing the N×S mask, and torch's CPU ``bernoulli_`` is ~10× slower than drawing raw bits
-(PERF-NOTES.md). Each (query block, key block) gets its own ``torch.Generator`` seeded from one
-per-call seed and the block coordinates (the idea of Philox offsets in FlashAttention-2, Dao
-2023, section 3.1, done with torch's own generator), so forward and backward regenerate the
-same bits block by block.
+(PERF-NOTES.md). The bits are a counter-based hash of the entry's position (the idea of Philox
+offsets in FlashAttention-2, Dao 2023, section 3.1, with splitmix64 as the hash): entry
+(b, h, i, j) of a call reads byte j % 8 of splitmix64(seed + (R · ceil(S / 8) + j // 8 + 1) ·
+golden), R = (b · H + h) · N + i, with one fresh seed per call. Forward and backward regenerate
+the same bits for any blocking, and the compiled kernel (``_native/attention_cpu.cpp``) and the
+PyTorch kernel here drop exactly the same entries.
 
 Exact keep probability: one random byte ``u`` (uniform on 0..255, tested) per probability;
 the entry is kept iff ``u < T`` with ``T = round(256 * (1 - p))``. So P(keep) = T / 256 exactly
@@ -22,8 +24,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-_MASK64 = (1 << 64) - 1
-
 
 def draw_seed() -> int:
     """One 63-bit seed from torch's default generator, so ``torch.manual_seed`` controls it."""
@@ -36,14 +36,6 @@ def keep_threshold(p: float) -> tuple[int, float]:
     return t, (256.0 / t if t > 0 else 0.0)
 
 
-def _mix(x: int) -> int:
-    # splitmix64 finaliser (Steele et al. 2014): nearby block ids give unrelated seeds.
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
 Alloc = Callable[[str, tuple[int, ...], torch.dtype], Tensor]
 
 
@@ -51,49 +43,61 @@ def _empty(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     return torch.empty(shape, dtype=dtype)
 
 
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MUL1 = _signed(0xBF58476D1CE4E5B9)
+_MUL2 = _signed(0x94D049BB133111EB)
+
+
+def _lsr(z: Tensor, s: int) -> Tensor:
+    """Logical right shift of int64 words (torch's >> is arithmetic on signed integers)."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def row_ids(b: int, h: int, n: int, i0: int, i1: int) -> Tensor:
+    """Row numbers (b * H + h) * N + i of rows i0:i1 of every head, in (B·H, nq) order."""
+    return (torch.arange(b * h).unsqueeze(1) * n + torch.arange(i0, i1)).reshape(-1)
+
+
+def keep_bytes(seed: int, rows: Tensor, j0: int, nk: int, s: int) -> Tensor:
+    """Uniform bytes of keys j0:j0+nk of the given rows: (len(rows), nk) uint8.
+
+    Word w of row R is splitmix64's output for the counter R · ceil(S / 8) + w (int64 products
+    wrap like the kernel's uint64 ones), and key j reads byte j % 8 of word j // 8.
+    """
+    wpr = (s + 7) // 8
+    w0, nw = j0 // 8, (j0 % 8 + nk + 7) // 8
+    z = (rows.unsqueeze(1) * wpr + torch.arange(w0 + 1, w0 + nw + 1)) * _GOLDEN + seed
+    z = (z ^ _lsr(z, 30)) * _MUL1  # (R, nw)
+    z = (z ^ _lsr(z, 27)) * _MUL2
+    z = z ^ _lsr(z, 31)
+    return z.view(torch.uint8)[:, j0 % 8 : j0 % 8 + nk]  # little-endian bytes, as the kernel
+
+
 def block_keep(
     seed: int,
-    qi: int,
-    kj: int,
-    shape: tuple[int, ...],
+    rows: Tensor,
+    j0: int,
+    nk: int,
+    s: int,
     t: int,
     dtype: torch.dtype,
     alloc: Alloc = _empty,
-) -> Tensor | None:
-    """0/1 keep mask of block (qi, kj) in ``dtype``; None when everything is kept (T = 256).
+) -> Tensor:
+    """0/1 keep mask (len(rows), nk) in ``dtype`` of keys j0:j0+nk; keep iff byte < T.
 
     ``alloc(name, shape, dtype)`` may hand out reused scratch buffers.
     """
-    if t >= 256:
-        return None
-    gen = torch.Generator().manual_seed(_mix(_mix(seed ^ (qi << 32)) ^ kj) >> 1)
-    n = 1
-    for d in shape:
-        n *= d
-    # Full-range int64 words (random_(-2**63, None): all 8 bytes uniform; measured as cheap as
-    # the default 63-bit random_() on torch 2.13), read as one contiguous uint8 run. Comparing a
-    # contiguous uint8 tensor with a scalar straight into a float tensor is ~6x cheaper than the
-    # same compare on a strided view (1 thread, 262k bytes: 0.05 ms vs 0.28 ms), and ~5x cheaper
-    # than a bool mask times a float.
-    m = (n + 7) // 8
-    bits = alloc("bits", (m,), torch.int64).random_(-(2**63), None, generator=gen)
-    uniform = bits.view(torch.uint8)[:n]  # (n,) uniform on 0..255
-    keep = torch.lt(uniform, t, out=alloc("keep", (n,), dtype))  # (n,)
-    return keep.view(shape)
+    bytes_ = keep_bytes(seed, rows, j0, nk, s)
+    return torch.lt(bytes_, t, out=alloc("keep", tuple(bytes_.shape), dtype))
 
 
-def dropout_keep_mask(
-    seed: int, shape: tuple[int, int, int, int], p: float, block_q: int, block_k: int
-) -> Tensor:
-    """Materialise the full (B, H, N, S) keep mask the chunked backend uses (tests only)."""
+def dropout_keep_mask(seed: int, shape: tuple[int, int, int, int], p: float) -> Tensor:
+    """The full (B, H, N, S) boolean keep mask of a call with this seed (tests only)."""
     b, h, n, s = shape
     t, _ = keep_threshold(p)
-    full = torch.ones(shape, dtype=torch.bool)
-    for qi, i0 in enumerate(range(0, n, block_q)):
-        i1 = min(i0 + block_q, n)
-        for kj, j0 in enumerate(range(0, s, block_k)):
-            j1 = min(j0 + block_k, s)
-            keep = block_keep(seed, qi, kj, (b, h, i1 - i0, j1 - j0), t, torch.float32)
-            if keep is not None:
-                full[:, :, i0:i1, j0:j1] = keep > 0
-    return full
+    rows = row_ids(b, h, n, 0, n)
+    return (keep_bytes(seed, rows, 0, s, s) < t).view(shape)

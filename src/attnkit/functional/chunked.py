@@ -19,7 +19,8 @@ import math
 import torch
 from torch import Tensor
 
-from attnkit.functional._dropout import block_keep, draw_seed, keep_threshold
+from attnkit.functional import native
+from attnkit.functional._dropout import block_keep, draw_seed, keep_threshold, row_ids
 
 # Tuned on the 2-core CPU (1 MiB L2 per core), N=2048, H=8, D=64, dropout 0.1, fwd+bwd:
 # 128×1024 was fastest of 128×256 … 512×512 (one head's score block, 512 KiB, stays in L2;
@@ -80,16 +81,16 @@ class _Plan:
         self.cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
 
     def q_blocks(self):
-        for qi, i0 in enumerate(range(0, self.n, self.bq)):
-            yield qi, i0, min(i0 + self.bq, self.n)
+        for i0 in range(0, self.n, self.bq):
+            yield i0, min(i0 + self.bq, self.n)
 
     def k_blocks(self, i0: int, i1: int):
         """Key blocks of query rows i0:i1, with whether the causal mask cuts through them."""
         off = self.s - self.n  # bottom-right alignment: query i sees keys j <= i + off
         end = min(self.s, i1 + off) if self.causal else self.s  # blocks past it are all masked
-        for kj, j0 in enumerate(range(0, max(end, 0), self.bk)):
+        for j0 in range(0, max(end, 0), self.bk):
             j1 = min(j0 + self.bk, self.s)
-            yield kj, j0, j1, self.causal and j1 - 1 > i0 + off
+            yield j0, j1, self.causal and j1 - 1 > i0 + off
 
 
 def _scores(pl, s, i0, i1, j0, j1, cut, mask4, bias4):
@@ -113,14 +114,15 @@ def _forward(pl, q, k, v, mask4, bias4, t_keep, seed):
     out = torch.zeros(b, hkv, g, n, pl.dv, dtype=pl.cdt)
     lse = torch.full((b, hkv, g, n), _NEG_INF, dtype=pl.cdt)
     ws = _Workspace()
-    for qi, i0, i1 in pl.q_blocks():
+    for i0, i1 in pl.q_blocks():
         nq = i1 - i0
         # pre-scaled per block (a small copy, not one of size N·D): (B*Hkv, G*nq, D)
         qb = (q5[:, :, :, i0:i1].to(pl.cdt) * pl.scale).reshape(b * hkv, g * nq, pl.d)
         m = torch.full((b * hkv, g * nq, 1), _NEG_INF, dtype=pl.cdt)  # running max
         l = torch.zeros(b * hkv, g * nq, 1, dtype=pl.cdt)  # running sum of exp
         acc = torch.zeros(b * hkv, g * nq, pl.dv, dtype=pl.cdt)  # unnormalised output
-        for kj, j0, j1, cut in pl.k_blocks(i0, i1):
+        rows = row_ids(b, pl.h, n, i0, i1) if seed is not None else None  # dropout's row ids
+        for j0, j1, cut in pl.k_blocks(i0, i1):
             nk = j1 - j0
             s = torch.bmm(qb, kt[:, :, j0:j1], out=ws("s", (b * hkv, g * nq, nk), pl.cdt))
             _scores(pl, s, i0, i1, j0, j1, cut, mask4, bias4)
@@ -131,7 +133,7 @@ def _forward(pl, q, k, v, mask4, bias4, t_keep, seed):
             alpha = (m - m_safe).exp_()
             l.mul_(alpha).add_(s.sum(-1, keepdim=True))  # softmax normaliser: before dropout
             if seed is not None:  # the 256/T rescale is applied once, at the end
-                s.mul_(block_keep(seed, qi, kj, (b * hkv, g * nq, nk), t_keep, pl.cdt, ws))
+                s.mul_(block_keep(seed, rows, j0, nk, pl.s, t_keep, pl.cdt, ws).view(s.shape))
             acc.mul_(alpha).baddbmm_(s, vv[:, j0:j1])
             m = m_new
         # l == 0 exactly when the row saw nothing: out 0, lse -inf (no 0/0)
@@ -157,7 +159,7 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
     dbias4 = torch.zeros(bias4.shape, dtype=cdt) if want_dbias else None
     ws = _Workspace()
     red = [i for i, e in enumerate(bias4.shape) if e == 1] if want_dbias else []
-    for qi, i0, i1 in pl.q_blocks():
+    for i0, i1 in pl.q_blocks():
         nq = i1 - i0
         rows = (b * hkv, g * nq)  # per-block copies only: nothing of size N·D is duplicated
         qb = (q5[:, :, :, i0:i1].to(cdt) * pl.scale).reshape(*rows, pl.d)  # (B*Hkv, G*nq, D)
@@ -172,7 +174,8 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
         # empty rows have lse -inf: shift them by 0 so that P = exp(-inf) = 0, not NaN
         neg_lse = -lse4[:, :, :, i0:i1].to(cdt).nan_to_num(neginf=0.0).reshape(*rows, 1)
         dqb = torch.zeros(b * hkv, g * nq, pl.d, dtype=cdt)
-        for kj, j0, j1, cut in pl.k_blocks(i0, i1):
+        drop_rows = row_ids(b, pl.h, n, i0, i1) if seed is not None else None
+        for j0, j1, cut in pl.k_blocks(i0, i1):
             nk = j1 - j0
             # S - lse in the gemm's accumulator (beta = 1), then bias and masks
             blk = (b * hkv, g * nq, nk)  # (B*Hkv, G*nq, nk)
@@ -181,7 +184,7 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
             p = s.exp_()  # P = exp(S - lse), Algorithm 2 line 11
             dp = torch.bmm(dob, vv[:, j0:j1].transpose(1, 2), out=ws("dp", blk, cdt))
             if seed is not None:
-                keep = block_keep(seed, qi, kj, blk, t_keep, cdt, ws)
+                keep = block_keep(seed, drop_rows, j0, nk, s_len, t_keep, cdt, ws).view(blk)
                 pk = keep.mul_(p)  # P * keep, in the keep buffer (one block buffer fewer)
                 dv[:, j0:j1].baddbmm_(pk.transpose(1, 2), dob)
                 # dS = P * (keep * dP~ - D) = (P * keep) * dP~ - P * D, line 13 with dropout
@@ -204,11 +207,9 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
 
 class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, bias, causal, scale, p_drop, bq, bk):
+    def forward(ctx, q, k, v, mask, bias, causal, scale, t_keep, seed, bq, bk):
         pl = _Plan(q, k, v, causal, bq, bk)
-        pl.scale = scale
-        t_keep, pl.inv_keep = keep_threshold(p_drop) if p_drop > 0 else (256, 1.0)
-        seed = draw_seed() if t_keep < 256 else None
+        pl.scale, pl.inv_keep = scale, (256.0 / t_keep if t_keep else 0.0)
         mask4, bias4 = _as4d(mask), _as4d(bias)
         out, lse = _forward(pl, q, k, v, mask4, bias4, t_keep, seed)
         ctx.save_for_backward(q, k, v, mask, bias, out, lse)
@@ -224,7 +225,7 @@ class _ChunkedAttention(torch.autograd.Function):
             ctx.t_keep, ctx.seed, want_dbias,
         )  # fmt: skip
         dbias = dbias4.view(bias.shape).to(bias.dtype) if want_dbias else None
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, dbias) + (None,) * 5
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, dbias) + (None,) * 6
 
 
 def chunked_attention(
@@ -240,6 +241,7 @@ def chunked_attention(
     training: bool,
     block_q: int | None = None,
     block_k: int | None = None,
+    kernel: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention in blocks; returns ``(out, lse)``.
 
@@ -256,10 +258,32 @@ def chunked_attention(
     (finite) gradients. Dropout (only when ``training``) keeps each entry with probability
     round(256 (1 - p)) / 256 and rescales by its inverse; see ``_dropout``. float16/bfloat16
     are computed in float32. Extra memory is O(B·H·block_q·block_k) plus O(N·D) buffers.
+
+    ``kernel``: "native" is the compiled CPU kernel (`attnkit.functional.native`), "torch" the
+    PyTorch one below (any device, float64, gradients for ``bias``, chosen block sizes);
+    "auto" takes the compiled one wherever `native.supports` the call and no block size is
+    given. Both compute the same function and drop the same entries.
     """
+    if kernel not in ("auto", "native", "torch"):
+        raise ValueError(f"kernel must be 'auto', 'native' or 'torch', got {kernel!r}")
     p_drop = dropout_p if training else 0.0
+    t_keep, inv_keep = keep_threshold(p_drop) if p_drop > 0 else (256, 1.0)
+    seed = draw_seed() if t_keep < 256 else None
+    if kernel == "native" and not native.supports(q, bias):
+        raise ValueError(
+            f"kernel='native' cannot run this call ({q.dtype} on {q.device}, bias needing a "
+            f"gradient: {bias is not None and bias.requires_grad}, kernel built: "
+            f"{native.available()})"
+        )
+    if kernel == "native" or (
+        kernel == "auto" and block_q is None and block_k is None and native.supports(q, bias)
+    ):
+        return native.native_attention(
+            q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, keep_t=t_keep,
+            inv_keep=inv_keep, seed=seed or 0,
+        )  # fmt: skip
     bq = block_q or (CAUSAL_BLOCK_Q if causal else DEFAULT_BLOCK_Q)
     bk = block_k or (
         CAUSAL_BLOCK_K if causal else (DROPOUT_BLOCK_K if p_drop > 0 else DEFAULT_BLOCK_K)
     )
-    return _ChunkedAttention.apply(q, k, v, mask, bias, causal, scale, p_drop, bq, bk)
+    return _ChunkedAttention.apply(q, k, v, mask, bias, causal, scale, t_keep, seed, bq, bk)

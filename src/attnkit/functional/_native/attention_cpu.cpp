@@ -1,0 +1,412 @@
+// attnkit's CPU attention kernel: FlashAttention-2 (Dao 2023) forward and backward in float32
+// with the mask, bias, causal limit and dropout fused into one pass over each score block.
+//
+// Legend: B batch, H query heads, Hkv key/value heads (G = H / Hkv query heads share one),
+// N queries, S keys, D query/key head width, Dv value head width; bq x bk score blocks,
+// nq x nk the size of the current (possibly shorter, last) block. All tensors are dense
+// row-major float32: q (B, H, N, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), out (B, H, N, Dv),
+// lse (B, H, N). mask (bytes, nonzero = may attend) and bias (float32) are read through four
+// element strides, so any broadcast view of (B, H, N, S) works without being materialised.
+//
+// The matrix products call the BLAS sgemm_ that libtorch_cpu exports (MKL in the CPU wheels);
+// they run inside this file's OpenMP region on torch's own libgomp, so MKL stays sequential
+// per thread. Everything between two products is one loop over the block.
+//
+// Dropout bits are a counter-based hash of the position, not of the blocking: entry (b, h, i, j)
+// is kept iff byte j % 8 of splitmix64(seed + (row * W + j / 8 + 1) * golden) is below T, with
+// row = (b * H + h) * N + i and W = ceil(S / 8). attnkit/functional/_dropout.py computes the same
+// bytes with torch integer ops (the PyTorch chunked path and the tests use it).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
+                       const int* k, const float* alpha, const float* a, const int* lda,
+                       const float* b, const int* ldb, const float* beta, float* c,
+                       const int* ldc);
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
+
+// ------------------------------------------------------------------ row-major matrix products
+// BLAS is column-major: a row-major (r x c) matrix is its transpose there, so C = A op B
+// becomes C^T = B^T op A^T and the operands swap places.
+
+inline void gemm(char ta, char tb, int m, int n, int k, const float* a, int lda, const float* b,
+                 int ldb, float beta, float* c, int ldc) {
+    const float one = 1.0f;
+    sgemm_(&ta, &tb, &m, &n, &k, &one, a, &lda, b, &ldb, &beta, c, &ldc);
+}
+
+// C (r x c) = A (r x k) . B (c x k)^T  [+ C if beta = 1]
+inline void mm_nt(int r, int c, int k, const float* A, int lda, const float* B, int ldb,
+                  float beta, float* C, int ldc) {
+    gemm('T', 'N', c, r, k, B, ldb, A, lda, beta, C, ldc);
+}
+
+// C (r x c) = A (r x k) . B (k x c)  [+ C]
+inline void mm_nn(int r, int c, int k, const float* A, int lda, const float* B, int ldb,
+                  float beta, float* C, int ldc) {
+    gemm('N', 'N', c, r, k, B, ldb, A, lda, beta, C, ldc);
+}
+
+// C (r x c) = A (k x r)^T . B (k x c)  [+ C]
+inline void mm_tn(int r, int c, int k, const float* A, int lda, const float* B, int ldb,
+                  float beta, float* C, int ldc) {
+    gemm('N', 'T', c, r, k, B, ldb, A, lda, beta, C, ldc);
+}
+
+// ------------------------------------------------------------------ elementwise pieces
+
+// exp(x) in float32 for softmax arguments; 0 exactly for x < -87.33 (and x = -inf), NaN stays
+// NaN. Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2, and the Cephes expf polynomial
+// (about 1 ulp); written branch-free and without libm calls so that the loops calling it
+// vectorise (floorf is not inlined under the default -ftrapping-math).
+inline float exp_f(float x) {
+    const float lo = -87.33654f, round = 12582912.0f;  // 1.5 * 2^23: adding it rounds to int
+    float xc = x < lo ? lo : x;
+    xc = xc > 88.0f ? 88.0f : xc;
+    const float kf = (xc * 1.44269504088896341f + round) - round;  // nearest integer
+    float r = xc - kf * 0.693359375f;
+    r = r + kf * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * (r * r) + r + 1.0f;
+    const int32_t bits = (static_cast<int32_t>(kf) + 127) << 23;
+    float two_k;
+    std::memcpy(&two_k, &bits, sizeof two_k);
+    return x < lo ? 0.0f : y * two_k;
+}
+
+// max over x[0..n); -inf for n = 0. Sixteen independent lanes, so the loop vectorises as a
+// plain elementwise max (a max reduction over std::max stays scalar under gcc: NaN order).
+inline float row_max(const float* x, int64_t n) {
+    float lane[16];
+    for (int u = 0; u < 16; ++u) lane[u] = kNegInf;
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16)
+        for (int u = 0; u < 16; ++u) lane[u] = x[c + u] > lane[u] ? x[c + u] : lane[u];
+    float mx = kNegInf;
+    for (int u = 0; u < 16; ++u) mx = lane[u] > mx ? lane[u] : mx;
+    for (; c < n; ++c) mx = x[c] > mx ? x[c] : mx;
+    return mx;
+}
+
+inline uint64_t mix64(uint64_t z) {  // splitmix64's output function (Steele et al. 2014)
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Mirrored field by field by attnkit/functional/native.py (ctypes.Structure).
+struct Args {
+    int64_t B, H, Hkv, N, S, D, Dv;
+    int64_t bq, bk;
+    int64_t causal;     // 1: query i sees keys j <= i + S - N (bottom-right aligned)
+    int64_t keep_t;     // dropout: keep iff byte < keep_t; 256 = no dropout
+    int64_t nthreads;
+    uint64_t seed;
+    float scale;        // multiplies q . k^T
+    float inv_keep;     // 256 / keep_t, applied to the output (and to dO in backward)
+    const float* q;
+    const float* k;
+    const float* v;
+    const uint8_t* mask;  // may be null
+    int64_t mask_st[4];
+    const float* bias;    // may be null
+    int64_t bias_st[4];
+    float* out;
+    float* lse;
+    const float* dout;    // backward only
+    const float* dlse;    // backward only, may be null
+    float* dq;
+    float* dk;            // zeroed by the caller
+    float* dv;            // zeroed by the caller
+};
+
+}  // extern "C"
+
+namespace {
+
+void keep_bytes(const Args& a, int64_t row, int64_t j0, int64_t nk, uint64_t* words,
+                const uint8_t** bytes) {
+    const int64_t W = (a.S + 7) / 8, w0 = j0 / 8, nw = (j0 % 8 + nk + 7) / 8;
+    const uint64_t base = a.seed + static_cast<uint64_t>(row * W + w0 + 1) * kGolden;
+    for (int64_t t = 0; t < nw; ++t) words[t] = mix64(base + static_cast<uint64_t>(t) * kGolden);
+    *bytes = reinterpret_cast<const uint8_t*>(words) + j0 % 8;  // little-endian byte order
+}
+
+// Scores of one row of a block: add bias, block masked keys and keys past the causal limit.
+void mask_row(const Args& a, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t nk, float* s) {
+    if (a.bias) {
+        const int64_t* st = a.bias_st;
+        const float* br = a.bias + b * st[0] + h * st[1] + i * st[2] + j0 * st[3];
+        const int64_t sj = st[3];
+        if (sj == 1) {
+#pragma omp simd
+            for (int64_t c = 0; c < nk; ++c) s[c] += br[c];
+        } else {
+            for (int64_t c = 0; c < nk; ++c) s[c] += br[c * sj];
+        }
+    }
+    if (a.mask) {
+        const int64_t* st = a.mask_st;
+        const uint8_t* mr = a.mask + b * st[0] + h * st[1] + i * st[2] + j0 * st[3];
+        const int64_t sj = st[3];
+        if (sj == 1) {
+#pragma omp simd
+            for (int64_t c = 0; c < nk; ++c) s[c] = mr[c] ? s[c] : kNegInf;
+        } else {
+            for (int64_t c = 0; c < nk; ++c) s[c] = mr[c * sj] ? s[c] : kNegInf;
+        }
+    }
+    if (a.causal) {
+        const int64_t first_hidden = i + (a.S - a.N) + 1 - j0;  // first column past the limit
+        for (int64_t c = std::max<int64_t>(first_hidden, 0); c < nk; ++c) s[c] = kNegInf;
+    }
+}
+
+// End (exclusive) of the keys that rows i0..i1-1 may see at all.
+inline int64_t key_end(const Args& a, int64_t i1) {
+    return a.causal ? std::min(a.S, std::max<int64_t>(i1 + a.S - a.N, 0)) : a.S;
+}
+
+struct Scratch {
+    std::vector<float> s, dp, qs, acc, dob, m, l, dlt, dk, dv;
+    std::vector<uint64_t> words;
+    explicit Scratch(const Args& a)
+        : s(a.bq * a.bk), qs(a.bq * a.D), acc(a.bq * std::max(a.Dv, a.D)), m(a.bq), l(a.bq),
+          words(a.bk / 8 + 2) {}
+};
+
+// Rows i0..i1 of head (b, h), pre-scaled: qs (nq, D) = scale * q.
+void load_q(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t nq, float* qs) {
+    const float* src = a.q + ((b * a.H + h) * a.N + i0) * a.D;
+#pragma omp simd
+    for (int64_t e = 0; e < nq * a.D; ++e) qs[e] = src[e] * a.scale;
+}
+
+void forward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1, Scratch& w) {
+    const int64_t nq = i1 - i0, D = a.D, Dv = a.Dv, kvh = h / (a.H / a.Hkv);
+    const float* kb = a.k + (b * a.Hkv + kvh) * a.S * D;
+    const float* vb = a.v + (b * a.Hkv + kvh) * a.S * Dv;
+    float *s = w.s.data(), *qs = w.qs.data(), *acc = w.acc.data();
+    load_q(a, b, h, i0, nq, qs);
+    std::fill(w.m.begin(), w.m.begin() + nq, kNegInf);  // running row max
+    std::fill(w.l.begin(), w.l.begin() + nq, 0.0f);     // running sum of exp (before dropout)
+    std::fill(acc, acc + nq * Dv, 0.0f);                // unnormalised output
+    const int64_t end = key_end(a, i1);
+    for (int64_t j0 = 0; j0 < end; j0 += a.bk) {
+        const int64_t nk = std::min(a.bk, a.S - j0);
+        mm_nt(nq, nk, D, qs, D, kb + j0 * D, D, 0.0f, s, nk);  // S = (scale q) k^T
+        for (int64_t r = 0; r < nq; ++r) {
+            float* sr = s + r * nk;
+            const int64_t i = i0 + r;
+            mask_row(a, b, h, i, j0, nk, sr);
+            const float m_new = std::max(w.m[r], row_max(sr, nk));
+            const float m_safe = m_new == kNegInf ? 0.0f : m_new;  // nothing seen yet: exp -> 0
+            const float alpha = exp_f(w.m[r] - m_safe);
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t c = 0; c < nk; ++c) {
+                const float p = exp_f(sr[c] - m_safe);  // Algorithm 1, line 10
+                sr[c] = p;
+                sum += p;
+            }
+            w.l[r] = w.l[r] * alpha + sum;  // the normaliser counts dropped entries too
+            w.m[r] = m_new;
+            if (a.keep_t < 256) {
+                const uint8_t* keep;
+                keep_bytes(a, (b * a.H + h) * a.N + i, j0, nk, w.words.data(), &keep);
+                const uint8_t t = static_cast<uint8_t>(a.keep_t);
+#pragma omp simd
+                for (int64_t c = 0; c < nk; ++c) sr[c] = keep[c] < t ? sr[c] : 0.0f;
+            }
+            if (alpha != 1.0f) {
+                float* ar = acc + r * Dv;
+#pragma omp simd
+                for (int64_t e = 0; e < Dv; ++e) ar[e] *= alpha;
+            }
+        }
+        mm_nn(nq, Dv, nk, s, nk, vb + j0 * Dv, Dv, 1.0f, acc, Dv);  // acc += P~ v
+    }
+    for (int64_t r = 0; r < nq; ++r) {
+        const int64_t row = (b * a.H + h) * a.N + i0 + r;
+        float* o = a.out + row * Dv;
+        const float l = w.l[r];
+        // l == 0 exactly when the row saw nothing: out 0 and lse -inf, never 0 / 0
+        const float f = l > 0.0f ? a.inv_keep / l : 0.0f;
+        for (int64_t e = 0; e < Dv; ++e) o[e] = acc[r * Dv + e] * f;
+        a.lse[row] = l > 0.0f ? w.m[r] + std::log(l) : kNegInf;
+    }
+}
+
+// One query block of head (b, h); dk, dv (S, D) / (S, Dv) of its kv head are accumulated into
+// dk_acc / dv_acc. FlashAttention-2 Algorithm 2 with dropout: with keep mask K and
+// dO' = dO * inv_keep, dV += (P*K)^T dO', dP~ = dO' V^T, dS = (P*K) * dP~ - P * D_i.
+void backward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1, Scratch& w,
+                    float* dk_acc, float* dv_acc) {
+    const int64_t nq = i1 - i0, D = a.D, Dv = a.Dv, kvh = h / (a.H / a.Hkv);
+    const float* kb = a.k + (b * a.Hkv + kvh) * a.S * D;
+    const float* vb = a.v + (b * a.Hkv + kvh) * a.S * Dv;
+    const int64_t row0 = (b * a.H + h) * a.N + i0;
+    float *s = w.s.data(), *dp = w.dp.data(), *qs = w.qs.data(), *dq = w.acc.data();
+    float *dob = w.dob.data(), *dlt = w.dlt.data(), *lse = w.l.data();
+    load_q(a, b, h, i0, nq, qs);
+    for (int64_t r = 0; r < nq; ++r) {
+        const float* go = a.dout + (row0 + r) * Dv;
+        const float* o = a.out + (row0 + r) * Dv;
+        float d = 0.0f;  // D_i = rowsum(dO * O) (Algorithm 2, line 4)
+        for (int64_t e = 0; e < Dv; ++e) {
+            d += go[e] * o[e];
+            dob[r * Dv + e] = go[e] * a.inv_keep;
+        }
+        // a gradient on lse adds P_ij * dlse_i to dS_ij, i.e. subtracts dlse_i from D_i
+        dlt[r] = a.dlse ? d - a.dlse[row0 + r] : d;
+        lse[r] = a.lse[row0 + r];
+    }
+    std::fill(dq, dq + nq * D, 0.0f);
+    const int64_t end = key_end(a, i1);
+    const uint8_t t = static_cast<uint8_t>(a.keep_t < 256 ? a.keep_t : 0);
+    for (int64_t j0 = 0; j0 < end; j0 += a.bk) {
+        const int64_t nk = std::min(a.bk, a.S - j0);
+        mm_nt(nq, nk, D, qs, D, kb + j0 * D, D, 0.0f, s, nk);         // S
+        mm_nt(nq, nk, Dv, dob, Dv, vb + j0 * Dv, Dv, 0.0f, dp, nk);  // dP~ = dO' v^T
+        for (int64_t r = 0; r < nq; ++r) {
+            float *sr = s + r * nk, *dr = dp + r * nk;
+            const int64_t i = i0 + r;
+            if (lse[r] == kNegInf) {  // the row sees nothing: P = 0, no gradient
+                std::fill(sr, sr + nk, 0.0f);
+                std::fill(dr, dr + nk, 0.0f);
+                continue;
+            }
+            mask_row(a, b, h, i, j0, nk, sr);
+            const float l = lse[r], di = dlt[r];
+            if (a.keep_t < 256) {
+                const uint8_t* keep;
+                keep_bytes(a, row0 + r, j0, nk, w.words.data(), &keep);
+#pragma omp simd
+                for (int64_t c = 0; c < nk; ++c) {
+                    const float p = exp_f(sr[c] - l);  // P = exp(S - lse), line 11
+                    const float pk = keep[c] < t ? p : 0.0f;
+                    dr[c] = pk * dr[c] - p * di;
+                    sr[c] = pk;
+                }
+            } else {
+#pragma omp simd
+                for (int64_t c = 0; c < nk; ++c) {
+                    const float p = exp_f(sr[c] - l);
+                    dr[c] = p * (dr[c] - di);  // dS = P * (dP - D), line 13
+                    sr[c] = p;
+                }
+            }
+        }
+        mm_tn(nk, Dv, nq, s, nk, dob, Dv, 1.0f, dv_acc + j0 * Dv, Dv);  // dV += (P K)^T dO'
+        mm_nn(nq, D, nk, dp, nk, kb + j0 * D, D, 1.0f, dq, D);          // dQ += dS k
+        mm_tn(nk, D, nq, dp, nk, qs, D, 1.0f, dk_acc + j0 * D, D);      // dK += dS^T (scale q)
+    }
+    float* dq_out = a.dq + row0 * D;
+#pragma omp simd
+    for (int64_t e = 0; e < nq * D; ++e) dq_out[e] = dq[e] * a.scale;
+}
+
+int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+}  // namespace
+
+extern "C" {
+
+int attnkit_abi_version() { return 1; }
+
+// Forward: fills out and lse. Work items are (b, h, query block), spread over the threads.
+void attnkit_attention_forward(const Args* args) {
+    const Args& a = *args;
+    const int64_t nqb = ceil_div(a.N, a.bq), items = a.B * a.H * nqb;
+#pragma omp parallel num_threads(static_cast<int>(a.nthreads))
+    {
+        Scratch w(a);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < items; ++t) {
+            const int64_t bh = t / nqb, i0 = (t % nqb) * a.bq;
+            forward_block(a, bh / a.H, bh % a.H, i0, std::min(i0 + a.bq, a.N), w);
+        }
+    }
+}
+
+// Backward: fills dq and accumulates dk, dv (zeroed by the caller). Work items are a kv head
+// (b, kvh) and a contiguous share of its G * ceil(N / bq) query blocks. With fewer kv heads than
+// threads, a kv head's blocks are split and each share sums its dk, dv privately before adding
+// them under a lock.
+void attnkit_attention_backward(const Args* args) {
+    const Args& a = *args;
+    const int64_t G = a.H / a.Hkv, nqb = ceil_div(a.N, a.bq), per_head = G * nqb;
+    const int64_t heads = a.B * a.Hkv;
+    const int64_t splits = std::min(per_head, std::max<int64_t>(1, ceil_div(a.nthreads, heads)));
+    const int64_t items = heads * splits;
+#pragma omp parallel num_threads(static_cast<int>(a.nthreads))
+    {
+        Scratch w(a);
+        w.dp.resize(a.bq * a.bk);
+        w.dob.resize(a.bq * a.Dv);
+        w.dlt.resize(a.bq);
+        if (splits > 1) {
+            w.dk.resize(a.S * a.D);
+            w.dv.resize(a.S * a.Dv);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < items; ++t) {
+            const int64_t bk = t / splits, part = t % splits;
+            const int64_t b = bk / a.Hkv, kvh = bk % a.Hkv;
+            float* dk = a.dk + bk * a.S * a.D;
+            float* dv = a.dv + bk * a.S * a.Dv;
+            float* dk_acc = dk;
+            float* dv_acc = dv;
+            if (splits > 1) {
+                std::fill(w.dk.begin(), w.dk.end(), 0.0f);
+                std::fill(w.dv.begin(), w.dv.end(), 0.0f);
+                dk_acc = w.dk.data();
+                dv_acc = w.dv.data();
+            }
+            const int64_t first = part * per_head / splits, last = (part + 1) * per_head / splits;
+            for (int64_t u = first; u < last; ++u) {
+                const int64_t h = kvh * G + u / nqb, i0 = (u % nqb) * a.bq;
+                backward_block(a, b, h, i0, std::min(i0 + a.bq, a.N), w, dk_acc, dv_acc);
+            }
+            if (splits > 1) {
+#pragma omp critical(attnkit_dkdv)
+                {
+                    for (int64_t e = 0; e < a.S * a.D; ++e) dk[e] += w.dk[e];
+                    for (int64_t e = 0; e < a.S * a.Dv; ++e) dv[e] += w.dv[e];
+                }
+            }
+        }
+    }
+}
+
+// The dropout keep bytes of rows [row0, row0 + rows) and keys [j0, j0 + nk), for tests:
+// out (rows, nk) uint8.
+void attnkit_keep_bytes(const Args* args, int64_t row0, int64_t rows, int64_t j0, int64_t nk,
+                        uint8_t* out) {
+    std::vector<uint64_t> words(nk / 8 + 2);
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* bytes;
+        keep_bytes(*args, row0 + r, j0, nk, words.data(), &bytes);
+        std::memcpy(out + r * nk, bytes, nk);
+    }
+}
+
+}  // extern "C"

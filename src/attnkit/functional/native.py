@@ -1,0 +1,302 @@
+"""The compiled CPU kernel behind the chunked backend: build once, load, call.
+
+Legend: B batch, H query heads, Hkv key/value heads, N queries, S keys, D query/key head width,
+Dv value head width.
+
+``_native/attention_cpu.cpp`` is FlashAttention-2 (forward and backward) with the mask, bias,
+causal limit and dropout fused into one pass over each score block; the pure-PyTorch kernel in
+`attnkit.functional.chunked` spends most of its time in the separate elementwise passes between
+the matrix products. The source needs no torch headers, so the first use compiles it in about a
+second with the system C++ compiler (``$CXX``, else g++/c++/clang++) and caches the library
+under ``$ATTNKIT_CACHE`` (default ``~/.cache/attnkit``), keyed by the source, torch's version,
+the compiler and this CPU's flags (it is built with ``-march=native``). It links the BLAS that
+torch ships (``sgemm_`` from libtorch_cpu) and torch's OpenMP runtime, and is called through
+ctypes, which releases the GIL.
+
+If there is no compiler or the build fails, `load` warns once and returns None, and the chunked
+backend stays on its PyTorch kernel (same results, same dropout bits; slower).
+``ATTNKIT_NATIVE=0`` turns the kernel off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["available", "load", "native_attention", "supports"]
+
+_SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
+_ABI = 1
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# Tuned at N=2048, H=8, D=64 (1 thread): a 64x512 float32 score block (128 KiB) and the dP block
+# beside it stay in L2; larger query blocks raise the gemm efficiency only a little.
+FORWARD_BLOCK_Q, FORWARD_BLOCK_K = 128, 512
+BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K = 128, 256
+
+
+class _Args(ctypes.Structure):
+    """Mirror of ``struct Args`` in attention_cpu.cpp (same order, same types)."""
+
+    _fields_ = [
+        *[(n, ctypes.c_int64) for n in ("B", "H", "Hkv", "N", "S", "D", "Dv", "bq", "bk")],
+        ("causal", ctypes.c_int64),
+        ("keep_t", ctypes.c_int64),
+        ("nthreads", ctypes.c_int64),
+        ("seed", ctypes.c_uint64),
+        ("scale", ctypes.c_float),
+        ("inv_keep", ctypes.c_float),
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("mask", ctypes.c_void_p),
+        ("mask_st", ctypes.c_int64 * 4),
+        ("bias", ctypes.c_void_p),
+        ("bias_st", ctypes.c_int64 * 4),
+        ("out", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),
+        ("dout", ctypes.c_void_p),
+        ("dlse", ctypes.c_void_p),
+        ("dq", ctypes.c_void_p),
+        ("dk", ctypes.c_void_p),
+        ("dv", ctypes.c_void_p),
+    ]
+
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("ATTNKIT_CACHE") or Path.home() / ".cache" / "attnkit"
+    return Path(root) / "kernels"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _library_path(cxx: str) -> Path:
+    key = hashlib.sha256()
+    for part in (_SOURCE.read_bytes(), torch.__version__.encode(), cxx.encode(),
+                 platform.machine().encode(), _cpu_flags().encode()):  # fmt: skip
+        key.update(part)
+    return _cache_dir() / f"attention_cpu-{key.hexdigest()[:16]}.so"
+
+
+def _build(cxx: str, target: Path) -> None:
+    torch_lib = Path(torch.__file__).resolve().parent / "lib"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [
+        cxx, "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
+        str(_SOURCE), "-o", tmp, f"-L{torch_lib}", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}",
+        "-Wl,--no-undefined",
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(cmd)}\n{done.stderr.strip()}")
+        os.replace(tmp, target)  # atomic: a concurrent process sees no half-written library
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load() -> ctypes.CDLL | None:
+    """The kernel library (built on first use), or None where it cannot be had."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    with _lock:
+        if _tried:
+            return _lib
+        try:
+            _lib = _load()
+        except Exception as err:  # any failure leaves the PyTorch kernel in charge
+            warnings.warn(
+                f"attnkit: the compiled CPU attention kernel is unavailable ({err}); the chunked "
+                "backend uses its PyTorch kernel (same results, slower)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            _lib = None
+        _tried = True
+        return _lib
+
+
+def _load() -> ctypes.CDLL | None:
+    if os.environ.get("ATTNKIT_NATIVE", "1") == "0":
+        return None
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (set CXX or install g++)")
+    path = _library_path(cxx)
+    if not path.exists():
+        print(
+            "attnkit: compiling the CPU attention kernel for this machine (one time) ...",
+            file=sys.stderr,
+            flush=True,
+        )
+        start = time.perf_counter()
+        _build(cxx, path)
+        print(
+            f"attnkit: kernel ready in {time.perf_counter() - start:.1f} s, cached as {path}",
+            file=sys.stderr,
+            flush=True,
+        )
+    lib = ctypes.CDLL(str(path))
+    if lib.attnkit_abi_version() != _ABI:
+        raise RuntimeError(f"{path} has ABI {lib.attnkit_abi_version()}, expected {_ABI}")
+    for name in ("attnkit_attention_forward", "attnkit_attention_backward"):
+        getattr(lib, name).argtypes = [ctypes.POINTER(_Args)]
+        getattr(lib, name).restype = None
+    lib.attnkit_keep_bytes.argtypes = (
+        [ctypes.POINTER(_Args)] + [ctypes.c_int64] * 4 + [ctypes.c_void_p]
+    )
+    lib.attnkit_keep_bytes.restype = None
+    return lib
+
+
+def available() -> bool:
+    """Whether the compiled kernel can run here (builds it on the first call)."""
+    return load() is not None
+
+
+def supports(q: Tensor, bias: Tensor | None) -> bool:
+    """Whether a chunked call with these inputs can run on the compiled kernel.
+
+    CPU tensors in float32, bfloat16 or float16 (computed in float32); float64 stays on the
+    PyTorch kernel, the float64 truth. A bias that needs a gradient also does: the kernel does
+    not reduce dS into a broadcast bias.
+    """
+    if q.device.type != "cpu" or q.dtype not in _NATIVE_DTYPES:
+        return False
+    if bias is not None and bias.requires_grad and torch.is_grad_enabled():
+        return False
+    return available()
+
+
+# --------------------------------------------------------------------------- calling it
+
+
+def _f32(t: Tensor) -> Tensor:
+    return t.detach().to(torch.float32).contiguous()
+
+
+def _broadcast(t: Tensor, full: tuple[int, int, int, int]) -> tuple[Tensor, list[int]]:
+    """A (…, N|1, S|1) tensor as a (B, H, N, S) view without copying, and its strides."""
+    view = t[(None,) * (4 - t.dim())].expand(full)
+    return view, list(view.stride())
+
+
+def _args(q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, blocks) -> _Args:
+    b, h, n, d = q.shape
+    a = _Args(
+        B=b, H=h, Hkv=k.shape[1], N=n, S=k.shape[2], D=d, Dv=v.shape[3], bq=blocks[0],
+        bk=blocks[1], causal=int(causal), keep_t=keep_t, nthreads=torch.get_num_threads(),
+        seed=seed, scale=scale, inv_keep=inv_keep,
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(),
+    )  # fmt: skip
+    full = (b, h, n, k.shape[2])
+    if mask is not None:
+        view, a.mask_st[:] = _broadcast(mask, full)
+        a.mask = view.data_ptr()
+    if bias is not None:
+        view, a.bias_st[:] = _broadcast(bias, full)
+        a.bias = view.data_ptr()
+    return a
+
+
+class _NativeAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed):
+        lib = load()
+        q32, k32, v32 = _f32(q), _f32(k), _f32(v)
+        bias32 = None if bias is None else bias.detach().to(torch.float32)
+        b, h, n, _ = q.shape
+        out = torch.empty(b, h, n, v.shape[3], dtype=torch.float32)
+        lse = torch.empty(b, h, n, dtype=torch.float32)
+        args = (mask, bias32, causal, scale, keep_t, inv_keep, seed)
+        a = _args(q32, k32, v32, *args, (FORWARD_BLOCK_Q, FORWARD_BLOCK_K))
+        a.out, a.lse = out.data_ptr(), lse.data_ptr()
+        lib.attnkit_attention_forward(ctypes.byref(a))
+        ctx.save_for_backward(q32, k32, v32, out, lse)
+        ctx.args, ctx.dtypes = args, (q.dtype, k.dtype, v.dtype)
+        ctx.set_materialize_grads(False)
+        return out.to(q.dtype), lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q32, k32, v32, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dout = _f32(dout)
+        dlse = None if dlse is None else _f32(dlse)
+        dq = torch.empty_like(q32)
+        dk, dv = torch.zeros_like(k32), torch.zeros_like(v32)
+        a = _args(q32, k32, v32, *ctx.args, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K))
+        a.out, a.lse, a.dout = out.data_ptr(), lse.data_ptr(), dout.data_ptr()
+        a.dlse = None if dlse is None else dlse.data_ptr()
+        a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+        load().attnkit_attention_backward(ctypes.byref(a))
+        tq, tk, tv = ctx.dtypes
+        return (dq.to(tq), dk.to(tk), dv.to(tv)) + (None,) * 7
+
+
+def native_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    causal: bool,
+    scale: float,
+    keep_t: int,
+    inv_keep: float,
+    seed: int,
+) -> tuple[Tensor, Tensor]:
+    """The chunked backend's contract (see `chunked_attention`) on the compiled kernel.
+
+    ``keep_t``/``inv_keep``/``seed`` are the dropout threshold, rescale and per-call seed of
+    `attnkit.functional._dropout` (keep_t = 256: no dropout). Check `supports` first.
+    """
+    return _NativeAttention.apply(q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed)
+
+
+def keep_bytes(seed: int, b: int, h: int, n: int, s: int) -> Tensor:
+    """The kernel's dropout bytes for a (B, H, N, S) call, materialised (tests only)."""
+    lib = load()
+    a = _Args(B=b, H=h, N=n, S=s, seed=seed)
+    out = torch.empty(b * h * n, s, dtype=torch.uint8)
+    lib.attnkit_keep_bytes(ctypes.byref(a), 0, b * h * n, 0, s, out.data_ptr())
+    return out.view(b, h, n, s)
