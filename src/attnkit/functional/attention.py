@@ -49,7 +49,8 @@ class AttentionOutput(NamedTuple):
              ``need_weights=True``, which selects the reference backend).
     lse:     (B, H, N) log-sum-exp of the scaled, masked scores, no gradient (float32, or
              float64 for float64 input; -inf for rows that see no key), or None
-             where the backend cannot give it (fused).
+             where the backend cannot give it (fused) and with ``need_weights=True``
+             (the weights hold it: lse_i = s_ij - log p_ij for any j with p_ij > 0).
     """
 
     out: Tensor
@@ -205,22 +206,38 @@ def _repeat_kv(t: Tensor, heads: int) -> Tensor:
     return t if groups == 1 else t.repeat_interleave(groups, dim=1)
 
 
+def _scaled_copy(q: Tensor, scale: float, dtype: torch.dtype) -> Tensor:
+    """scale * q as a fresh contiguous tensor in one pass (no graph: ``out=`` has none)."""
+    return torch.mul(q, scale, out=torch.empty(q.shape, dtype=dtype))
+
+
 def _reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights) -> AttentionOutput:
     work = torch.promote_types(q.dtype, torch.float32)
     heads, n, s = q.shape[1], q.shape[2], k.shape[2]
     kw = _repeat_kv(k, heads).to(work)  # (B, H, S, D)
     vw = _repeat_kv(v, heads).to(work)  # (B, H, S, Dv)
-    # scale q (N·D) rather than the scores (N·S): one pass over the N×S matrix fewer
-    scores = torch.matmul(q.to(work) * scale, kw.transpose(-2, -1))  # (B, H, N, S)
+    # scale q (N·D) rather than the scores (N·S), straight into the contiguous copy bmm needs
+    qs = (q.to(work) * scale).contiguous() if q.requires_grad else _scaled_copy(q, scale, work)
+    scores = torch.matmul(qs, kw.transpose(-2, -1))  # (B, H, N, S)
     if bias is not None:
-        scores = scores + bias.to(work)
+        scores = scores.add_(bias.to(work))
     allowed = _allowed(mask, causal, n, s, q.device)
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    with torch.no_grad():  # row max; -inf where a row sees nothing
-        top = scores.amax(dim=-1)  # (B, H, N)
-    dead = torch.isneginf(top).unsqueeze(-1)  # (B, H, N, 1)
-    any_dead = bool(dead.any())
+        scores = scores.masked_fill_(~allowed, float("-inf"))
+    # The weights hold lse (lse_i = s_ij - log p_ij), so a call that asks for them skips it;
+    # torch's MHA computes neither (this keeps record_attention at its speed).
+    want_lse = not need_weights
+    top = None
+    if want_lse or bias is not None:
+        with torch.no_grad():  # row max; -inf where a row sees nothing
+            top = scores.amax(dim=-1, keepdim=True)  # (B, H, N, 1)
+    if bias is not None:  # a bias may hold -inf
+        dead = torch.isneginf(top)  # (B, H, N, 1)
+    elif allowed is not None:
+        dead = ~allowed.any(dim=-1, keepdim=True)  # (..., N, 1), on the boolean mask
+    else:
+        dead = None  # nothing masked: every row sees every key
+    any_dead = dead is not None and bool(dead.any())
     if any_dead:
         # softmax of an all -inf row is NaN (and so is its gradient): give the
         # row finite scores, then zero its probabilities.
@@ -233,11 +250,13 @@ def _reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights) -> A
         probs = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
     if any_dead:
         probs = probs.masked_fill(dead, 0.0)
-    with torch.no_grad():
-        # lse = s_j - log p_j for any j, taken at the row max (p_max >= 1/S, so the log is
-        # well conditioned): two max passes instead of logsumexp's exp over all N×S scores.
-        lse = top - probs.amax(dim=-1).log()  # (B, H, N); dead rows: -inf - log 0 -> -inf
-        lse = lse.masked_fill(dead.squeeze(-1), float("-inf"))
+    lse = None
+    if want_lse:
+        with torch.no_grad():
+            # lse = s_j - log p_j for any j, taken at the row max (p_max >= 1/S, so the log is
+            # well conditioned): two max passes instead of logsumexp's exp over all N×S scores.
+            lse = (top - probs.amax(dim=-1, keepdim=True).log()).squeeze(-1)  # (B, H, N)
+            lse = lse.masked_fill(torch.isneginf(top.squeeze(-1)), float("-inf"))
     kept = F.dropout(probs, dropout_p, training=True) if dropout_p > 0 else probs
     out = torch.matmul(kept, vw).to(q.dtype)  # (B, H, N, Dv)
     return AttentionOutput(out, probs.to(q.dtype) if need_weights else None, lse)
