@@ -23,3 +23,9 @@ def test_readme_python_blocks_run(capsys):
             exec(compile(block, f"README block {i}", "exec"), namespace)
         except Exception as err:  # pragma: no cover - the message is the point
             raise AssertionError(f"README python block {i} failed: {err!r}\n{block}") from err
+
+
+def test_readme_quotes_the_benchmark_table_verbatim():
+    """The performance table is the one `attnkit bench` wrote (benchmarks/results/readme.md)."""
+    written = README.parent / "benchmarks" / "results" / "readme.md"
+    assert written.read_text().strip() in README.read_text()

@@ -22,8 +22,10 @@ def test_tiny_run_writes_json_and_markdown(tmp_path, capsys):
         "--no-memory", "--threads", "1", "--out", str(tmp_path / "o"), "--json", str(json_path),
     )  # fmt: skip
     assert code == 0
+    o = tmp_path / "o"
     assert out.strip().splitlines()[-1] == (
-        f"attnkit bench: wrote {json_path} and {tmp_path / 'o' / 'bench.md'}"
+        f"attnkit bench: wrote {json_path}, {o / 'bench.md'} and {o / 'readme.md'} "
+        "(the README's table)"
     )
     assert "[bench]" in err  # progress on stderr
     result = json.loads(json_path.read_text())
@@ -45,6 +47,9 @@ def test_tiny_run_writes_json_and_markdown(tmp_path, capsys):
     assert result["targets"][3]["status"] == "not measured"  # --no-memory
     md = (tmp_path / "o" / "bench.md").read_text()
     assert "| target | goal | status |" in md and "| 16 | bool | 0.1 | float32 |" in md
+    assert "chunked kernel: " in md and result["meta"]["chunked_kernel"] in ("compiled", "pytorch")
+    section = (o / "readme.md").read_text()  # the README's table: largest N, all masks
+    assert section.count("| 16 | ") == 16 and "| f | record_attention" in section
 
 
 def test_bad_threads_is_a_usage_error(tmp_path, capsys):

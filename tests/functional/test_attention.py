@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -9,6 +10,9 @@ import torch
 
 from attnkit import AttentionOutput, attention, masks, use_backend
 from tests.naive import naive_attention
+
+# the module (attnkit.functional's `attention` attribute is the function)
+attention_module = importlib.import_module("attnkit.functional.attention")
 
 BACKENDS = ["reference", "fused", "chunked"]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-10}
@@ -78,9 +82,18 @@ def test_gqa_equals_repeated_kv(backend, hkv):
     torch.testing.assert_close(got, want, atol=2e-6, rtol=0)
 
 
+@pytest.fixture(params=["sdpa zeroes them", "attnkit zeroes them"])
+def sdpa_empty_rows(request, monkeypatch):
+    """Run `fused` both ways: trusting SDPA with empty rows (torch >= 2.5) and fixing them."""
+    if request.param == "attnkit zeroes them":
+        monkeypatch.setattr(attention_module, "_sdpa_zeroes_empty_rows", lambda: False)
+    elif not attention_module._sdpa_zeroes_empty_rows():
+        pytest.skip("this torch's SDPA gives NaN for empty rows; attnkit fixes them itself")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_fully_masked_rows_give_zero_output_and_zero_grad(backend, dtype):
+def test_fully_masked_rows_give_zero_output_and_zero_grad(backend, dtype, sdpa_empty_rows):
     q, k, v = (t.requires_grad_() for t in qkv(2, 2, 2, 6, 9, 8, dtype=dtype))
     mask = torch.ones(2, 1, 6, 9, dtype=torch.bool)
     mask[0, 0, 2] = False  # one query of batch 0 sees nothing
@@ -227,3 +240,22 @@ def test_bad_input_raises_value_error_naming_argument(change, message):
     q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
     with pytest.raises(ValueError, match=message):
         attention(q, k, v, **args)
+
+
+def test_probe_of_sdpa_empty_rows_leaves_the_random_stream_alone():
+    attention_module._sdpa_zeroes_empty_rows.cache_clear()
+    torch.manual_seed(3)
+    attention_module._sdpa_zeroes_empty_rows()  # draws dropout bits in a forked RNG
+    after = torch.rand(3)
+    torch.manual_seed(3)
+    assert torch.equal(after, torch.rand(3))
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_auto_for_bfloat16_training_follows_the_cpu(native_bf16, monkeypatch):
+    monkeypatch.setattr(attention_module, "has_native_bf16", lambda: native_bf16)
+    got = attention_module._choose_backend(
+        "auto", need_weights=False, dropout=False, low_precision_grad=True
+    )
+    assert got == ("fused" if native_bf16 else "chunked")
+    assert attention_module._choose_backend("auto", need_weights=False, dropout=False) == "fused"

@@ -17,6 +17,7 @@ once the inputs exist (Linux >= 4.0), and the peak above that RSS is reported.
 from __future__ import annotations
 
 import json
+import platform
 import statistics
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.functional import native
 from attnkit.functional.attention import _choose_backend, _mask_elems, attention
 
 __all__ = ["Case", "Plan", "run_benchmark"]
@@ -319,6 +321,8 @@ def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
             "torch": torch.__version__,
             "threads": threads,
             "load_avg": _load_avg(),
+            "cpu": _cpu_name(),
+            "chunked_kernel": "compiled" if native.available() else "pytorch",
             "plan": asdict(plan),
         },
         "sgemm_gflops": {},
@@ -359,6 +363,15 @@ def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
     result["meta"]["load_avg_end"] = _load_avg()
     result["targets"] = evaluate_targets(result)
     return result
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor()
 
 
 def _load_avg() -> list[float]:

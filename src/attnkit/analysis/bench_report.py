@@ -10,7 +10,7 @@ import math
 
 from attnkit.analysis.bench import KERNEL_IMPLS
 
-__all__ = ["evaluate_targets", "markdown"]
+__all__ = ["evaluate_targets", "markdown", "readme_section"]
 
 
 def _kernel(rows, **want):
@@ -53,9 +53,10 @@ def _target_a(rows):
         us = over["us_per_call"]
         detail += f"; per call at N=16: auto {us['auto']:.0f} us, SDPA {us['sdpa']:.0f} us"
     if chunked:
+        kinds = sorted({f"{r['dtype']} {r['mask']} {r['pass']}" for r in chunked})
         detail += (
-            f"; {len(chunked)} rows run chunked by design (bfloat16 with gradients, "
-            "masks of >= 2**26 elements) and are left out"
+            f"; {len(chunked)} rows run chunked by design ({', '.join(kinds)}: see "
+            "`_choose_backend`) and are left out"
         )
     return _target("a", goal, geo, geo >= 0.95, detail)
 
@@ -159,8 +160,10 @@ def markdown(result: dict) -> str:
     meta = result["meta"]
     sgemm = ", ".join(f"{n}²: {g:.0f} GFLOP/s" for n, g in result["sgemm_gflops"].items())
     lines = [
-        f"torch {meta['torch']}, {meta['threads']} threads, load average {meta['load_avg']} at "
-        f"start, {meta.get('load_avg_end')} at end; fp32 sgemm {sgemm}. B=1, H=8, D=64, N = S.",
+        f"torch {meta['torch']}, {meta.get('cpu', 'CPU')}, {meta['threads']} threads, load "
+        f"average {meta['load_avg']} at start, {meta.get('load_avg_end')} at end; fp32 sgemm "
+        f"{sgemm}; chunked kernel: {meta.get('chunked_kernel', 'pytorch')}. B=1, H=8, D=64, "
+        "N = S.",
         "",
         "| N | mask | dropout | dtype | pass | auto runs | " + " | ".join(KERNEL_IMPLS)
         + " | SDPA/auto |",
@@ -191,6 +194,48 @@ def markdown(result: dict) -> str:
     for r in (r for r in result["rows"] if r["kind"] == "module"):
         ms = ", ".join(f"{k} {v:.1f}" for k, v in r["ms"].items())
         lines.append(f"| {r['what']} | {r['shape']} | {ms} |")
+    lines += ["", "| target | goal | status | ratio | measured |", "|---|---|---|---|---|"]
+    for t in result.get("targets", []):
+        ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
+        lines.append(f"| {t['name']} | {t['goal']} | {t['status']} | {ratio} | {t['detail']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _header(meta: dict, sgemm: str) -> str:
+    load = f"load average {meta['load_avg'][0]:.1f} → {meta.get('load_avg_end', ['?'])[0]}"
+    return (
+        f"torch {meta['torch']}, {meta.get('cpu', 'CPU')}, {meta['threads']} thread(s), {load}, "
+        f"fp32 sgemm {sgemm}, chunked kernel: {meta.get('chunked_kernel', 'pytorch')}; B=1, "
+        "H=8, D=64, float32, times in ms (medians of interleaved repeats):"
+    )
+
+
+def readme_section(result: dict) -> str:
+    """The README's performance table: the largest N of the run and target b's rows, then the
+    targets. Written beside bench.md as readme.md; tests/test_readme.py checks that the README
+    quotes it verbatim."""
+    rows = result["rows"]
+    sgemm = f"{max(result['sgemm_gflops'].values()):.0f} GFLOP/s"
+    kernel = _kernel(rows, dtype="float32")
+    plan = result["meta"]["plan"]
+    top, target_n = max(plan["sizes"]), plan["target_size"]
+    picked = [r for r in kernel if r["n"] == top]
+    picked += [r for r in kernel if r["n"] == target_n and r["dropout"] > 0 and r["n"] != top]
+    picked = [r for r in picked if r["mask"] == "none" or r["n"] == top]
+    lines = [
+        _header(result["meta"], sgemm),
+        "",
+        "| N | mask | dropout | pass | auto runs | auto | SDPA | chunked | SDPA/auto |",
+        "|---|---|---|---|---|---:|---:|---:|---:|",
+    ]
+    for r in picked:
+        ms = r["ms"]
+        sdpa = ms.get("sdpa", ms.get("fused"))
+        ratio = f"{sdpa / ms['auto']:.2f}×" if sdpa and "auto" in ms else "-"
+        cells = [str(r["n"]), r["mask"], str(r["dropout"]), r["pass"], r["auto_backend"],
+                 _ms(r, "auto"), "-" if sdpa is None else _ms({"ms": {"s": sdpa}}, "s"),
+                 _ms(r, "chunked"), ratio]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "| target | goal | status | ratio | measured |", "|---|---|---|---|---|"]
     for t in result.get("targets", []):
         ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"

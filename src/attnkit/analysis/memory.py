@@ -19,7 +19,8 @@ What autograd keeps (checked in the tests by summing the distinct storages that
   keeps what the reference keeps (in float32 for float16/bfloat16 inputs).
 * ``chunked`` — attnkit's online-softmax backend keeps the same O(N) set as
   the flash kernel (q, k, v, out, lse), with or without dropout (it replays the
-  dropout bits from a seed).
+  dropout bits from a seed); its compiled CPU kernel keeps them in float32, the
+  type it computes in, also for float16/bfloat16 inputs.
 
 The forward peak counts tensors allocated during the forward beyond q, k, v,
 at the moment most of them are alive; kernel scratch that does not grow with
@@ -129,6 +130,9 @@ def attention_memory(
         peak = repeats + max(2 * e, (3 * e if dropout else e) + out)
         return Memory(saved, peak)
 
+    if backend == "chunked":  # the compiled kernel saves its float32 working copies
+        item = max(item, 4)
+        out, q = batch * heads * n * dv * item, batch * heads * n * head_dim * item
     lse = batch * heads * n * max(item, 4)  # (B, H, N) in the accumulation type
     saved = {
         "q": q,

@@ -33,7 +33,7 @@ def register(subparsers) -> None:
         type=Path,
         default=Path("bench-results"),
         metavar="DIR",
-        help="directory for bench.json and bench.md (default ./bench-results)",
+        help="directory for bench.json, bench.md, readme.md (default ./bench-results)",
     )
     p.add_argument("--threads", type=int, metavar="T", help="torch threads (default: torch's)")
     p.add_argument("--sizes", type=int, nargs="+", metavar="N", help="override the kernel N list")
@@ -86,11 +86,11 @@ def _run(args, plan) -> int:
 
     from attnkit._io import atomic_write_json, atomic_write_text
     from attnkit.analysis.bench import run_benchmark
-    from attnkit.analysis.bench_report import markdown
+    from attnkit.analysis.bench_report import markdown, readme_section
 
     json_path = args.json or args.out / "bench.json"
-    md_path = args.out / "bench.md"
-    for path in (json_path, md_path):
+    md_path, readme_path = args.out / "bench.md", args.out / "readme.md"
+    for path in (json_path, md_path, readme_path):
         if path.exists() and path.is_dir():
             raise UsageError(f"{path} is a directory; pass a file name")
 
@@ -102,10 +102,11 @@ def _run(args, plan) -> int:
     try:
         atomic_write_json(json_path, result)
         atomic_write_text(md_path, markdown(result))
+        atomic_write_text(readme_path, readme_section(result))
     except OSError as e:
         raise UsageError(f"cannot write results: {e}") from e
     for t in result["targets"]:
         ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
         log(f"target {t['name']}: {t['status']} ({ratio}) {t['detail']}")
-    print(f"attnkit bench: wrote {json_path} and {md_path}")
+    print(f"attnkit bench: wrote {json_path}, {md_path} and {readme_path} (the README's table)")
     return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnkit._cpu import has_native_bf16
 from attnkit.functional import masks as _masks
 
 __all__ = ["BACKENDS", "AttentionOutput", "attention", "use_backend"]
@@ -184,10 +186,10 @@ def _choose_backend(
     # dropout bits cheaply and keeps O(N) memory.
     if dropout or mask_elems >= _MASK_ELEMS_CHUNKED:
         return "chunked"
-    # SDPA's bfloat16 backward on this CPU (no native bf16 units) is ~4x slower than chunked,
-    # which computes in float32: fwd+bwd N=1024 (B=1, H=8, D=64, 1 thread) 618 ms vs 149 ms,
-    # N=256 36 ms vs 10 ms; the bf16 forward alone stays faster fused (33 vs 43 ms at 1024).
-    if low_precision_grad:
+    # SDPA's bfloat16 backward on a CPU without bf16 units (AVX2 EPYC) is ~4x slower than
+    # chunked, which computes in float32: fwd+bwd N=1024 (B=1, H=8, D=64, 1 thread) 618 ms vs
+    # 149 ms. With AVX512-BF16/AMX (Sapphire Rapids) it is the faster one: 38 ms vs 62 ms.
+    if low_precision_grad and not has_native_bf16():
         return "chunked"
     return "fused"
 
@@ -262,6 +264,38 @@ def _reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights) -> A
     return AttentionOutput(out, probs.to(q.dtype) if need_weights else None, lse)
 
 
+@functools.cache
+def _sdpa_zeroes_empty_rows() -> bool:
+    """Whether this torch's CPU SDPA gives a query row that may attend to nothing output 0 and
+    finite gradients (torch >= 2.5; earlier ones give NaN, and `_fused` zeroes such rows itself,
+    at the cost of a pass over the mask: 0.4 ms at N=S=1024). Probed once, on float32 and
+    bfloat16, boolean and -inf float masks, the flash and the math (dropout) paths; the probe's
+    dropout draws come from a forked RNG, so the caller's random stream is untouched."""
+    try:
+        with torch.random.fork_rng(devices=[]):
+            for dtype in (torch.float32, torch.bfloat16):
+                q = torch.randn(1, 1, 3, 4, dtype=dtype, requires_grad=True)
+                blocked = torch.zeros(3, 3, dtype=torch.bool)
+                blocked[1] = True  # query 1 sees no key
+                float_mask = torch.zeros(3, 3, dtype=dtype).masked_fill(blocked, float("-inf"))
+                for attn_mask in (~blocked, float_mask):
+                    for p in (0.0, 0.5):
+                        out = F.scaled_dot_product_attention(
+                            q, q, q, attn_mask=attn_mask, dropout_p=p
+                        )
+                        (grad,) = torch.autograd.grad(out.float().sum(), q)
+                        if not ((out[..., 1, :] == 0).all() and torch.isfinite(grad).all()):
+                            return False
+    except RuntimeError:
+        return False
+    return True
+
+
+# Probed at import, not at first use: a first use may sit inside a dispatch mode, a FLOP
+# counter or a trace, which must not see the probe's calls.
+_sdpa_zeroes_empty_rows()
+
+
 def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:
     n, s = q.shape[2], k.shape[2]
     gqa = k.shape[1] != q.shape[1]
@@ -272,7 +306,9 @@ def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:
         )
         return AttentionOutput(out)
     allowed = _allowed(mask, causal, n, s, q.device)
-    if bias is not None and bool(torch.isneginf(bias).any()):
+    if q.device.type == "cpu" and _sdpa_zeroes_empty_rows():
+        dead = None  # SDPA itself gives such rows output 0 and gradient 0
+    elif bias is not None and bool(torch.isneginf(bias).any()):
         blocked = torch.isneginf(bias)
         blocked = blocked if allowed is None else blocked | ~allowed
         dead = blocked.all(dim=-1, keepdim=True)  # (..., N, 1)

@@ -36,6 +36,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnkit._cpu import cpu_flags
+
 __all__ = ["available", "load", "native_attention", "supports"]
 
 _SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
@@ -93,34 +95,29 @@ def _compiler() -> str | None:
     return None
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def _library_path(cxx: str) -> Path:
     key = hashlib.sha256()
     for part in (_SOURCE.read_bytes(), torch.__version__.encode(), cxx.encode(),
-                 platform.machine().encode(), _cpu_flags().encode()):  # fmt: skip
+                 " ".join(_flags()).encode(), platform.machine().encode(),
+                 " ".join(sorted(cpu_flags())).encode()):  # fmt: skip
         key.update(part)
     return _cache_dir() / f"attention_cpu-{key.hexdigest()[:16]}.so"
 
 
-def _build(cxx: str, target: Path) -> None:
+def _flags() -> list[str]:
     torch_lib = Path(torch.__file__).resolve().parent / "lib"
+    return [
+        "-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fPIC", "-shared",
+        "-std=c++17", f"-L{torch_lib}", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}",
+        "-Wl,--no-undefined",
+    ]  # fmt: skip
+
+
+def _build(cxx: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [
-        cxx, "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
-        str(_SOURCE), "-o", tmp, f"-L{torch_lib}", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}",
-        "-Wl,--no-undefined",
-    ]  # fmt: skip
+    cmd = [cxx, str(_SOURCE), "-o", tmp, *_flags()]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
