@@ -259,3 +259,35 @@ def test_auto_for_bfloat16_training_follows_the_cpu(native_bf16, monkeypatch):
     )
     assert got == ("fused" if native_bf16 else "chunked")
     assert attention_module._choose_backend("auto", need_weights=False, dropout=False) == "fused"
+
+
+def test_masks_whose_leading_dim_could_be_the_batch_are_refused():
+    q, k, v = qkv(3, 2, 2, 3, 5, 8)  # B = N = 3
+    pad = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 5\) is ambiguous with B = N = 3"):
+        attention(q, k, v, mask=pad)
+    # spelled 4-D, each reading is accepted and they differ
+    as_padding = attention(q, k, v, mask=pad[:, None, None, :]).out
+    as_rows = attention(q, k, v, mask=pad[None, None]).out
+    assert not torch.allclose(as_padding, as_rows)
+    torch.testing.assert_close(
+        as_padding, attention(q, k, v, mask=masks.from_hf_attention_mask(pad)).out
+    )
+    # (B, N, S) with B = H: Keras' mask or a per-head one
+    q2, k2, v2 = qkv(2, 2, 2, 3, 5, 8)
+    keras = torch.rand(2, 3, 5, generator=torch.Generator().manual_seed(1)) > 0.3
+    with pytest.raises(ValueError, match=r"ambiguous with B = H = 2.*mask\[:, None\]"):
+        attention(q2, k2, v2, mask=keras)
+    with pytest.raises(ValueError, match="bias of shape"):
+        attention(q2, k2, v2, bias=keras.float())
+    attention(q2, k2, v2, mask=keras[:, None])
+
+
+def test_unambiguous_low_rank_masks_still_broadcast():
+    q, k, v = qkv(2, 4, 4, 3, 5, 8)  # B = 2, H = 4, N = 3
+    m2 = torch.rand(3, 5, generator=torch.Generator().manual_seed(2)) > 0.3  # (N, S), N != B
+    m3 = torch.rand(4, 3, 5, generator=torch.Generator().manual_seed(3)) > 0.3  # (H, N, S)
+    for mask in (m2, m3, m2[:1], torch.ones(1, 5, dtype=torch.bool)):
+        attention(q, k, v, mask=mask)
+    q1, k1, v1 = qkv(1, 2, 2, 1, 5, 8)  # B = N = 1 (decoding one token): both readings agree
+    attention(q1, k1, v1, mask=torch.ones(1, 5, dtype=torch.bool))

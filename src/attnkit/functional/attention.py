@@ -99,7 +99,10 @@ def attention(
             as if k and v were repeated with ``repeat_interleave`` on dim 1.
         v: values (B, Hkv, S, Dv).
         mask: boolean, **True = may attend**, broadcastable to (B, H, N, S).
-            Converters for other conventions live in `attnkit.masks`.
+            Converters for other conventions live in `attnkit.masks`. A 2-D mask
+            (B, S) with B == N > 1, or a 3-D one (B, N, S) with B == H > 1, is
+            refused as ambiguous (a key-padding or Keras mask would broadcast as
+            (N, S) or (H, N, S) without error): pass those 4-D.
         bias: additive float scores, broadcastable to (B, H, N, S); may hold -inf.
         causal: query i attends to keys j <= i + (S - N), i.e. the mask is
             aligned bottom-right when N != S (what decoding with a cache needs).
@@ -340,6 +343,32 @@ def _shape(t: Tensor) -> str:
     return "(" + ", ".join(str(d) for d in t.shape) + ")"
 
 
+def _refuse_ambiguous(name: str, t: Tensor, full: tuple[int, int, int, int]) -> None:
+    """Refuse a 2-D or 3-D mask/bias whose leading dim could be the batch.
+
+    Broadcasting reads (X, S) as (N, S) and (X, N, S) as (H, N, S). A Hugging Face / torch
+    key-padding mask (B, S) with B == N, or a Keras (B, N, S) mask with B == H, broadcasts
+    without error and means something else: refused, with the 4-D spelling of each reading.
+    """
+    b, h, n, _ = full
+    lead = t.shape[0] if t.dim() in (2, 3) else 1
+    if lead == 1 or lead != b:
+        return
+    if t.dim() == 2 and b == n:
+        raise ValueError(
+            f"{name} of shape {_shape(t)} is ambiguous with B = N = {b}: broadcasting reads it "
+            f"as (N, S), but it may be a (B, S) key-padding mask. Pass it 4-D: "
+            f"{name}[:, None, None, :] for (B, S) (or attnkit.masks.from_hf_attention_mask), "
+            f"{name}[None, None] for (N, S)"
+        )
+    if t.dim() == 3 and b == h:
+        raise ValueError(
+            f"{name} of shape {_shape(t)} is ambiguous with B = H = {b}: broadcasting reads it "
+            f"as (H, N, S), but it may be a (B, N, S) mask (Keras' convention). Pass it 4-D: "
+            f"{name}[:, None] for (B, N, S), {name}[None] for (H, N, S)"
+        )
+
+
 def _validate(q, k, v, mask, bias, dropout_p, scale) -> None:
     wanted = {"q": "(B, H, N, D)", "k": "(B, Hkv, S, D)", "v": "(B, Hkv, S, Dv)"}
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -387,6 +416,7 @@ def _validate(q, k, v, mask, bias, dropout_p, scale) -> None:
             raise ValueError(
                 f"{name} of shape {_shape(t)} does not broadcast to (B, H, N, S) = {full}"
             )
+        _refuse_ambiguous(name, t, full)
     if not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if scale is not None and not (

@@ -185,7 +185,8 @@ class WindowAttention(nn.Module):
         if allowed is not None:
             allowed = allowed.repeat(b, 1, 1).unsqueeze(1)  # (B·nW, 1, M², M²)
         q, k, v = self.attn.heads_qkv(windows)  # (B·nW, Hh, M², Dh) each
-        o = self.attn.attend(q, k, v, mask=allowed, bias=self.relative_bias()).out
+        bias = self.relative_bias().unsqueeze(0)  # (1, Hh, M², M²): one table for all windows
+        o = self.attn.attend(q, k, v, mask=allowed, bias=bias).out
         windows = self.attn.proj(self.attn.merge_heads(o))  # (B·nW, M², C)
         x = window_reverse(windows, m, hp, wp)  # (B, Hp, Wp, C)
         if s:
