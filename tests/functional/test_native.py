@@ -79,6 +79,7 @@ SHAPES = [  # (B, H, Hkv, N, S, D, Dv)
     (1, 3, 1, 130, 600, 16, 24),  # MQA, several key blocks with a short last one
     (2, 2, 2, 300, 300, 64, 64),
     (1, 6, 3, 257, 1025, 80, 48),  # head width not a power of two, N < S
+    (2, 2, 1, 300, 130, 16, 8),  # N > S: causal leaves the first 170 rows with no key
 ]
 
 

@@ -6,7 +6,8 @@ Kernel rows time `attnkit.attention` (``auto`` and each backend), torch SDPA and
 matmul/softmax(+``F.dropout``) for every (N, mask, dropout, dtype, pass); module rows time a
 training step of `attnkit.MultiHeadAttention` against `torch.nn.MultiheadAttention` and
 `record_attention` against torch's ``need_weights=True``. Timings: one warm-up call each, then
-the implementations of a row run interleaved (rotating order) ``repeats`` times; medians.
+the implementations of a row run interleaved (a fresh seeded order per round) ``repeats``
+times; medians.
 Compare ratios within one run: absolute times drift up to 2x on shared machines.
 
 Peak memory runs one forward+backward per configuration in a fresh subprocess
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -142,11 +144,14 @@ def kernel_step(impl: str, case: Case, backward: bool, inputs) -> Callable[[], N
 
 
 def time_interleaved(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
-    """Median milliseconds per step: warm-up, then `repeats` rounds in rotating order.
+    """Median milliseconds per step: warm-up, then `repeats` rounds in a shuffled order.
 
-    A step faster than 20 ms is run several times per sample (timeit's autorange idea): a
-    single ms-sized call right after a large one (plain attention frees hundreds of MiB)
-    otherwise pays that one's cache and page-fault aftermath.
+    The order is drawn afresh each round (seeded, so runs are comparable): rotating one fixed
+    order keeps every step behind the same neighbour, and a step always run right after plain
+    attention (which frees hundreds of MiB) paid that one's page faults and cache misses in
+    most samples (measured: auto 1.8 ms vs fused 1.3 ms for the same SDPA call, N=256). A step
+    faster than 20 ms also gets one untimed call before each sample and is run several times
+    per sample (timeit's autorange idea), for the same reason.
     """
     inner = {}
     for name, step in steps.items():
@@ -154,9 +159,12 @@ def time_interleaved(steps: dict[str, Callable[[], None]], repeats: int) -> dict
         step()
         inner[name] = max(1, min(50, int(0.02 / max(time.perf_counter() - t0, 1e-6))))
     names = list(steps)
+    order = random.Random(len(names) * 1000 + repeats)
     times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+    for _ in range(repeats):
+        for name in order.sample(names, len(names)):
+            if inner[name] > 1:
+                steps[name]()  # absorbs the previous step's aftermath
             t0 = time.perf_counter()
             for _ in range(inner[name]):
                 steps[name]()
