@@ -150,12 +150,17 @@ void keep_bytes(const Args& a, int64_t row, int64_t j0, int64_t nk, uint64_t* wo
     *bytes = reinterpret_cast<const uint8_t*>(words) + j0 % 8;  // little-endian byte order
 }
 
+// Entry (b, h, i, j0) of a broadcast (B, H, N, S) view given by four element strides.
+template <typename T>
+const T* at(const T* base, const int64_t* st, int64_t b, int64_t h, int64_t i, int64_t j0) {
+    return base + b * st[0] + h * st[1] + i * st[2] + j0 * st[3];
+}
+
 // Scores of one row of a block: add bias, block masked keys and keys past the causal limit.
 void mask_row(const Args& a, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t nk, float* s) {
     if (a.bias) {
-        const int64_t* st = a.bias_st;
-        const float* br = a.bias + b * st[0] + h * st[1] + i * st[2] + j0 * st[3];
-        const int64_t sj = st[3];
+        const float* br = at(a.bias, a.bias_st, b, h, i, j0);
+        const int64_t sj = a.bias_st[3];
         if (sj == 1) {
 #pragma omp simd
             for (int64_t c = 0; c < nk; ++c) s[c] += br[c];
@@ -164,9 +169,8 @@ void mask_row(const Args& a, int64_t b, int64_t h, int64_t i, int64_t j0, int64_
         }
     }
     if (a.mask) {
-        const int64_t* st = a.mask_st;
-        const uint8_t* mr = a.mask + b * st[0] + h * st[1] + i * st[2] + j0 * st[3];
-        const int64_t sj = st[3];
+        const uint8_t* mr = at(a.mask, a.mask_st, b, h, i, j0);
+        const int64_t sj = a.mask_st[3];
         if (sj == 1) {
 #pragma omp simd
             for (int64_t c = 0; c < nk; ++c) s[c] = mr[c] ? s[c] : kNegInf;
