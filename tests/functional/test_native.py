@@ -247,3 +247,17 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
     )
     assert torch.isfinite(out).all()
     assert list(tmp_path.rglob("*.so")) == []  # nothing half-written left behind
+
+
+@pytest.mark.parametrize("kernel", ["native", "torch"])
+def test_nan_input_stays_nan_in_out_lse_and_gradients(kernel):
+    q, k, v = leaves(*make(2, 2, 2, 6, 9, 8, 8, seed=10))
+    with torch.no_grad():
+        q[0, 1, 3, 2] = math.nan
+    out, lse = run(q, k, v, kernel=kernel)
+    assert out[0, 1, 3].isnan().all() and lse[0, 1, 3].isnan()  # not an empty row (-inf)
+    (dq,) = torch.autograd.grad(out.nansum() + lse.nansum(), [q])
+    assert dq[0, 1, 3].isnan().all()  # the NaN is not hidden as a zero gradient
+    keep = torch.ones(2, 2, 6, dtype=torch.bool)
+    keep[0, 1, 3] = False
+    assert torch.isfinite(out[keep]).all() and torch.isfinite(lse[keep]).all()

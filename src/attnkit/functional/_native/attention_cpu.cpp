@@ -252,10 +252,11 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1, 
         const int64_t row = (b * a.H + h) * a.N + i0 + r;
         float* o = a.out + row * Dv;
         const float l = w.l[r];
-        // l == 0 exactly when the row saw nothing: out 0 and lse -inf, never 0 / 0
+        // l == 0 exactly when the row saw nothing: out 0 and lse -inf, never 0 / 0. A NaN
+        // score makes l NaN: out (acc * 0) and lse stay NaN, and backward keeps the row.
         const float f = l > 0.0f ? a.inv_keep / l : 0.0f;
         for (int64_t e = 0; e < Dv; ++e) o[e] = acc[r * Dv + e] * f;
-        a.lse[row] = l > 0.0f ? w.m[r] + std::log(l) : kNegInf;
+        a.lse[row] = l > 0.0f ? w.m[r] + std::log(l) : (l == 0.0f ? kNegInf : l);
     }
 }
 
