@@ -261,3 +261,30 @@ def test_nan_input_stays_nan_in_out_lse_and_gradients(kernel):
     keep = torch.ones(2, 2, 6, dtype=torch.bool)
     keep[0, 1, 3] = False
     assert torch.isfinite(out[keep]).all() and torch.isfinite(lse[keep]).all()
+
+
+@pytest.fixture
+def fresh_loader(monkeypatch, tmp_path):
+    """`native.load` as in a new process, with its cache under tmp_path."""
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_damaged_cache_entry_is_rebuilt(fresh_loader, capfd):
+    # what a full disk or a killed copy in another process leaves where the library should be
+    lib = native._library_path(native._compiler())
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"not a shared library")
+    assert native.load() is not None
+    assert lib.stat().st_size > 1000
+    assert "compiling the CPU attention kernel" in capfd.readouterr().err
+
+
+def test_unwritable_cache_falls_back_to_a_private_temp_folder(fresh_loader, monkeypatch):
+    blocker = fresh_loader / "cache"
+    blocker.write_text("a file where the cache folder should be")  # mkdir fails
+    monkeypatch.setattr(native.tempfile, "gettempdir", lambda: str(fresh_loader / "tmp"))
+    assert native.load() is not None
+    assert list((fresh_loader / "tmp").rglob("attention_cpu-*.so"))

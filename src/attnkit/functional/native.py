@@ -21,6 +21,7 @@ backend stays on its PyTorch kernel (same results, same dropout bits; slower).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -157,19 +158,29 @@ def _load() -> ctypes.CDLL | None:
     if cxx is None:
         raise RuntimeError("no C++ compiler found (set CXX or install g++)")
     path = _library_path(cxx)
-    if not path.exists():
-        print(
-            "attnkit: compiling the CPU attention kernel for this machine (one time) ...",
-            file=sys.stderr,
-            flush=True,
-        )
-        start = time.perf_counter()
-        _build(cxx, path)
-        print(
-            f"attnkit: kernel ready in {time.perf_counter() - start:.1f} s, cached as {path}",
-            file=sys.stderr,
-            flush=True,
-        )
+    if path.exists():
+        try:
+            return _open(path)
+        except OSError:  # a damaged cache entry (disk full, killed copy): build it again
+            path.unlink(missing_ok=True)
+    try:
+        _build_verbosely(cxx, path)
+    except OSError:  # the cache folder cannot be written: a private temporary one
+        path = Path(tempfile.gettempdir()) / f"attnkit-{os.getuid()}" / "kernels" / path.name
+        if not path.exists():
+            _build_verbosely(cxx, path)
+    return _open(path)
+
+
+def _build_verbosely(cxx: str, path: Path) -> None:
+    say = functools.partial(print, file=sys.stderr, flush=True)
+    say("attnkit: compiling the CPU attention kernel for this machine (one time) ...")
+    start = time.perf_counter()
+    _build(cxx, path)
+    say(f"attnkit: kernel ready in {time.perf_counter() - start:.1f} s, cached as {path}")
+
+
+def _open(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     if lib.attnkit_abi_version() != _ABI:
         raise RuntimeError(f"{path} has ABI {lib.attnkit_abi_version()}, expected {_ABI}")
