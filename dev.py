@@ -74,21 +74,29 @@ def ensure_venv() -> Path:
     return python
 
 
-def ensure_chromium() -> None:
-    """Install Debian's chromium for the browser tests when we may (root + apt)."""
-    if shutil.which("chromium"):
-        return
+def _apt_install(package: str, why: str, without: str) -> None:
+    """Install a Debian package when we may (root + apt); otherwise say what is lost."""
     if not (shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0):
-        _say("chromium not found and cannot be installed here: browser tests will be skipped")
+        _say(f"{package} not found and cannot be installed here: {without}")
         return
-    _say("installing Debian's chromium for the browser tests (one time) ...")
+    _say(f"installing Debian's {package} {why} (one time) ...")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     quiet = {"stdout": subprocess.DEVNULL, "env": env}
     try:
         _run(["apt-get", "update", "-qq"], **quiet)
-        _run(["apt-get", "install", "-y", "-qq", "chromium"], **quiet)
+        _run(["apt-get", "install", "-y", "-qq", package], **quiet)
     except subprocess.CalledProcessError as err:
-        _say(f"could not install chromium ({err}): browser tests will be skipped")
+        _say(f"could not install {package} ({err}): {without}")
+
+
+def ensure_test_tools() -> None:
+    """chromium for the browser tests; a C++ compiler for attnkit's CPU attention kernel."""
+    if not shutil.which("chromium"):
+        _apt_install("chromium", "for the browser tests", "browser tests will be skipped")
+    if not any(shutil.which(c) for c in (os.environ.get("CXX") or "g++", "c++", "clang++")):
+        _apt_install(
+            "g++", "for the compiled attention kernel", "the kernel's tests will be skipped"
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -102,7 +110,7 @@ def main(argv: list[str]) -> int:
         return subprocess.call([str(python), "-m", "attnkit", "explain", *rest], env=env)
     if command == "attnkit":
         return subprocess.call([str(python), "-m", "attnkit", *rest], env=env)
-    ensure_chromium()
+    ensure_test_tools()
     for check in (["check", "."], ["format", "--check", "."]):
         _say("ruff " + " ".join(check))
         code = subprocess.call([str(python), "-m", "ruff", *check], cwd=ROOT)

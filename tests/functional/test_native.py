@@ -20,8 +20,9 @@ from attnkit.functional._dropout import draw_seed, dropout_keep_mask, keep_thres
 from attnkit.functional.chunked import chunked_attention
 from tests.functional.test_chunked import grads, naive
 
-pytestmark = pytest.mark.skipif(
-    not native.available(), reason="no C++ compiler: the compiled kernel cannot be built"
+needs_kernel = pytest.mark.skipif(
+    not native.available(),
+    reason="compiled kernel unavailable (no C++ compiler, or ATTNKIT_NATIVE=0)",
 )
 
 
@@ -83,12 +84,14 @@ SHAPES = [  # (B, H, Hkv, N, S, D, Dv)
 ]
 
 
+@needs_kernel
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 def test_matches_float64_truth(shape, causal):
     check_against_truth(*make(*shape), causal=causal, scale=0.3)
 
 
+@needs_kernel
 @pytest.mark.parametrize("causal", [False, True])
 def test_masks_bias_and_rows_that_see_nothing(causal):
     b, h, hkv, n, s = 2, 4, 2, 70, 90
@@ -106,6 +109,7 @@ def test_masks_bias_and_rows_that_see_nothing(causal):
         assert torch.isfinite(g).all()
 
 
+@needs_kernel
 def test_broadcast_masks_of_every_shape():
     q, k, v = make(2, 3, 3, 40, 50, 16, 16, seed=3)
     gen = torch.Generator().manual_seed(4)
@@ -117,6 +121,7 @@ def test_broadcast_masks_of_every_shape():
         check_against_truth(q, k, v, mask=mask)
 
 
+@needs_kernel
 def test_dropout_same_entries_as_pytorch_kernel_and_truth():
     q, k, v = make(2, 4, 2, 150, 530, 24, 24, seed=5)
     bias = torch.randn(1, 4, 150, 530, dtype=torch.float64)
@@ -135,6 +140,7 @@ def test_dropout_same_entries_as_pytorch_kernel_and_truth():
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
 
 
+@needs_kernel
 def test_keep_bytes_match_the_pytorch_definition():
     seed = 1234567891234
     got = native.keep_bytes(seed, 2, 3, 5, 77)  # (B, H, N, S) uint8
@@ -144,6 +150,7 @@ def test_keep_bytes_match_the_pytorch_definition():
     assert torch.equal(got < t, dropout_keep_mask(seed, (2, 3, 5, 77), 0.1))
 
 
+@needs_kernel
 def test_dropout_unbiased_and_reproducible():
     q, k, v = leaves(*make(1, 2, 2, 16, 24, 8, 8, seed=6))
     ref = naive(*(t.double() for t in (q, k, v)), scale=8**-0.5)[0]
@@ -157,6 +164,7 @@ def test_dropout_unbiased_and_reproducible():
     assert (err < 5 * outs.double().std(0) / math.sqrt(2000) + 1e-6).all()
 
 
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_inputs_compute_in_float32(dtype):
     q, k, v = make(1, 2, 1, 33, 45, 16, 16, seed=7)
@@ -171,6 +179,7 @@ def test_low_precision_inputs_compute_in_float32(dtype):
         torch.testing.assert_close(g.float(), g32.to(dtype).float(), atol=1e-2, rtol=1e-2)
 
 
+@needs_kernel
 def test_noncontiguous_inputs_and_thread_counts():
     q, k, v = make(2, 4, 4, 96, 96, 32, 32, seed=8)
     qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))  # MHA-like
@@ -189,6 +198,7 @@ def test_noncontiguous_inputs_and_thread_counts():
         torch.set_num_threads(before)
 
 
+@needs_kernel
 def test_single_kv_head_backward_splits_across_threads():
     # B·Hkv = 1 < threads: the backward splits the query blocks and sums dk, dv under a lock
     q, k, v = make(1, 2, 1, 600, 600, 16, 16, seed=9)
@@ -200,6 +210,7 @@ def test_single_kv_head_backward_splits_across_threads():
         torch.set_num_threads(before)
 
 
+@needs_kernel
 def test_refusals_name_the_reason():
     q, k, v = make(1, 1, 1, 4, 4, 8, 8)  # float64: the PyTorch kernel's job
     with pytest.raises(ValueError, match="kernel='native' cannot run this call"):
@@ -208,6 +219,7 @@ def test_refusals_name_the_reason():
         run(*leaves(q, k, v), kernel="fast")
 
 
+@needs_kernel
 def test_bias_with_gradient_goes_to_pytorch_kernel():
     q, k, v = leaves(*make(1, 2, 2, 9, 11, 8, 8))
     bias = torch.randn(2, 9, 11, requires_grad=True)
@@ -234,6 +246,7 @@ def test_without_the_kernel_chunked_still_runs():
 
 
 def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
+    monkeypatch.delenv("ATTNKIT_NATIVE", raising=False)
     monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
@@ -249,6 +262,7 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
     assert list(tmp_path.rglob("*.so")) == []  # nothing half-written left behind
 
 
+@needs_kernel
 @pytest.mark.parametrize("kernel", ["native", "torch"])
 def test_nan_input_stays_nan_in_out_lse_and_gradients(kernel):
     q, k, v = leaves(*make(2, 2, 2, 6, 9, 8, 8, seed=10))
@@ -266,12 +280,14 @@ def test_nan_input_stays_nan_in_out_lse_and_gradients(kernel):
 @pytest.fixture
 def fresh_loader(monkeypatch, tmp_path):
     """`native.load` as in a new process, with its cache under tmp_path."""
+    monkeypatch.delenv("ATTNKIT_NATIVE", raising=False)
     monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path / "cache"))
     return tmp_path
 
 
+@needs_kernel
 def test_damaged_cache_entry_is_rebuilt(fresh_loader, capfd):
     # what a full disk or a killed copy in another process leaves where the library should be
     lib = native._library_path(native._compiler())
@@ -282,6 +298,7 @@ def test_damaged_cache_entry_is_rebuilt(fresh_loader, capfd):
     assert "compiling the CPU attention kernel" in capfd.readouterr().err
 
 
+@needs_kernel
 def test_unwritable_cache_falls_back_to_a_private_temp_folder(fresh_loader, monkeypatch):
     blocker = fresh_loader / "cache"
     blocker.write_text("a file where the cache folder should be")  # mkdir fails
