@@ -6,19 +6,30 @@ import functools
 import platform
 from pathlib import Path
 
-__all__ = ["cpu_flags", "has_native_bf16"]
+__all__ = ["cpu_flags", "cpu_name", "has_native_bf16"]
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The feature flags of the first CPU ("avx2", "avx512_bf16", "amx_bf16", ...)."""
+def _cpuinfo_field(*names: str) -> str:
+    """The value of the first CPU's first field among `names` ("" when there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return frozenset(line.split(":", 1)[1].split())
+            key, _, value = line.partition(":")
+            if key.strip() in names:
+                return value.strip()
     except OSError:
         pass
-    return frozenset({platform.processor()} - {""})
+    return ""
+
+
+def cpu_flags() -> frozenset[str]:
+    """The feature flags of the first CPU ("avx2", "avx512_bf16", "amx_bf16", ...)."""
+    return frozenset(_cpuinfo_field("flags", "Features").split())
+
+
+def cpu_name() -> str:
+    """The CPU's model name, e.g. "Intel(R) Xeon(R) Processor"."""
+    return _cpuinfo_field("model name") or platform.processor()
 
 
 def has_native_bf16() -> bool:

@@ -288,6 +288,10 @@ def test_unambiguous_low_rank_masks_still_broadcast():
     m2 = torch.rand(3, 5, generator=torch.Generator().manual_seed(2)) > 0.3  # (N, S), N != B
     m3 = torch.rand(4, 3, 5, generator=torch.Generator().manual_seed(3)) > 0.3  # (H, N, S)
     for mask in (m2, m3, m2[:1], torch.ones(1, 5, dtype=torch.bool)):
-        attention(q, k, v, mask=mask)
+        want = attention(q, k, v, mask=mask[(None,) * (4 - mask.dim())]).out  # spelled 4-D
+        torch.testing.assert_close(attention(q, k, v, mask=mask).out, want)
     q1, k1, v1 = qkv(1, 2, 2, 1, 5, 8)  # B = N = 1 (decoding one token): both readings agree
-    attention(q1, k1, v1, mask=torch.ones(1, 5, dtype=torch.bool))
+    one = torch.tensor([[True, False, True, True, False]])
+    torch.testing.assert_close(
+        attention(q1, k1, v1, mask=one).out, attention(q1, k1, v1, mask=one[:, None, None]).out
+    )

@@ -18,7 +18,6 @@ once the inputs exist (Linux >= 4.0), and the peak above that RSS is reported.
 from __future__ import annotations
 
 import json
-import platform
 import random
 import statistics
 import subprocess
@@ -31,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit._cpu import cpu_name
 from attnkit.functional import native
 from attnkit.functional.attention import _choose_backend, _mask_elems, attention
 
@@ -329,7 +329,7 @@ def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
             "torch": torch.__version__,
             "threads": threads,
             "load_avg": _load_avg(),
-            "cpu": _cpu_name(),
+            "cpu": cpu_name(),
             "chunked_kernel": "compiled" if native.available() else "pytorch",
             "plan": asdict(plan),
         },
@@ -371,15 +371,6 @@ def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
     result["meta"]["load_avg_end"] = _load_avg()
     result["targets"] = evaluate_targets(result)
     return result
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
-    except OSError:
-        names = []
-    return names[0] if names else platform.processor()
 
 
 def _load_avg() -> list[float]:

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from attnkit._cpu import cpu_flags
+from attnkit._io import atomic_write_bytes
 
 __all__ = ["available", "load", "native_attention", "supports"]
 
@@ -117,18 +118,15 @@ def _flags() -> list[str]:
 
 
 def _build(cxx: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    cmd = [cxx, str(_SOURCE), "-o", tmp, *_flags()]
-    try:
+    target.parent.mkdir(parents=True, exist_ok=True)  # an unwritable cache fails here, early
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        cmd = [cxx, str(_SOURCE), "-o", str(built), *_flags()]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"{' '.join(cmd)}\n{done.stderr.strip()}")
-        os.replace(tmp, target)  # atomic: a concurrent process sees no half-written library
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        # atomic: a concurrent process sees the old library, none, or the whole new one
+        atomic_write_bytes(target, built.read_bytes())
 
 
 def load() -> ctypes.CDLL | None:
