@@ -90,7 +90,7 @@ def test_reference_keeps_the_score_matrix_fused_does_not():
     fused = attention_memory(b, h, n, head_dim=d, backend="fused")
     chunked = attention_memory(b, h, n, head_dim=d, backend="chunked", dropout=True)
     assert ref.saved["probs"] == e and ref.saved_bytes > e
-    assert fused.saved_bytes == chunked.saved_bytes < e // 10
+    assert fused.saved_bytes + 8 == chunked.saved_bytes < e // 10  # + the dropout seed
     assert ref.forward_peak >= 2 * e and fused.forward_peak < e // 10
     with_dropout = attention_memory(b, h, n, head_dim=d, dropout=True)
     assert with_dropout.saved_bytes == ref.saved_bytes + 2 * e

@@ -86,8 +86,8 @@ def test_gqa_equals_repeated_kv(backend, hkv):
 def sdpa_empty_rows(request, monkeypatch):
     """Run `fused` both ways: trusting SDPA with empty rows (torch >= 2.5) and fixing them."""
     if request.param == "attnkit zeroes them":
-        monkeypatch.setattr(attention_module, "_sdpa_zeroes_empty_rows", lambda: False)
-    elif not attention_module._sdpa_zeroes_empty_rows():
+        monkeypatch.setattr(attention_module, "_SDPA_ZEROES_EMPTY_ROWS", False)
+    elif not attention_module._SDPA_ZEROES_EMPTY_ROWS:
         pytest.skip("this torch's SDPA gives NaN for empty rows; attnkit fixes them itself")
 
 
@@ -243,9 +243,8 @@ def test_bad_input_raises_value_error_naming_argument(change, message):
 
 
 def test_probe_of_sdpa_empty_rows_leaves_the_random_stream_alone():
-    attention_module._sdpa_zeroes_empty_rows.cache_clear()
     torch.manual_seed(3)
-    attention_module._sdpa_zeroes_empty_rows()  # draws dropout bits in a forked RNG
+    attention_module._probe_sdpa_empty_rows()  # draws dropout bits in a forked RNG
     after = torch.rand(3)
     torch.manual_seed(3)
     assert torch.equal(after, torch.rand(3))
@@ -253,7 +252,7 @@ def test_probe_of_sdpa_empty_rows_leaves_the_random_stream_alone():
 
 @pytest.mark.parametrize("native_bf16", [True, False])
 def test_auto_for_bfloat16_training_follows_the_cpu(native_bf16, monkeypatch):
-    monkeypatch.setattr(attention_module, "has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(attention_module, "_NATIVE_BF16", native_bf16)
     got = attention_module._choose_backend(
         "auto", need_weights=False, dropout=False, low_precision_grad=True
     )

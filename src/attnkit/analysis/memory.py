@@ -19,7 +19,7 @@ What autograd keeps (checked in the tests by summing the distinct storages that
   keeps what the reference keeps (in float32 for float16/bfloat16 inputs).
 * ``chunked`` — attnkit's online-softmax backend keeps the same O(N) set as
   the flash kernel (q, k, v, out, lse), with or without dropout (it replays the
-  dropout bits from a seed); its compiled CPU kernel keeps them in float32, the
+  dropout bits from a seed, an 8-byte tensor); its compiled CPU kernel keeps them in float32, the
   type it computes in, also for float16/bfloat16 inputs.
 
 The forward peak counts tensors allocated during the forward beyond q, k, v,
@@ -141,4 +141,6 @@ def attention_memory(
         "out": out,
         "lse": lse,
     }
+    if backend == "chunked" and dropout:
+        saved["seed"] = 8  # the 0-d int64 seed that replays the dropout bits
     return Memory(saved, out + lse)

@@ -25,9 +25,11 @@ import torch
 from torch import Tensor
 
 
-def draw_seed() -> int:
-    """One 63-bit seed from torch's default generator, so ``torch.manual_seed`` controls it."""
-    return int(torch.empty((), dtype=torch.int64).random_().item())
+def draw_seed(device: torch.device | str | None = None) -> Tensor:
+    """A 62-bit seed, a 0-d int64 tensor on `device`, from torch's generator for that device
+    (``torch.manual_seed`` controls it). A tensor, not an int: torch.compile and export trace
+    the draw instead of stopping at ``.item()``, and a CUDA seed never syncs with the host."""
+    return torch.randint(0, 1 << 62, (), dtype=torch.int64, device=device)
 
 
 def keep_threshold(p: float) -> tuple[int, float]:
@@ -57,9 +59,10 @@ def _lsr(z: Tensor, s: int) -> Tensor:
     return (z >> s) & ((1 << (64 - s)) - 1)
 
 
-def row_ids(b: int, h: int, n: int, i0: int, i1: int) -> Tensor:
+def row_ids(b: int, h: int, n: int, i0: int, i1: int, device=None) -> Tensor:
     """Row numbers (b * H + h) * N + i of rows i0:i1 of every head, in (B·H, nq) order."""
-    return (torch.arange(b * h).unsqueeze(1) * n + torch.arange(i0, i1)).reshape(-1)
+    heads = torch.arange(b * h, device=device).unsqueeze(1) * n  # (B·H, 1)
+    return (heads + torch.arange(i0, i1, device=device)).reshape(-1)
 
 
 def keep_bytes(seed: int, rows: Tensor, j0: int, nk: int, s: int) -> Tensor:
@@ -70,7 +73,8 @@ def keep_bytes(seed: int, rows: Tensor, j0: int, nk: int, s: int) -> Tensor:
     """
     wpr = (s + 7) // 8
     w0, nw = j0 // 8, (j0 % 8 + nk + 7) // 8
-    z = (rows.unsqueeze(1) * wpr + torch.arange(w0 + 1, w0 + nw + 1)) * _GOLDEN + seed
+    words = torch.arange(w0 + 1, w0 + nw + 1, device=rows.device)  # (nw,)
+    z = (rows.unsqueeze(1) * wpr + words) * _GOLDEN + seed
     z = (z ^ _lsr(z, 30)) * _MUL1  # (R, nw)
     z = (z ^ _lsr(z, 27)) * _MUL2
     z = z ^ _lsr(z, 31)

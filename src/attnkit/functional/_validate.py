@@ -58,7 +58,10 @@ def validate(q, k, v, mask, bias, dropout_p, scale) -> None:
     if v.shape[:3] != k.shape[:3]:
         want = f"(B={b}, Hkv={k.shape[1]}, S={k.shape[2]}, Dv)"
         raise ValueError(f"v must have shape {want}, got {_shape(v)}")
-    if h % k.shape[1]:
+    if d == 0:
+        raise ValueError(f"q and k must have a head width D >= 1, got q {_shape(q)}, k {_shape(k)}")
+    hkv = k.shape[1]
+    if (hkv == 0 and h > 0) or (hkv > 0 and h % hkv):
         raise ValueError(
             f"query heads H={h} must be a multiple of key/value heads Hkv={k.shape[1]} "
             f"(q {_shape(q)}, k {_shape(k)})"

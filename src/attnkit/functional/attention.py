@@ -12,24 +12,27 @@ Backends compute the same thing and are pinned together by the tests:
   float64 input); the only backend that can return the probabilities.
 * ``fused`` — ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's
   fused CPU flash kernel when it applies).
-* ``chunked`` — online softmax over key and query blocks in pure PyTorch:
-  O(block·S) memory in forward and backward for any mask, bias, causal, GQA and
-  dropout; returns the log-sum-exp.
-* ``auto`` — the fastest backend that supports the call (see `_choose_backend`),
-  overridable globally with `use_backend`.
+* ``chunked`` — online softmax over key and query blocks (FlashAttention-2): on the CPU the
+  compiled kernel (`attnkit.functional.native`, registered as the operators
+  ``attnkit::attention_fwd``/``attention_bwd``), elsewhere PyTorch ops on the inputs' device.
+  O(block·S) memory in forward and backward for any mask, bias, causal, GQA and dropout;
+  returns the log-sum-exp.
+* ``auto`` — the fastest backend that supports the call (see `_choose_backend`), per device,
+  chosen from static facts only (shapes, dtypes, flags, the device type, facts about this
+  machine read at import), so that torch.compile and torch.export trace one fixed choice.
+  Overridable with `use_backend`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import functools
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from attnkit._cpu import has_native_bf16
 from attnkit.functional import masks as _masks
@@ -39,9 +42,13 @@ __all__ = ["BACKENDS", "AttentionOutput", "attention", "use_backend"]
 
 BACKENDS = ("auto", "reference", "fused", "chunked")
 
-_backend_override: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "attnkit_backend", default=None
-)
+# What `use_backend` set (None: auto decides). A plain module global, not a ContextVar: Dynamo
+# reads a global as a constant and guards on it (a changed choice recompiles), while a ContextVar
+# read breaks the graph at every attention call.
+_override: str | None = None
+
+# bfloat16 dot products in hardware, read once (see `_choose_backend`).
+_NATIVE_BF16 = has_native_bf16()
 
 
 class AttentionOutput(NamedTuple):
@@ -66,15 +73,18 @@ def use_backend(name: str) -> Iterator[None]:
     """Make calls that ask for ``backend="auto"`` use `name` inside the block.
 
     Explicit backends in a call are left alone. Nested blocks restore the outer
-    choice on exit. Thread- and task-local (a `contextvars.ContextVar`).
+    choice on exit. The choice is process-wide (not per thread), so that compiled
+    graphs see it as a constant: a compiled model called inside the block is
+    recompiled for the new choice.
     """
+    global _override
     if name not in BACKENDS:
         raise ValueError(f"use_backend: name must be one of {BACKENDS}, got {name!r}")
-    token = _backend_override.set(None if name == "auto" else name)
+    before, _override = _override, None if name == "auto" else name
     try:
         yield
     finally:
-        _backend_override.reset(token)
+        _override = before
 
 
 def attention(
@@ -100,23 +110,33 @@ def attention(
             as if k and v were repeated with ``repeat_interleave`` on dim 1.
         v: values (B, Hkv, S, Dv).
         mask: boolean, **True = may attend**, broadcastable to (B, H, N, S).
-            Converters for other conventions live in `attnkit.masks`. A 2-D mask
-            (B, S) with B == N > 1, or a 3-D one (B, N, S) with B == H > 1, is
-            refused as ambiguous (a key-padding or Keras mask would broadcast as
-            (N, S) or (H, N, S) without error): pass those 4-D.
+            Converters for other conventions live in `attnkit.masks` and return
+            4-D masks. A 2-D mask (B, S) with B == N > 1, or a 3-D one (B, N, S)
+            with B == H > 1, is refused as ambiguous (a key-padding or Keras mask
+            would broadcast as (N, S) or (H, N, S) without error): pass those 4-D.
         bias: additive float scores, broadcastable to (B, H, N, S); may hold -inf.
         causal: query i attends to keys j <= i + (S - N), i.e. the mask is
             aligned bottom-right when N != S (what decoding with a cache needs).
             Combines with `mask` and `bias`.
         scale: multiplies q·kᵀ; defaults to 1/sqrt(D).
-        dropout_p: dropout on the probabilities, applied only when `training`.
+        dropout_p: dropout on the probabilities, applied only when `training`:
+            each probability is kept with probability 1 - p and scaled by 1/(1 - p).
         need_weights: also return the probabilities (forces the reference path).
         backend: "auto", "reference", "fused" or "chunked".
 
-    A query row that may attend to no key at all gets output exactly 0 and
-    gradient exactly 0 on every backend (never NaN).
+    A query row that may attend to no key at all (every key masked, or S = 0) gets
+    output exactly 0, lse -inf and gradient exactly 0 on every backend (never NaN).
+
+    Non-finite input has one meaning on every backend. A NaN or ±inf anywhere in q, k
+    or v of batch b and key/value group makes the whole output slice out[b, h] of the
+    query heads h that read it NaN (and their lse NaN): bad data is never silently
+    absorbed into a finite answer, whichever backend runs. The bias may hold -inf
+    (that is masking); a NaN or +inf in the bias makes NaN exactly the rows that may
+    attend to it, and is ignored where the mask or causal limit blocks it.
     """
     _validate(q, k, v, mask, bias, dropout_p, scale)
+    if q.numel() == 0 or k.shape[2] == 0:  # no query, or no key to attend to
+        return _no_work(q, k, v, need_weights)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     p = float(dropout_p) if training else 0.0
     elems = _mask_elems(q, k, mask, bias, causal)
@@ -124,18 +144,53 @@ def attention(
     low_grad = low_grad and (q.requires_grad or k.requires_grad or v.requires_grad)
     name = _choose_backend(
         backend, need_weights=need_weights, dropout=p > 0, mask_elems=elems,
-        low_precision_grad=low_grad,
+        low_precision_grad=low_grad, device_type=q.device.type,
     )  # fmt: skip
     if name == "reference":
-        return _reference(q, k, v, mask, bias, causal, scale, p, need_weights)
-    if name == "fused":
-        return _fused(q, k, v, mask, bias, causal, scale, p)
-    from attnkit.functional.chunked import chunked_attention
+        res = _reference(q, k, v, mask, bias, causal, scale, p, need_weights)
+    elif name == "fused":
+        res = _fused(q, k, v, mask, bias, causal, scale, p)
+    else:
+        from attnkit.functional.chunked import chunked_attention
 
-    out, lse = chunked_attention(
-        q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, dropout_p=p, training=p > 0
-    )
-    return AttentionOutput(out, None, lse)
+        out, lse = chunked_attention(
+            q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, dropout_p=p,
+            training=p > 0,
+        )  # fmt: skip
+        res = AttentionOutput(out, None, lse)
+    return _poison_non_finite(res, q, k, v)
+
+
+def _poison_non_finite(res: AttentionOutput, q: Tensor, k: Tensor, v: Tensor) -> AttentionOutput:
+    """NaN over every (b, h) output slice whose q, k or v holds a NaN or inf (see `attention`).
+
+    Backends disagree on such input otherwise: a causal kernel skips the keys above the
+    diagonal, SDPA's CPU kernel adds the mask to a NaN score, a matmul multiplies a masked
+    probability 0 by an inf value. A where() over per-slice finiteness flags has no
+    data-dependent branch (compiled and traced graphs stay whole), cannot overflow (a sum
+    could, in float16) and adds no gradient. Cost: one pass over q, k and v, O((N + S)·D).
+    """
+    with torch.no_grad():
+        dims = (-2, -1)
+        kv_ok = torch.isfinite(k).all(dims) & torch.isfinite(v).all(dims)  # (B, Hkv)
+        kv_ok = _repeat_kv(kv_ok[..., None, None], q.shape[1])  # (B, H, 1, 1)
+        ok = torch.isfinite(q).all(dims, keepdim=True) & kv_ok  # (B, H, 1, 1)
+        zero = torch.where(ok, 0.0, float("nan")).to(res.out.dtype)  # (B, H, 1, 1)
+    out = res.out + zero
+    lse = None if res.lse is None else res.lse + zero[..., 0].to(res.lse.dtype)
+    return AttentionOutput(out, res.weights, lse)
+
+
+def _no_work(q: Tensor, k: Tensor, v: Tensor, need_weights: bool) -> AttentionOutput:
+    """The result when B, H or N is 0 (an empty output) or S is 0 (every row sees no key: out 0,
+    lse -inf, as for a fully masked row), the same whatever the backend. Computed as q kᵀ v on
+    the empty axis, so the output still carries gradients (zeros) to q, k and v."""
+    heads = q.shape[1]
+    scores = torch.matmul(q, _repeat_kv(k, heads).transpose(-2, -1))  # (B, H, N, S), empty
+    out = torch.matmul(scores, _repeat_kv(v, heads))  # (B, H, N, Dv): zeros
+    work = torch.promote_types(q.dtype, torch.float32)
+    lse = torch.full(q.shape[:3], float("-inf"), dtype=work, device=q.device)  # (B, H, N)
+    return AttentionOutput(out, scores if need_weights else None, None if need_weights else lse)
 
 
 # SDPA turns a boolean mask into a float mask of the mask's own broadcast shape (and `_fused`
@@ -149,7 +204,10 @@ _MASK_ELEMS_CHUNKED = 1 << 26
 
 
 def _mask_elems(q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, causal: bool):
-    """Elements of the float mask `_fused` would hand to SDPA (0: none, SDPA masks itself)."""
+    """Elements of the float mask `_fused` would hand to SDPA (0: none, SDPA masks itself).
+
+    Under torch.export with dynamic sizes this may be a symbolic size; `_choose_backend`
+    compares it without adding a guard (so the batch and length stay dynamic)."""
     shapes = [t.shape for t in (mask, bias) if t is not None]
     if not shapes:
         return 0
@@ -163,13 +221,15 @@ def _choose_backend(
     *,
     need_weights: bool,
     dropout: bool,
-    mask_elems: int = 0,
+    mask_elems=0,
     low_precision_grad: bool = False,
+    device_type: str = "cpu",
 ) -> str:
-    """The backend a call runs on.
+    """The backend a call runs on, from static facts only.
 
     `mask_elems` is what `_mask_elems` returns for the call; `low_precision_grad` says that
-    the inputs are bfloat16 and a gradient will be taken.
+    the inputs are bfloat16 and a gradient will be taken. Off the CPU (CUDA, MPS, ...) auto
+    runs SDPA, whose kernels there do dropout and masks themselves.
     """
     if requested not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
@@ -182,23 +242,37 @@ def _choose_backend(
         return requested
     if need_weights:
         return "reference"
-    override = _backend_override.get()
-    if override is not None:
-        return override
+    if _override is not None:
+        return _override
+    if device_type != "cpu":
+        return "fused"
     # SDPA leaves its fused CPU kernel for a slow math path as soon as dropout is
     # on (PERF-NOTES: ~12x slower at N=2048); the chunked kernel draws its
-    # dropout bits cheaply and keeps O(N) memory.
-    if dropout or mask_elems >= _MASK_ELEMS_CHUNKED:
+    # dropout bits cheaply and keeps O(N) memory. A mask size only known symbolically
+    # (export with dynamic shapes) keeps fused rather than guard on the size.
+    if dropout or statically_known_true(mask_elems >= _MASK_ELEMS_CHUNKED):
         return "chunked"
     # SDPA's bfloat16 backward on a CPU without bf16 units (AVX2 EPYC) is ~4x slower than
     # chunked, which computes in float32: fwd+bwd N=1024 (B=1, H=8, D=64, 1 thread) 618 ms vs
     # 149 ms. With AVX512-BF16/AMX (Sapphire Rapids) it is the faster one: 38 ms vs 62 ms.
-    if low_precision_grad and not has_native_bf16():
+    if low_precision_grad and not _NATIVE_BF16:
         return "chunked"
     return "fused"
 
 
 # --------------------------------------------------------------------------- backends
+
+
+def _tracing() -> bool:
+    """Inside torch.compile / torch.export / torch.jit.trace: no data-dependent branches."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def _eager_cpu(t: Tensor) -> bool:
+    """Whether a data-dependent shortcut (reading a tensor's values on the host) is cheap and
+    safe: eager mode on the CPU. Elsewhere the branch-free path runs (no host sync on CUDA, one
+    graph under compile and export, the right answer for every input under jit.trace)."""
+    return t.device.type == "cpu" and not _tracing()
 
 
 def _allowed(mask: Tensor | None, causal: bool, n: int, s: int, device) -> Tensor | None:
@@ -208,13 +282,16 @@ def _allowed(mask: Tensor | None, causal: bool, n: int, s: int, device) -> Tenso
 
 def _repeat_kv(t: Tensor, heads: int) -> Tensor:
     """(B, Hkv, S, X) -> (B, H, S, X): query head h reads kv head h // (H // Hkv)."""
-    groups = heads // t.shape[1]
+    groups = heads // t.shape[1] if t.shape[1] else 1  # H = Hkv = 0: nothing to repeat
     return t if groups == 1 else t.repeat_interleave(groups, dim=1)
 
 
 def _scaled_copy(q: Tensor, scale: float, dtype: torch.dtype) -> Tensor:
-    """scale * q as a fresh contiguous tensor in one pass (no graph: ``out=`` has none)."""
-    return torch.mul(q, scale, out=torch.empty(q.shape, dtype=dtype))
+    """scale * q as a fresh contiguous tensor of `dtype`, in one pass where it can."""
+    if q.requires_grad or _tracing():
+        return (q.to(dtype) * scale).contiguous()
+    # no graph: ``out=`` writes the cast and the product at once
+    return torch.mul(q, scale, out=torch.empty(q.shape, dtype=dtype, device=q.device))
 
 
 def _reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights) -> AttentionOutput:
@@ -223,7 +300,7 @@ def _reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights) -> A
     kw = _repeat_kv(k, heads).to(work)  # (B, H, S, D)
     vw = _repeat_kv(v, heads).to(work)  # (B, H, S, Dv)
     # scale q (N·D) rather than the scores (N·S), straight into the contiguous copy bmm needs
-    qs = (q.to(work) * scale).contiguous() if q.requires_grad else _scaled_copy(q, scale, work)
+    qs = _scaled_copy(q, scale, work)
     scores = torch.matmul(qs, kw.transpose(-2, -1))  # (B, H, N, S)
     if bias is not None:
         scores = scores.add_(bias.to(work))
@@ -243,18 +320,20 @@ def _reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights) -> A
         dead = ~allowed.any(dim=-1, keepdim=True)  # (..., N, 1), on the boolean mask
     else:
         dead = None  # nothing masked: every row sees every key
-    any_dead = dead is not None and bool(dead.any())
-    if any_dead:
+    # On the CPU in eager mode, skip the fix-up when no row is dead (a pass over N×S saved).
+    if dead is not None and _eager_cpu(q) and not bool(dead.any()):
+        dead = None
+    if dead is not None:
         # softmax of an all -inf row is NaN (and so is its gradient): give the
         # row finite scores, then zero its probabilities.
         scores = scores.masked_fill(dead, 0.0)
-    if scores.requires_grad:
+    if scores.requires_grad or _tracing():
         probs = torch.softmax(scores, dim=-1)
     else:
         # no graph: softmax in place. A fresh N×S output costs its page faults, ~3x the
         # softmax itself (1 thread, 8×8×512×512: 62 ms vs 19 ms); torch's MHA does the same.
         probs = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
-    if any_dead:
+    if dead is not None:
         probs = probs.masked_fill(dead, 0.0)
     lse = None
     if want_lse:
@@ -268,20 +347,20 @@ def _reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights) -> A
     return AttentionOutput(out, probs.to(q.dtype) if need_weights else None, lse)
 
 
-@functools.cache
-def _sdpa_zeroes_empty_rows() -> bool:
+def _probe_sdpa_empty_rows() -> bool:
     """Whether this torch's CPU SDPA gives a query row that may attend to nothing output 0 and
     finite gradients (torch >= 2.5; earlier ones give NaN, and `_fused` zeroes such rows itself,
-    at the cost of a pass over the mask: 0.4 ms at N=S=1024). Probed once, on float32 and
-    bfloat16, boolean and -inf float masks, the flash and the math (dropout) paths; the probe's
-    dropout draws come from a forked RNG, so the caller's random stream is untouched."""
+    at the cost of a pass over the mask: 0.4 ms at N=S=1024). Probed on float32 and bfloat16,
+    boolean and -inf float masks, the flash and the math (dropout) paths; the probe's dropout
+    draws come from a forked RNG, so the caller's random stream is untouched."""
     try:
         with torch.random.fork_rng(devices=[]):
             for dtype in (torch.float32, torch.bfloat16):
-                q = torch.randn(1, 1, 3, 4, dtype=dtype, requires_grad=True)
-                blocked = torch.zeros(3, 3, dtype=torch.bool)
+                q = torch.randn(1, 1, 3, 4, dtype=dtype, device="cpu", requires_grad=True)
+                blocked = torch.zeros(3, 3, dtype=torch.bool, device="cpu")
                 blocked[1] = True  # query 1 sees no key
-                float_mask = torch.zeros(3, 3, dtype=dtype).masked_fill(blocked, float("-inf"))
+                float_mask = torch.zeros(3, 3, dtype=dtype, device="cpu")
+                float_mask = float_mask.masked_fill(blocked, float("-inf"))
                 for attn_mask in (~blocked, float_mask):
                     for p in (0.0, 0.5):
                         out = F.scaled_dot_product_attention(
@@ -295,14 +374,16 @@ def _sdpa_zeroes_empty_rows() -> bool:
     return True
 
 
-# Probed at import, not at first use: a first use may sit inside a dispatch mode, a FLOP
-# counter or a trace, which must not see the probe's calls.
-_sdpa_zeroes_empty_rows()
+# Probed once at import, not at first use: a first use may sit inside a dispatch mode, a FLOP
+# counter, a compiled or exported trace, which must neither see the probe's calls nor branch on
+# its result. A constant, so traced code reads it as one.
+_SDPA_ZEROES_EMPTY_ROWS = _probe_sdpa_empty_rows()
 
 
 def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:
     n, s = q.shape[2], k.shape[2]
-    gqa = k.shape[1] != q.shape[1]
+    # a bool, never a traced size comparison (jit.trace turns sizes into tensors)
+    gqa = bool(k.shape[1] != q.shape[1])
     if mask is None and bias is None and (not causal or n == s):
         # PyTorch's is_causal is top-left aligned; it equals ours only when N == S.
         out = F.scaled_dot_product_attention(
@@ -310,16 +391,16 @@ def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:
         )
         return AttentionOutput(out)
     allowed = _allowed(mask, causal, n, s, q.device)
-    if q.device.type == "cpu" and _sdpa_zeroes_empty_rows():
+    if q.device.type == "cpu" and _SDPA_ZEROES_EMPTY_ROWS:
         dead = None  # SDPA itself gives such rows output 0 and gradient 0
-    elif bias is not None and bool(torch.isneginf(bias).any()):
-        blocked = torch.isneginf(bias)
-        blocked = blocked if allowed is None else blocked | ~allowed
-        dead = blocked.all(dim=-1, keepdim=True)  # (..., N, 1)
-    else:  # any() over the mask: no second (N, S) temporary
-        dead = None if allowed is None else ~allowed.any(dim=-1, keepdim=True)  # (..., N, 1)
-    if dead is not None and not bool(dead.any()):
-        dead = None
+    else:
+        blocked = None if allowed is None else ~allowed
+        if bias is not None:
+            inf = torch.isneginf(bias)
+            blocked = inf if blocked is None else blocked | inf
+        dead = None if blocked is None else blocked.all(dim=-1, keepdim=True)  # (..., N, 1)
+        if dead is not None and _eager_cpu(q) and not bool(dead.any()):
+            dead = None
     if bias is None:
         attn_mask = allowed if dead is None else allowed | dead
     else:

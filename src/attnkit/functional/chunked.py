@@ -64,14 +64,15 @@ class _Workspace:
     measured +40 MiB RSS in one backward at N=2048, for no live data.
     """
 
-    def __init__(self):
+    def __init__(self, device: torch.device):
         self.bufs: dict[str, Tensor] = {}
+        self.device = device
 
     def __call__(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
         n = math.prod(shape)
         buf = self.bufs.get(name)
         if buf is None or buf.numel() < n or buf.dtype != dtype:
-            buf = self.bufs[name] = torch.empty(n, dtype=dtype)
+            buf = self.bufs[name] = torch.empty(n, dtype=dtype, device=self.device)
         return buf[:n].view(shape)
 
 
@@ -84,6 +85,7 @@ class _Plan:
         self.g = self.h // self.hkv
         self.causal, self.bq, self.bk = causal, bq, bk
         self.cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+        self.dev = q.device  # every buffer lives on the inputs' device
 
     def q_blocks(self):
         for i0 in range(0, self.n, self.bq):
@@ -106,8 +108,9 @@ def _scores(pl, s, i0, i1, j0, j1, cut, mask4, bias4):
     if mask4 is not None:
         s5.masked_fill_(_block5(mask4, i0, i1, j0, j1, pl.hkv, pl.g).logical_not(), _NEG_INF)
     if cut:
-        rows = torch.arange(i0, i1).unsqueeze(1) + (pl.s - pl.n)  # (nq, 1)
-        s5.masked_fill_(torch.arange(j0, j1) > rows, _NEG_INF)  # (nq, nk) above diagonal
+        rows = torch.arange(i0, i1, device=pl.dev).unsqueeze(1) + (pl.s - pl.n)  # (nq, 1)
+        above = torch.arange(j0, j1, device=pl.dev) > rows  # (nq, nk) above the diagonal
+        s5.masked_fill_(above, _NEG_INF)
     return s5
 
 
@@ -116,17 +119,18 @@ def _forward(pl, q, k, v, mask4, bias4, t_keep, seed):
     q5 = q.view(b, hkv, g, n, pl.d)  # (B, Hkv, G, N, D)
     kt = k.to(pl.cdt).reshape(b * hkv, pl.s, pl.d).transpose(1, 2)  # (B*Hkv, D, S)
     vv = v.to(pl.cdt).reshape(b * hkv, pl.s, pl.dv)  # (B*Hkv, S, Dv)
-    out = torch.zeros(b, hkv, g, n, pl.dv, dtype=pl.cdt)
-    lse = torch.full((b, hkv, g, n), _NEG_INF, dtype=pl.cdt)
-    ws = _Workspace()
+    out = torch.zeros(b, hkv, g, n, pl.dv, dtype=pl.cdt, device=pl.dev)
+    lse = torch.full((b, hkv, g, n), _NEG_INF, dtype=pl.cdt, device=pl.dev)
+    ws = _Workspace(pl.dev)
     for i0, i1 in pl.q_blocks():
         nq = i1 - i0
         # pre-scaled per block (a small copy, not one of size N·D): (B*Hkv, G*nq, D)
         qb = (q5[:, :, :, i0:i1].to(pl.cdt) * pl.scale).reshape(b * hkv, g * nq, pl.d)
-        m = torch.full((b * hkv, g * nq, 1), _NEG_INF, dtype=pl.cdt)  # running max
-        l = torch.zeros(b * hkv, g * nq, 1, dtype=pl.cdt)  # running sum of exp
-        acc = torch.zeros(b * hkv, g * nq, pl.dv, dtype=pl.cdt)  # unnormalised output
-        rows = row_ids(b, pl.h, n, i0, i1) if seed is not None else None  # dropout's row ids
+        like = {"dtype": pl.cdt, "device": pl.dev}
+        m = torch.full((b * hkv, g * nq, 1), _NEG_INF, **like)  # running max
+        l = torch.zeros(b * hkv, g * nq, 1, **like)  # running sum of exp
+        acc = torch.zeros(b * hkv, g * nq, pl.dv, **like)  # unnormalised output
+        rows = row_ids(b, pl.h, n, i0, i1, pl.dev) if seed is not None else None  # for dropout
         for j0, j1, cut in pl.k_blocks(i0, i1):
             nk = j1 - j0
             s = torch.bmm(qb, kt[:, :, j0:j1], out=ws("s", (b * hkv, g * nq, nk), pl.cdt))
@@ -158,11 +162,11 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
     o5 = out.view(b, hkv, g, n, pl.dv)  # (B, Hkv, G, N, Dv)
     lse4 = lse.view(b, hkv, g, n)  # (B, Hkv, G, N)
     dlse4 = dlse.view(b, hkv, g, n) if dlse is not None else None  # (B, Hkv, G, N)
-    dq = torch.empty(b, hkv, g, n, pl.d, dtype=cdt)
-    dk = torch.zeros(b * hkv, s_len, pl.d, dtype=cdt)
-    dv = torch.zeros(b * hkv, s_len, pl.dv, dtype=cdt)
-    dbias4 = torch.zeros(bias4.shape, dtype=cdt) if want_dbias else None
-    ws = _Workspace()
+    dq = torch.empty(b, hkv, g, n, pl.d, dtype=cdt, device=pl.dev)
+    dk = torch.zeros(b * hkv, s_len, pl.d, dtype=cdt, device=pl.dev)
+    dv = torch.zeros(b * hkv, s_len, pl.dv, dtype=cdt, device=pl.dev)
+    dbias4 = torch.zeros(bias4.shape, dtype=cdt, device=pl.dev) if want_dbias else None
+    ws = _Workspace(pl.dev)
     red = [i for i, e in enumerate(bias4.shape) if e == 1] if want_dbias else []
     for i0, i1 in pl.q_blocks():
         nq = i1 - i0
@@ -178,8 +182,8 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
             dob = dob * pl.inv_keep  # dropout's 256/T folded into dO (never in place: user's)
         # empty rows have lse -inf: shift them by 0 so that P = exp(-inf) = 0, not NaN
         neg_lse = -lse4[:, :, :, i0:i1].to(cdt).nan_to_num(neginf=0.0).reshape(*rows, 1)
-        dqb = torch.zeros(b * hkv, g * nq, pl.d, dtype=cdt)
-        drop_rows = row_ids(b, pl.h, n, i0, i1) if seed is not None else None
+        dqb = torch.zeros(b * hkv, g * nq, pl.d, dtype=cdt, device=pl.dev)
+        drop_rows = row_ids(b, pl.h, n, i0, i1, pl.dev) if seed is not None else None
         for j0, j1, cut in pl.k_blocks(i0, i1):
             nk = j1 - j0
             # S - lse in the gemm's accumulator (beta = 1), then bias and masks
@@ -217,17 +221,18 @@ class _ChunkedAttention(torch.autograd.Function):
         pl.scale, pl.inv_keep = scale, (256.0 / t_keep if t_keep else 0.0)
         mask4, bias4 = _as4d(mask), _as4d(bias)
         out, lse = _forward(pl, q, k, v, mask4, bias4, t_keep, seed)
-        ctx.save_for_backward(q, k, v, mask, bias, out, lse)
-        ctx.pl, ctx.t_keep, ctx.seed = pl, t_keep, seed
+        # the seed is saved like a tensor (as the compiled kernel's operator does), not kept aside
+        ctx.save_for_backward(q, k, v, mask, bias, out, lse, seed)
+        ctx.pl, ctx.t_keep = pl, t_keep
         return out.to(q.dtype), lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, mask, bias, out, lse = ctx.saved_tensors
+        q, k, v, mask, bias, out, lse, seed = ctx.saved_tensors
         want_dbias = bias is not None and ctx.needs_input_grad[4]
         dq, dk, dv, dbias4 = _backward(
             ctx.pl, q, k, v, _as4d(mask), _as4d(bias), out, lse, dout, dlse,
-            ctx.t_keep, ctx.seed, want_dbias,
+            ctx.t_keep, seed, want_dbias,
         )  # fmt: skip
         dbias = dbias4.view(bias.shape).to(bias.dtype) if want_dbias else None
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, dbias) + (None,) * 6
@@ -273,7 +278,7 @@ def chunked_attention(
         raise ValueError(f"kernel must be 'auto', 'native' or 'torch', got {kernel!r}")
     p_drop = dropout_p if training else 0.0
     t_keep, inv_keep = keep_threshold(p_drop) if p_drop > 0 else (256, 1.0)
-    seed = draw_seed() if t_keep < 256 else None
+    seed = draw_seed(q.device) if t_keep < 256 else None
     if kernel == "native" and not native.supports(q, bias):
         raise ValueError(
             f"kernel='native' cannot run this call ({q.dtype} on {q.device}, bias needing a "
@@ -285,7 +290,7 @@ def chunked_attention(
     ):
         return native.native_attention(
             q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, keep_t=t_keep,
-            inv_keep=inv_keep, seed=seed or 0,
+            inv_keep=inv_keep, seed=seed,
         )  # fmt: skip
     bq = block_q or (CAUSAL_BLOCK_Q if causal else DEFAULT_BLOCK_Q)
     bk = block_k or (

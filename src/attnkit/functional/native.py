@@ -216,10 +216,6 @@ def supports(q: Tensor, bias: Tensor | None) -> bool:
 # --------------------------------------------------------------------------- calling it
 
 
-def _f32(t: Tensor) -> Tensor:
-    return t.detach().to(torch.float32).contiguous()
-
-
 def _broadcast(t: Tensor, full: tuple[int, int, int, int]) -> tuple[Tensor, list[int]]:
     """A (…, N|1, S|1) tensor as a (B, H, N, S) view without copying, and its strides."""
     view = t[(None,) * (4 - t.dim())].expand(full)
@@ -244,40 +240,102 @@ def _args(q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, blocks) ->
     return a
 
 
-class _NativeAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed):
-        lib = load()
-        q32, k32, v32 = _f32(q), _f32(k), _f32(v)
-        bias32 = None if bias is None else bias.detach().to(torch.float32)
-        b, h, n, _ = q.shape
-        out = torch.empty(b, h, n, v.shape[3], dtype=torch.float32)
-        lse = torch.empty(b, h, n, dtype=torch.float32)
-        args = (mask, bias32, causal, scale, keep_t, inv_keep, seed)
-        a = _args(q32, k32, v32, *args, (FORWARD_BLOCK_Q, FORWARD_BLOCK_K))
-        a.out, a.lse = out.data_ptr(), lse.data_ptr()
-        lib.attnkit_attention_forward(ctypes.byref(a))
-        ctx.save_for_backward(q32, k32, v32, out, lse)
-        ctx.args, ctx.dtypes = args, (q.dtype, k.dtype, v.dtype)
-        ctx.set_materialize_grads(False)
-        return out.to(q.dtype), lse
+# --------------------------------------------------------------------------- the operators
+#
+# The kernel is two PyTorch operators, `attnkit::attention_fwd` and `attnkit::attention_bwd`,
+# so that torch.compile, torch.export and opcheck see them: each has a fake (meta)
+# implementation giving its output shapes, and the forward's autograd formula is the backward
+# operator. The operators take float32 contiguous q, k, v (the Python wrapper converts, and
+# autograd carries the cast); the dropout seed is a 0-d int64 tensor, read inside the operator,
+# so that drawing it is an ordinary traced random op (None without dropout).
 
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q32, k32, v32, out, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dout = _f32(dout)
-        dlse = None if dlse is None else _f32(dlse)
-        dq = torch.empty_like(q32)
-        dk, dv = torch.zeros_like(k32), torch.zeros_like(v32)
-        a = _args(q32, k32, v32, *ctx.args, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K))
-        a.out, a.lse, a.dout = out.data_ptr(), lse.data_ptr(), dout.data_ptr()
-        a.dlse = None if dlse is None else dlse.data_ptr()
-        a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
-        load().attnkit_attention_backward(ctypes.byref(a))
-        tq, tk, tv = ctx.dtypes
-        return (dq.to(tq), dk.to(tk), dv.to(tv)) + (None,) * 7
+
+def _seed(seed: Tensor | None) -> int:
+    return 0 if seed is None else int(seed)
+
+
+@torch.library.custom_op("attnkit::attention_fwd", mutates_args=(), device_types="cpu")
+def _attention_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    causal: bool,
+    scale: float,
+    keep_t: int,
+    inv_keep: float,
+    seed: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """out (B, H, N, Dv) and lse (B, H, N), float32."""
+    b, h, n, _ = q.shape
+    out = q.new_empty(b, h, n, v.shape[3])
+    lse = q.new_empty(b, h, n)
+    args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed))
+    a = _args(q, k, v, *args, (FORWARD_BLOCK_Q, FORWARD_BLOCK_K))
+    a.out, a.lse = out.data_ptr(), lse.data_ptr()
+    load().attnkit_attention_forward(ctypes.byref(a))
+    return out, lse
+
+
+@_attention_fwd.register_fake
+def _(q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed):
+    b, h, n, _ = q.shape
+    return q.new_empty(b, h, n, v.shape[3]), q.new_empty(b, h, n)
+
+
+@torch.library.custom_op("attnkit::attention_bwd", mutates_args=(), device_types="cpu")
+def _attention_bwd(
+    dout: Tensor,
+    dlse: Tensor | None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    causal: bool,
+    scale: float,
+    keep_t: int,
+    inv_keep: float,
+    seed: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv (float32) of the forward's out and lse."""
+    dout = dout.contiguous()
+    dlse = None if dlse is None else dlse.contiguous()
+    dq = torch.empty_like(q)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed))
+    a = _args(q, k, v, *args, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K))
+    a.out, a.lse, a.dout = out.data_ptr(), lse.data_ptr(), dout.data_ptr()
+    a.dlse = None if dlse is None else dlse.data_ptr()
+    a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+    load().attnkit_attention_backward(ctypes.byref(a))
+    return dq, dk, dv
+
+
+@_attention_bwd.register_fake
+def _(dout, dlse, q, k, v, out, lse, mask, bias, causal, scale, keep_t, inv_keep, seed):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, mask, bias, seed)
+    ctx.scalars = (causal, scale, keep_t, inv_keep)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, mask, bias, seed = ctx.saved_tensors
+    if dout is None:  # only lse was used
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _attention_bwd(dout, dlse, q, k, v, out, lse, mask, bias, *ctx.scalars, seed)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def native_attention(
@@ -291,20 +349,27 @@ def native_attention(
     scale: float,
     keep_t: int,
     inv_keep: float,
-    seed: int,
+    seed: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
     """The chunked backend's contract (see `chunked_attention`) on the compiled kernel.
 
-    ``keep_t``/``inv_keep``/``seed`` are the dropout threshold, rescale and per-call seed of
-    `attnkit.functional._dropout` (keep_t = 256: no dropout). Check `supports` first.
+    ``keep_t``/``inv_keep``/``seed`` are the dropout threshold, rescale and per-call seed (a
+    0-d int64 tensor, None without dropout) of `attnkit.functional._dropout` (keep_t = 256:
+    no dropout). Returns
+    out in q's dtype and lse in float32. Check `supports` first.
     """
-    return _NativeAttention.apply(q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed)
+    q32, k32, v32 = (t.to(torch.float32).contiguous() for t in (q, k, v))
+    bias32 = None if bias is None else bias.detach().to(torch.float32)
+    out, lse = _attention_fwd(
+        q32, k32, v32, mask, bias32, causal, scale, keep_t, inv_keep, seed
+    )  # fmt: skip
+    return out.to(q.dtype), lse
 
 
-def keep_bytes(seed: int, b: int, h: int, n: int, s: int) -> Tensor:
+def keep_bytes(seed: int | Tensor, b: int, h: int, n: int, s: int) -> Tensor:
     """The kernel's dropout bytes for a (B, H, N, S) call, materialised (tests only)."""
     lib = load()
-    a = _Args(B=b, H=h, N=n, S=s, seed=seed)
+    a = _Args(B=b, H=h, N=n, S=s, seed=int(seed))
     out = torch.empty(b * h * n, s, dtype=torch.uint8)
     lib.attnkit_keep_bytes(ctypes.byref(a), 0, b * h * n, 0, s, out.data_ptr())
     return out.view(b, h, n, s)
