@@ -213,7 +213,13 @@ def _mask_elems(q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, 
         return 0
     if causal:
         shapes.append(torch.Size((q.shape[2], k.shape[2])))  # (N, S)
-    return torch.broadcast_shapes(*shapes).numel()
+    # the broadcast shape's size, dim by dim (torch.broadcast_shapes pins symbolic sizes to
+    # their example values; the shapes are known to broadcast, `_validate` checked)
+    total = 1
+    for i in range(1, max(len(shape) for shape in shapes) + 1):
+        sizes = [shape[-i] for shape in shapes if len(shape) >= i and shape[-i] != 1]
+        total = total * (sizes[0] if sizes else 1)
+    return total
 
 
 def _choose_backend(
