@@ -103,31 +103,48 @@ def test_a_mask_size_known_only_symbolically_adds_no_guard():
 # --------------------------------------------------------------------------- non-finite input
 
 
-@pytest.mark.parametrize("where", ["q", "k", "v"])
+def _agree(outs: dict) -> None:
+    for backend in BACKENDS[1:]:
+        want = outs["reference"]
+        torch.testing.assert_close(outs[backend], want, equal_nan=True, atol=2e-6, rtol=0)
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 @pytest.mark.parametrize("call", ["plain", "mask", "causal N<S", "mask+bias+causal"])
-def test_non_finite_qkv_poison_their_slice_on_every_backend(where, value, call):
+def test_a_non_finite_query_gives_a_nan_row_on_every_backend(value, call):
     outs = {}
     for backend in BACKENDS:
         q, k, v, mask, bias = _inputs()
-        t = {"q": q, "k": k, "v": v}[where]
-        t[1, 1, -1, 3] = value  # batch 1, head (or kv head) 1, the last position
+        q[1, 1, 3, 2] = value
         res = _call(q, k, v, mask, bias, backend, **CALLS[call])
-        outs[backend] = res.out
-        bad = torch.zeros(2, 4, dtype=torch.bool)  # (B, H) slices that must be NaN
-        if where == "q":
-            bad[1, 1] = True
-        else:
-            bad[1, 2:4] = True  # kv head 1 serves query heads 2 and 3
-        nan = torch.isnan(res.out).all(-1).all(-1)  # (B, H)
-        assert torch.equal(nan, bad), (backend, nan)
-        assert torch.isfinite(res.out[~bad]).all()
+        bad = torch.zeros(2, 4, 7, dtype=torch.bool)
+        bad[1, 1, 3] = True
+        assert torch.isnan(res.out[bad]).all() and torch.isfinite(res.out[~bad]).all(), backend
         if res.lse is not None:
             assert torch.isnan(res.lse[bad]).all()
-    for backend in BACKENDS[1:]:
-        torch.testing.assert_close(
-            outs[backend], outs["reference"], equal_nan=True, atol=2e-6, rtol=0
-        )
+        outs[backend] = res.out
+    _agree(outs)
+
+
+@pytest.mark.parametrize("where", ["k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("call", ["plain", "mask", "causal N<S", "mask+bias+causal"])
+def test_non_finite_keys_and_values_every_row_may_attend_give_one_answer(where, value, call):
+    """Key 0 is visible to every row (rule 4 of the docstring leaves masked slots out)."""
+    outs = {}
+    for backend in BACKENDS:
+        q, k, v, mask, bias = _inputs()
+        mask[..., 0] = True
+        mask[0, 0, 2] = False  # still one row that sees nothing
+        {"k": k, "v": v}[where][1, 1, 0, 3] = value  # batch 1, kv head 1 (query heads 2, 3)
+        res = _call(q, k, v, mask, bias, backend, **CALLS[call])
+        outs[backend] = res.out
+        assert torch.isfinite(res.out[0]).all() and torch.isfinite(res.out[1, :2]).all()
+        if where == "v" or value != value:
+            # a bad value reaches every row, a NaN key too; an infinite key gives a row a
+            # score of +inf (NaN row) or -inf (weight 0), by the sign of its q
+            assert (~torch.isfinite(res.out[1, 2:])).any(-1).all(), backend
+    _agree(outs)
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
@@ -255,3 +272,22 @@ def test_jit_trace_keeps_fully_masked_rows_at_zero():
     got = traced(q, k, v, mask)
     assert torch.isfinite(got).all() and (got[0, :, 2] == 0).all()
     torch.testing.assert_close(got, fn(q, k, v, mask), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+def test_the_kernel_operator_and_its_eager_route_agree(dropout):
+    """What traced code calls (attnkit::attention_fwd/bwd) equals what eager code calls."""
+    if not native.available():
+        pytest.skip("no C++ compiler here: the compiled kernel cannot run")
+    q, k, v, mask, bias = _inputs(dtype=torch.float32)
+    seed = torch.tensor(12345) if dropout else None
+    keep_t, inv_keep = (200, 256 / 200) if dropout else (256, 1.0)
+    args = (mask, bias, True, 0.3, keep_t, inv_keep, seed)
+    results = []
+    for route in (native._Eager.apply, native.attention_fwd):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = route(*leaves, *args)
+        grads = torch.autograd.grad(out.square().sum() + lse.sum(), leaves)
+        results.append((out, lse, *grads))
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -127,12 +127,16 @@ def attention(
     A query row that may attend to no key at all (every key masked, or S = 0) gets
     output exactly 0, lse -inf and gradient exactly 0 on every backend (never NaN).
 
-    Non-finite input has one meaning on every backend. A NaN or ±inf anywhere in q, k
-    or v of batch b and key/value group makes the whole output slice out[b, h] of the
-    query heads h that read it NaN (and their lse NaN): bad data is never silently
-    absorbed into a finite answer, whichever backend runs. The bias may hold -inf
-    (that is masking); a NaN or +inf in the bias makes NaN exactly the rows that may
-    attend to it, and is ignored where the mask or causal limit blocks it.
+    Non-finite input has one meaning on every backend (tested):
+
+    1. A query row whose q holds a NaN or ±inf gives NaN (out and lse).
+    2. Otherwise the row's scores s_j = scale·q·k_j + bias_j over the keys it may attend
+       follow IEEE arithmetic: a NaN or +inf score makes the row NaN; a -inf score gives
+       that key weight 0; a row whose every score is -inf sees nothing (out 0, lse -inf).
+    3. out = Σ_j p_j v_j: a NaN or ±inf value with weight p_j > 0 makes the row non-finite.
+    4. k and v at positions a row may not attend (mask, causal limit) must be finite: a NaN
+       there may spread through the blocked product (0 · NaN) on some backends and not on
+       others, depending on their blocking. Zero padding and unused cache slots.
     """
     _validate(q, k, v, mask, bias, dropout_p, scale)
     if q.numel() == 0 or k.shape[2] == 0:  # no query, or no key to attend to
@@ -158,26 +162,20 @@ def attention(
             training=p > 0,
         )  # fmt: skip
         res = AttentionOutput(out, None, lse)
-    return _poison_non_finite(res, q, k, v)
+    return _nan_where_q_is_not_finite(res, q)
 
 
-def _poison_non_finite(res: AttentionOutput, q: Tensor, k: Tensor, v: Tensor) -> AttentionOutput:
-    """NaN over every (b, h) output slice whose q, k or v holds a NaN or inf (see `attention`).
+def _nan_where_q_is_not_finite(res: AttentionOutput, q: Tensor) -> AttentionOutput:
+    """Rule 1 of `attention`'s non-finite input: NaN in every row whose q is not finite.
 
-    Backends disagree on such input otherwise: a causal kernel skips the keys above the
-    diagonal, SDPA's CPU kernel adds the mask to a NaN score, a matmul multiplies a masked
-    probability 0 by an inf value. A where() over per-slice finiteness flags has no
-    data-dependent branch (compiled and traced graphs stay whole), cannot overflow (a sum
-    could, in float16) and adds no gradient. Cost: one pass over q, k and v, O((N + S)·D).
+    SDPA's CPU flash kernel gives such a row 0 (it takes a NaN row max for an empty row) and
+    the other backends NaN or 0 depending on the signs of the scores. q·0 is 0 where q is
+    finite and NaN elsewhere; its row sum cannot overflow (a sum of q itself could, in float16)
+    and needs no data-dependent branch. O(N·D), no gradient.
     """
-    with torch.no_grad():
-        dims = (-2, -1)
-        kv_ok = torch.isfinite(k).all(dims) & torch.isfinite(v).all(dims)  # (B, Hkv)
-        kv_ok = _repeat_kv(kv_ok[..., None, None], q.shape[1])  # (B, H, 1, 1)
-        ok = torch.isfinite(q).all(dims, keepdim=True) & kv_ok  # (B, H, 1, 1)
-        zero = torch.where(ok, 0.0, float("nan")).to(res.out.dtype)  # (B, H, 1, 1)
-    out = res.out + zero
-    lse = None if res.lse is None else res.lse + zero[..., 0].to(res.lse.dtype)
+    poison = q.detach().mul(0).sum(-1, keepdim=True)  # (B, H, N, 1): 0, or NaN
+    out = res.out.add(poison)  # q.dtype, as out
+    lse = None if res.lse is None else res.lse.add(poison[..., 0])
     return AttentionOutput(out, res.weights, lse)
 
 
@@ -316,18 +314,11 @@ def _reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights) -> A
     # The weights hold lse (lse_i = s_ij - log p_ij), so a call that asks for them skips it;
     # torch's MHA computes neither (this keeps record_attention at its speed).
     want_lse = not need_weights
-    top = None
-    if want_lse or bias is not None:
-        with torch.no_grad():  # row max; -inf where a row sees nothing
-            top = scores.amax(dim=-1, keepdim=True)  # (B, H, N, 1)
-    if bias is not None:  # a bias may hold -inf
-        dead = torch.isneginf(top)  # (B, H, N, 1)
-    elif allowed is not None:
-        dead = ~allowed.any(dim=-1, keepdim=True)  # (..., N, 1), on the boolean mask
-    else:
-        dead = None  # nothing masked: every row sees every key
+    with torch.no_grad():  # row max; -inf where a row sees nothing (masked, or -inf scores)
+        top = scores.amax(dim=-1, keepdim=True)  # (B, H, N, 1)
+    dead = torch.isneginf(top)  # (B, H, N, 1)
     # On the CPU in eager mode, skip the fix-up when no row is dead (a pass over N×S saved).
-    if dead is not None and _eager_cpu(q) and not bool(dead.any()):
+    if _eager_cpu(q) and not bool(dead.any()):
         dead = None
     if dead is not None:
         # softmax of an all -inf row is NaN (and so is its gradient): give the
