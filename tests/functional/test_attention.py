@@ -63,8 +63,8 @@ def test_causal_is_bottom_right_aligned():
     q, k, v = qkv(1, 1, 1, 3, 5, 4)
     weights = attention(q, k, v, causal=True, need_weights=True).weights[0, 0]
     # query i sees keys j <= i + 2
-    assert torch.equal(weights > 0, masks.causal(3, 5))
-    assert masks.causal(3, 5).tolist() == [
+    assert torch.equal(weights > 0, masks.causal(3, 5)[0, 0])
+    assert masks.causal(3, 5)[0, 0].tolist() == [
         [True, True, True, False, False],
         [True, True, True, True, False],
         [True, True, True, True, True],

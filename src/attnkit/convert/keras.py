@@ -274,9 +274,9 @@ def _assign(variable, t: Tensor) -> None:
 
 
 def keras_causal(n: int, s: int | None = None) -> Tensor:
-    """Keras's `use_causal_mask` as a mask `(N, S)`: query i sees keys j <= i (top-left)."""
+    """Keras's `use_causal_mask` as a mask `(1, 1, N, S)`: query i sees keys j <= i (top-left)."""
     s = n if s is None else s
-    return torch.ones(n, s, dtype=torch.bool).tril()
+    return torch.ones(n, s, dtype=torch.bool).tril()[None, None]  # (1, 1, N, S)
 
 
 def keras_masks(

@@ -181,16 +181,21 @@ def decoder_to_torch(
     return layer
 
 
+def _torch_bool(name: str, m: Tensor) -> Tensor:
+    """A torch mask as boolean with torch's polarity (True = blocked; float: -inf = blocked)."""
+    if not m.dtype.is_floating_point:
+        return m
+    if not bool(((m == 0) | torch.isneginf(m)).all()):
+        raise ValueError(
+            f"{name}: a float mask with values other than 0 and -inf is a bias; "
+            "the blocks take boolean masks only"
+        )
+    return torch.isneginf(m)
+
+
 def _blocked(name: str, m: Tensor, num_heads: int | None) -> Tensor:
-    """torch mask → boolean with torch's polarity (True = blocked); 3-D (B·H, ...) split."""
-    if m.dtype.is_floating_point:
-        if not bool(((m == 0) | torch.isneginf(m)).all()):
-            raise ValueError(
-                f"{name}: a float mask with values other than 0 and -inf is a bias; "
-                "the blocks take boolean masks only"
-            )
-        m = torch.isneginf(m)
-    return ~_masks.from_torch_attn_mask(m, num_heads)
+    """torch attn mask → boolean (1, 1, T, ·) or (B, H, T, ·), True = blocked."""
+    return ~_masks.from_torch_attn_mask(_torch_bool(name, m), num_heads)
 
 
 def decoder_masks_from_torch(
@@ -238,6 +243,4 @@ def decoder_masks_from_torch(
 
 def _bool(key_padding_mask: Tensor) -> Tensor:
     """A key-padding mask with torch's polarity as boolean (float: -inf = padding)."""
-    if key_padding_mask.dtype == torch.bool:
-        return key_padding_mask
-    return _blocked("key_padding_mask", key_padding_mask, None)
+    return _torch_bool("key_padding_mask", key_padding_mask)

@@ -8,6 +8,11 @@ literal such as -1e9 (which overflows in float16 and leaks weight in float32).
 
 Dimensions: B batch, H heads, N query length, S key length.
 
+Every constructor and converter here returns a 4-D mask `(B or 1, H or 1, N or 1, S)`, so no
+batch size can be mistaken for a sequence length when it broadcasts (`attention` refuses a
+2-D or 3-D mask whose leading size equals the batch: that refusal is for masks users build
+themselves). `from_zero_blocked` keeps the shape it is given.
+
 Causal masks with N != S are aligned bottom-right: query i sees keys
 j <= i + (S - N). That is what decoding with a key/value cache needs (the last
 query is the newest token and sees every cached key).
@@ -36,7 +41,7 @@ def _shape(t: Tensor) -> str:
 
 
 def causal(n: int, s: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
-    """Causal mask `(N, S)`, True where key j <= i + (S - N) (bottom-right aligned).
+    """Causal mask `(1, 1, N, S)`, True where key j <= i + (S - N) (bottom-right aligned).
 
     With `s=None`, S = N. When N > S the first N - S queries see no key at all;
     attention gives those rows output 0.
@@ -44,7 +49,8 @@ def causal(n: int, s: int | None = None, *, device: torch.device | str | None = 
     s = n if s is None else s
     if n < 0 or s < 0:
         raise ValueError(f"causal: sizes must be >= 0, got n={n}, s={s}")
-    return torch.ones(n, s, dtype=torch.bool, device=device).tril(diagonal=s - n)
+    allowed = torch.ones(n, s, dtype=torch.bool, device=device).tril(diagonal=s - n)
+    return allowed[None, None]  # (1, 1, N, S)
 
 
 def padding(lengths: Tensor, s: int | None = None) -> Tensor:
@@ -72,7 +78,7 @@ def sliding_window(
     causal: bool = False,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    """Local attention mask `(N, S)`: query i sees keys within `window` positions.
+    """Local attention mask `(1, 1, N, S)`: query i sees keys within `window` positions.
 
     Positions are aligned bottom-right as for `causal` (query i sits at key
     position i + S - N). Without `causal`, keys with |j - pos(i)| < window are
@@ -85,9 +91,8 @@ def sliding_window(
     pos = torch.arange(n, device=device)[:, None] + (s - n)  # (N, 1)
     keys = torch.arange(s, device=device)[None, :]  # (1, S)
     distance = pos - keys  # (N, S)
-    if causal:
-        return (distance >= 0) & (distance < window)
-    return distance.abs() < window
+    allowed = (distance >= 0) & (distance < window) if causal else distance.abs() < window
+    return allowed[None, None]  # (1, 1, N, S)
 
 
 def combine(*masks: Tensor | None) -> Tensor | None:
@@ -121,7 +126,7 @@ def from_torch_attn_mask(attn_mask: Tensor, num_heads: int | None = None) -> Ten
 
     torch accepts `(N, S)` or `(B·H, N, S)`; boolean **True = not allowed**,
     floating = additive. Returns a boolean mask (True = may attend) or a float
-    bias, of shape `(N, S)` or `(B, H, N, S)` (the 3-D form needs `num_heads`).
+    bias, of shape `(1, 1, N, S)` or `(B, H, N, S)` (the 3-D form needs `num_heads`).
     """
     if attn_mask.dim() == 3:
         if num_heads is None:
@@ -138,6 +143,8 @@ def from_torch_attn_mask(attn_mask: Tensor, num_heads: int | None = None) -> Ten
         raise ValueError(
             f"attn_mask must have shape (N, S) or (B*H, N, S), got {_shape(attn_mask)}"
         )
+    else:
+        attn_mask = attn_mask[None, None]  # (1, 1, N, S)
     return ~attn_mask if attn_mask.dtype == torch.bool else attn_mask
 
 
