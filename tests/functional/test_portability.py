@@ -291,3 +291,21 @@ def test_the_kernel_operator_and_its_eager_route_agree(dropout):
         results.append((out, lse, *grads))
     for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_a_first_call_inside_fullgraph_compile_stays_one_graph():
+    """In a fresh process the kernel loader has not run yet: compiling must not trace it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, attnkit\n"
+        "q = torch.randn(1, 2, 8, 16)\n"
+        "f = torch.compile(lambda q: attnkit.attention(q, q, q, backend='chunked').out,"
+        " fullgraph=True)\n"
+        "want = attnkit.attention(q, q, q, backend='reference').out\n"
+        "assert torch.allclose(f(q), want, atol=1e-6)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

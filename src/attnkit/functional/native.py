@@ -194,6 +194,9 @@ def _open(path: Path) -> ctypes.CDLL:
     return lib
 
 
+# A fact about this machine: Dynamo runs it once when tracing (building the kernel if need be)
+# and treats the answer as a constant, so a first call inside torch.compile stays one graph.
+@torch.compiler.assume_constant_result
 def available() -> bool:
     """Whether the compiled kernel can run here (builds it on the first call)."""
     return load() is not None
