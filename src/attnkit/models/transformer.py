@@ -359,7 +359,7 @@ class Transformer(_TiedModule):
         return _lm_loss(self(src, tgt[:, :-1]), tgt[:, 1:], self.cfg)
 
 
-class CausalLM(nn.Module):
+class CausalLM(_TiedModule):
     """Decoder-only language model from the same `DecoderBlock` (no cross-attention).
 
     Uses `cfg.src_vocab` as the vocabulary and `cfg.decoder_layers` blocks.
