@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.modules._checks import positive_int, positive_number
+from attnkit.modules._checks import positive_int, positive_number, probability
 from attnkit.modules.attention import MultiHeadAttention
 from attnkit.modules.blocks import EncoderBlock
 
@@ -157,6 +157,7 @@ class WindowAttention(nn.Module):
                 f"shift must be an integer in [0, window_size={window_size}), got {shift!r}"
             )
         self.window_size, self.shift, self.pad_attends = window_size, shift, pad_attends
+        attn_dropout = probability("attn_dropout", attn_dropout)
         self.attn = MultiHeadAttention(
             dim, num_heads, qkv_bias=qkv_bias, dropout=attn_dropout, **fk
         )
