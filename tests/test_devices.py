@@ -71,7 +71,22 @@ def test_built_under_default_device(case, default_meta):
     _assert_placed(m32, "meta", torch.float32)
 
 
-def test_default_device_fixture_restores_cpu(default_meta):
+@pytest.fixture
+def default_float64():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_float_tensors_follow_the_default_dtype(case, default_float64):
+    _assert_placed(build(case, device="meta"), "meta", torch.float64)
+
+
+def test_default_device_fixture_sets_meta(default_meta):
     assert torch.empty(1).device.type == "meta"
 
 
