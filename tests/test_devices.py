@@ -189,3 +189,11 @@ def test_float64_model_matches_float32_model():
     x = torch.randn(2, 1, 8, 8)
     with torch.no_grad():
         assert torch.allclose(m64(x.double()), m32(x).double(), atol=1e-5)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_computed_tables_check_their_sizes_on_every_device(device):
+    from attnkit.models import ViTConfig
+
+    with pytest.raises(ValueError, match="dim must be a multiple of 4, got 6"):
+        attnkit.models.ViT(ViTConfig(dim=6, num_heads=2), device=device)

@@ -54,10 +54,8 @@ class PatchEmbed(nn.Module):
         self, image_size: int, patch_size: int, in_chans: int, dim: int, *, device=None, dtype=None
     ) -> None:
         super().__init__()
-        image_size, patch_size = (
-            positive_int("image_size", image_size),
-            positive_int("patch_size", patch_size),
-        )
+        image_size = positive_int("image_size", image_size)
+        patch_size = positive_int("patch_size", patch_size)
         in_chans, dim = positive_int("in_chans", in_chans), positive_int("dim", dim)
         if image_size % patch_size:
             raise ValueError(
@@ -102,10 +100,8 @@ class T2TEmbed(nn.Module):
         super().__init__()
         fk = {"device": device, "dtype": dtype}
         splits = _splits("splits", splits)
-        image_size, in_chans = (
-            positive_int("image_size", image_size),
-            positive_int("in_chans", in_chans),
-        )
+        image_size = positive_int("image_size", image_size)
+        in_chans = positive_int("in_chans", in_chans)
         dim, chan = positive_int("dim", dim), positive_int("chan", chan)
         positive_number("mlp_ratio", mlp_ratio)
         self.image_size, self.in_chans = image_size, in_chans
@@ -300,8 +296,7 @@ class _FixedPositions(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         t = self.table
-        if t.device.type != "meta":
-            t.copy_(sincos_2d(*self.grid, self.dim, dtype=t.dtype, device=t.device))
+        t.copy_(sincos_2d(*self.grid, self.dim, dtype=t.dtype, device=t.device))
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, N, C) -> (B, N, C)."""

@@ -66,11 +66,8 @@ class SinusoidalPositionalEncoding(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """Recompute the table (N_max, C) on its own device and dtype."""
-        if self.table.device.type != "meta":
-            t = self.table
-            t.copy_(
-                sinusoidal(self.max_len, self.dim, base=self.base, dtype=t.dtype, device=t.device)
-            )
+        t = self.table
+        t.copy_(sinusoidal(self.max_len, self.dim, base=self.base, dtype=t.dtype, device=t.device))
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """(B, N, C) -> (B, N, C)."""

@@ -172,8 +172,7 @@ class WindowAttention(nn.Module):
     def reset_parameters(self) -> None:
         """bias_table ~ N(0, 0.02²); `index` recomputed (`attn` resets itself)."""
         nn.init.normal_(self.bias_table, std=0.02)
-        if self.index.device.type != "meta":
-            self.index.copy_(relative_position_index(self.window_size, self.index.device))
+        self.index.copy_(relative_position_index(self.window_size, self.index.device))
 
     def relative_bias(self) -> Tensor:
         """(Hh, M², M²) additive scores, the same for every window."""
