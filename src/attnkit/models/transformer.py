@@ -241,7 +241,7 @@ class TokenTable(nn.Embedding):
     embedding unit-variance (§3.4)."""
 
     def reset_parameters(self) -> None:
-        super().reset_parameters()  # kept: the same random numbers as before for a seed
+        super().reset_parameters()  # the draw nn.Embedding made before: seeded runs unchanged
         nn.init.normal_(self.weight, std=self.embedding_dim**-0.5)
 
 
