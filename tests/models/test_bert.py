@@ -268,3 +268,17 @@ def test_forward_rejects_bad_shapes(tiny):
         ours(torch.tensor([[1, 2]]), torch.tensor([[1, 1, 1]]))
     with pytest.raises(ValueError, match="exceed max_len=64"):
         ours(torch.ones(1, 65, dtype=torch.long))
+
+
+def test_from_pretrained_on_a_device_and_dtype(tiny):
+    model, folder = tiny
+    on_meta = BertEncoder.from_pretrained(folder, device="meta")
+    assert {p.device.type for p in on_meta.parameters()} == {"meta"}
+    ours64 = BertEncoder.from_pretrained(folder, dtype=torch.float64)
+    assert {p.dtype for p in ours64.parameters()} == {torch.float64}
+    ids = torch.randint(0, TINY["vocab_size"], (2, 9))
+    with torch.no_grad():
+        a = ours64(ids).last_hidden_state
+        b = model(input_ids=ids).last_hidden_state
+    assert a.dtype == torch.float64
+    assert float((a - b.double()).abs().max()) < TOL

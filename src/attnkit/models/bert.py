@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from attnkit.functional import masks
 from attnkit.models import checkpoint as ckpt
+from attnkit.modules._checks import positive_int, probability
 from attnkit.modules.blocks import FeedForward, PostNormResidual
 from attnkit.modules.classic import bert_self_attention
 from attnkit.modules.embed import LearnedPositionalEmbedding
@@ -100,9 +101,9 @@ class BertConfig:
         sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "intermediate_size", "max_position_embeddings", "type_vocab_size")  # fmt: skip
         for name in sizes:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, getattr(self, name))
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            probability(name, getattr(self, name))
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by "
@@ -147,13 +148,13 @@ class BertOutput:
 class BertEmbeddings(nn.Module):
     """LayerNorm(word + token_type + position), then dropout: ids (B, N) -> (B, N, C)."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, *, device=None, dtype=None) -> None:
         super().__init__()
-        c = config.hidden_size
-        self.word = nn.Embedding(config.vocab_size, c, padding_idx=config.pad_token_id)
-        self.token_type = nn.Embedding(config.type_vocab_size, c)
-        self.position = LearnedPositionalEmbedding(config.max_position_embeddings, c)
-        self.norm = nn.LayerNorm(c, eps=config.layer_norm_eps)
+        c, fk = config.hidden_size, {"device": device, "dtype": dtype}
+        self.word = nn.Embedding(config.vocab_size, c, padding_idx=config.pad_token_id, **fk)
+        self.token_type = nn.Embedding(config.type_vocab_size, c, **fk)
+        self.position = LearnedPositionalEmbedding(config.max_position_embeddings, c, **fk)
+        self.norm = nn.LayerNorm(c, eps=config.layer_norm_eps, **fk)
         self.drop = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
@@ -165,18 +166,21 @@ class BertEmbeddings(nn.Module):
 class BertLayer(nn.Module):
     """Post-norm self-attention sublayer, then post-norm feed-forward: (B, N, C) -> (B, N, C)."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, *, device=None, dtype=None) -> None:
         super().__init__()
         c, eps, drop = config.hidden_size, config.layer_norm_eps, config.hidden_dropout_prob
+        fk = {"device": device, "dtype": dtype}
         self.attn = bert_self_attention(
             c,
             config.num_attention_heads,
             attn_dropout=config.attention_probs_dropout_prob,
             hidden_dropout=drop,
             eps=eps,
+            **fk,
         )
-        ff = FeedForward(c, config.intermediate_size, activation=HF_ACTIVATIONS[config.hidden_act])
-        self.ff = PostNormResidual(ff, nn.LayerNorm(c, eps=eps), drop)
+        act = HF_ACTIVATIONS[config.hidden_act]
+        ff = FeedForward(c, config.intermediate_size, activation=act, **fk)
+        self.ff = PostNormResidual(ff, nn.LayerNorm(c, eps=eps, **fk), drop)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """x (B, N, C), mask (B, 1, 1, N) True = may attend -> (B, N, C)."""
@@ -186,23 +190,37 @@ class BertLayer(nn.Module):
 class BertPooler(nn.Module):
     """tanh(dense(hidden[:, 0])): (B, N, C) -> (B, C)."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, *, device=None, dtype=None) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        c = config.hidden_size
+        self.dense = nn.Linear(c, c, device=device, dtype=dtype)
 
     def forward(self, hidden: Tensor) -> Tensor:
         return torch.tanh(self.dense(hidden[:, 0]))
 
 
 class BertEncoder(nn.Module):
-    """The BERT encoder: embeddings, `num_hidden_layers` `BertLayer`s, an optional pooler."""
+    """The BERT encoder: embeddings, `num_hidden_layers` `BertLayer`s, an optional pooler.
 
-    def __init__(self, config: BertConfig, *, pooler: bool = True) -> None:
+    `device`, `dtype`: of the parameters, as for `torch.nn.Linear`.
+    """
+
+    def __init__(
+        self,
+        config: BertConfig,
+        *,
+        pooler: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
+        fk = {"device": device, "dtype": dtype}
         self.config = config
-        self.embeddings = BertEmbeddings(config)
-        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
-        self.pooler = BertPooler(config) if pooler else None
+        self.embeddings = BertEmbeddings(config, **fk)
+        self.layers = nn.ModuleList(
+            BertLayer(config, **fk) for _ in range(config.num_hidden_layers)
+        )
+        self.pooler = BertPooler(config, **fk) if pooler else None
 
     def forward(
         self,
@@ -240,10 +258,19 @@ class BertEncoder(nn.Module):
         return BertOutput(x, tuple(states), pooled)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, *, pooler: bool | None = None) -> BertEncoder:
+    def from_pretrained(
+        cls,
+        directory: str | Path,
+        *,
+        pooler: bool | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> BertEncoder:
         """Load a Hugging Face BERT folder (config.json + model.safetensors or pytorch_model.bin).
 
-        `pooler=None` keeps the pooler when the checkpoint has one. Raises
+        `pooler=None` keeps the pooler when the checkpoint has one. The weights
+        are put on `device` (default: the default device) in `dtype` (default:
+        the default dtype). Raises
         FileNotFoundError for a missing folder or file, ValueError for an
         unsupported config or a missing / mis-shaped tensor (naming the key).
         """
@@ -252,9 +279,12 @@ class BertEncoder(nn.Module):
         state = ckpt.strip_prefix(ckpt.load_weights(weights_path))
         if pooler is None:
             pooler = "pooler.dense.weight" in state
-        with torch.device("meta"):  # no random init: every parameter is loaded below
-            model = cls(config, pooler=pooler)
+        # no random init: every parameter is loaded below
+        model = cls(config, pooler=pooler, device="meta")
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        device = torch.empty(0, device=device).device  # None: the default device
         ours = _from_hf(state, model, str(weights_path))
+        ours = {k: v.to(device, dtype).contiguous() for k, v in ours.items()}
         model.load_state_dict(ours, strict=True, assign=True)
         return model.eval()
 
@@ -287,5 +317,4 @@ def _from_hf(state: dict[str, Tensor], model: BertEncoder, source: str) -> dict[
         for p, shape in (("weight", (c, c)), ("bias", (c,))):
             qkv = [ckpt.take(state, f"{hf}{n}.{p}", torch.Size(shape), source) for n in QKV]
             out[f"layers.{i}.attn.fn.in_proj.qkv.{p}"] = torch.cat(qkv)  # (3C, C) or (3C,)
-    dtype = torch.get_default_dtype()
-    return {k: v.to(dtype).contiguous() for k, v in out.items()}
+    return out

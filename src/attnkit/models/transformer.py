@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.models.decoding import CachedMultiHeadAttention, KVCache
+from attnkit.modules._checks import nonnegative_int, positive_int, probability
 from attnkit.modules.blocks import EncoderBlock, FeedForward, residual
 from attnkit.modules.embed import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
@@ -60,12 +61,11 @@ class TransformerConfig:
 
     def __post_init__(self) -> None:
         for name in ("src_vocab", "tgt_vocab", "d_model", "num_heads", "d_ff", "max_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("encoder_layers", "decoder_layers"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            positive_int(name, getattr(self, name))
+        for name in ("encoder_layers", "decoder_layers"):  # 0: CausalLM has no encoder
+            nonnegative_int(name, getattr(self, name))
+        for name in ("dropout", "attn_dropout", "label_smoothing"):
+            probability(name, getattr(self, name))
         if self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
@@ -77,8 +77,6 @@ class TransformerConfig:
                 f"share_embeddings needs src_vocab == tgt_vocab, "
                 f"got {self.src_vocab} and {self.tgt_vocab}"
             )
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if not 0 <= self.pad_id < min(self.src_vocab, self.tgt_vocab):
             raise ValueError(f"pad_id must be a token id of both vocabularies, got {self.pad_id}")
 
@@ -143,18 +141,18 @@ class TokenEmbedding(nn.Module):
         return self.drop(self.positions(self.table(tokens) * self.scale, offset))
 
 
-def _attention(cfg: TransformerConfig) -> CachedMultiHeadAttention:
-    return CachedMultiHeadAttention(cfg.d_model, cfg.num_heads, dropout=cfg.attn_dropout)
+def _attention(cfg: TransformerConfig, fk: dict) -> CachedMultiHeadAttention:
+    return CachedMultiHeadAttention(cfg.d_model, cfg.num_heads, dropout=cfg.attn_dropout, **fk)
 
 
-def _sublayer(fn: nn.Module, cfg: TransformerConfig) -> nn.Module:
-    norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+def _sublayer(fn: nn.Module, cfg: TransformerConfig, fk: dict) -> nn.Module:
+    norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, **fk)
     return residual(fn, norm, dropout=cfg.dropout, norm_first=cfg.norm_first)
 
 
-def _feed_forward(cfg: TransformerConfig) -> nn.Module:
-    ff = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, dropout=cfg.dropout)
-    return _sublayer(ff, cfg)
+def _feed_forward(cfg: TransformerConfig, fk: dict) -> nn.Module:
+    ff = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, dropout=cfg.dropout, **fk)
+    return _sublayer(ff, cfg, fk)
 
 
 class DecoderBlock(nn.Module):
@@ -162,13 +160,22 @@ class DecoderBlock(nn.Module):
 
     Each sublayer is residual with post-norm or pre-norm (`cfg.norm_first`).
     With ``cross_attention=False`` the block is a GPT-style decoder-only block.
+    `device`, `dtype`: of the parameters, as for `torch.nn.Linear`.
     """
 
-    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        *,
+        cross_attention: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
-        self.self_attn = _sublayer(_attention(cfg), cfg)
-        self.cross_attn = _sublayer(_attention(cfg), cfg) if cross_attention else None
-        self.ff = _feed_forward(cfg)
+        fk = {"device": device, "dtype": dtype}
+        self.self_attn = _sublayer(_attention(cfg, fk), cfg, fk)
+        self.cross_attn = _sublayer(_attention(cfg, fk), cfg, fk) if cross_attention else None
+        self.ff = _feed_forward(cfg, fk)
 
     def forward(
         self,
@@ -208,7 +215,7 @@ class DecoderBlock(nn.Module):
         return decoder_to_torch(self, batch_first=batch_first)
 
 
-def _encoder_block(cfg: TransformerConfig) -> EncoderBlock:
+def _encoder_block(cfg: TransformerConfig, fk: dict) -> EncoderBlock:
     """Self-attention, add & norm, feed-forward, add & norm (§3.1)."""
     return EncoderBlock(
         cfg.d_model,
@@ -219,32 +226,52 @@ def _encoder_block(cfg: TransformerConfig) -> EncoderBlock:
         attn_dropout=cfg.attn_dropout,
         activation=cfg.activation,
         norm_eps=cfg.norm_eps,
+        **fk,
     )
 
 
-def _positions(cfg: TransformerConfig) -> nn.Module:
+def _positions(cfg: TransformerConfig, fk: dict) -> nn.Module:
     if cfg.positions == "learned":
-        return LearnedPositionalEmbedding(cfg.max_len, cfg.d_model)
-    return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_len)
+        return LearnedPositionalEmbedding(cfg.max_len, cfg.d_model, **fk)
+    return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_len, **fk)
 
 
-def _table(vocab: int, cfg: TransformerConfig) -> nn.Embedding:
-    table = nn.Embedding(vocab, cfg.d_model)
-    # ·√C in the forward makes the scaled embedding unit-variance (§3.4).
-    nn.init.normal_(table.weight, std=cfg.d_model**-0.5)
-    return table
+class TokenTable(nn.Embedding):
+    """A token embedding initialised N(0, 1/C): ·√C in the forward makes the scaled
+    embedding unit-variance (§3.4)."""
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()  # the draw nn.Embedding made before: seeded runs unchanged
+        nn.init.normal_(self.weight, std=self.embedding_dim**-0.5)
 
 
-def _final_norm(cfg: TransformerConfig) -> nn.Module:
+def _final_norm(cfg: TransformerConfig, fk: dict) -> nn.Module:
     # Pre-norm stacks end un-normalised: a last LayerNorm (Xiong et al. 2020).
-    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.norm_first else nn.Identity()
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, **fk) if cfg.norm_first else nn.Identity()
 
 
-def _generator(table: nn.Embedding, cfg: TransformerConfig, tie: bool) -> nn.Linear:
-    gen = nn.Linear(cfg.d_model, table.num_embeddings, bias=False)
-    if tie:
-        gen.weight = table.weight
+def _generator(table: nn.Embedding, cfg: TransformerConfig, fk: dict) -> nn.Linear:
+    gen = nn.Linear(cfg.d_model, table.num_embeddings, bias=False, **fk)
+    _tie(gen, table, cfg)
     return gen
+
+
+def _tie(gen: nn.Linear, table: nn.Embedding, cfg: TransformerConfig) -> None:
+    if cfg.tie_generator:
+        gen.weight = table.weight
+
+
+class _TiedModule(nn.Module):
+    """Keeps `generator.weight` tied to the token table across `to_empty` / `to`: moving
+    a parameter off the meta device makes a new one per owner, which would untie it."""
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self._retie()
+        return self
+
+    def _retie(self) -> None:
+        raise NotImplementedError
 
 
 def _lm_loss(logits: Tensor, labels: Tensor, cfg: TransformerConfig) -> Tensor:
@@ -257,25 +284,38 @@ def _lm_loss(logits: Tensor, labels: Tensor, cfg: TransformerConfig) -> Tensor:
     )
 
 
-class Transformer(nn.Module):
+class Transformer(_TiedModule):
     """Encoder-decoder Transformer; `generator` returns logits (softmax is in the loss).
 
     forward(src (B, S), tgt (B, T)) -> logits (B, T, V): tgt is the decoder
     input (BOS y1 ... ), logits[:, t] predict the token after tgt[:, t].
+    `device`, `dtype`: of the parameters, as for `torch.nn.Linear`.
     """
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
+        fk = {"device": device, "dtype": dtype}
         self.cfg = cfg
-        src_table = _table(cfg.src_vocab, cfg)
-        tgt_table = src_table if cfg.share_embeddings else _table(cfg.tgt_vocab, cfg)
-        self.src_embed = TokenEmbedding(src_table, _positions(cfg), cfg.dropout)
-        self.tgt_embed = TokenEmbedding(tgt_table, _positions(cfg), cfg.dropout)
-        self.encoder = nn.ModuleList(_encoder_block(cfg) for _ in range(cfg.encoder_layers))
-        self.encoder_norm = _final_norm(cfg)
-        self.decoder = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.decoder_layers))
-        self.decoder_norm = _final_norm(cfg)
-        self.generator = _generator(tgt_table, cfg, cfg.tie_generator)
+        src_table = TokenTable(cfg.src_vocab, cfg.d_model, **fk)
+        tgt_table = (
+            src_table if cfg.share_embeddings else TokenTable(cfg.tgt_vocab, cfg.d_model, **fk)
+        )
+        self.src_embed = TokenEmbedding(src_table, _positions(cfg, fk), cfg.dropout)
+        self.tgt_embed = TokenEmbedding(tgt_table, _positions(cfg, fk), cfg.dropout)
+        self.encoder = nn.ModuleList(_encoder_block(cfg, fk) for _ in range(cfg.encoder_layers))
+        self.encoder_norm = _final_norm(cfg, fk)
+        self.decoder = nn.ModuleList(DecoderBlock(cfg, **fk) for _ in range(cfg.decoder_layers))
+        self.decoder_norm = _final_norm(cfg, fk)
+        self.generator = _generator(tgt_table, cfg, fk)
+
+    def _retie(self) -> None:
+        _tie(self.generator, self.tgt_embed.table, self.cfg)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) -> memory (B, S, C) and its padding mask (B, 1, 1, S), True = may attend."""
@@ -319,24 +359,34 @@ class Transformer(nn.Module):
         return _lm_loss(self(src, tgt[:, :-1]), tgt[:, 1:], self.cfg)
 
 
-class CausalLM(nn.Module):
+class CausalLM(_TiedModule):
     """Decoder-only language model from the same `DecoderBlock` (no cross-attention).
 
     Uses `cfg.src_vocab` as the vocabulary and `cfg.decoder_layers` blocks.
     forward(tokens (B, T), cache=None) -> logits (B, T, V); with a cache,
-    tokens are the N new ones only.
+    tokens are the N new ones only. `device`, `dtype`: as for `Transformer`.
     """
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
+        fk = {"device": device, "dtype": dtype}
         self.cfg = cfg
-        table = _table(cfg.src_vocab, cfg)
-        self.embed = TokenEmbedding(table, _positions(cfg), cfg.dropout)
+        table = TokenTable(cfg.src_vocab, cfg.d_model, **fk)
+        self.embed = TokenEmbedding(table, _positions(cfg, fk), cfg.dropout)
         self.blocks = nn.ModuleList(
-            DecoderBlock(cfg, cross_attention=False) for _ in range(cfg.decoder_layers)
+            DecoderBlock(cfg, cross_attention=False, **fk) for _ in range(cfg.decoder_layers)
         )
-        self.norm = _final_norm(cfg)
-        self.generator = _generator(table, cfg, cfg.tie_generator)
+        self.norm = _final_norm(cfg, fk)
+        self.generator = _generator(table, cfg, fk)
+
+    def _retie(self) -> None:
+        _tie(self.generator, self.embed.table, self.cfg)
 
     def forward(self, tokens: Tensor, *, cache: KVCache | None = None) -> Tensor:
         offset = 0 if cache is None else cache.length

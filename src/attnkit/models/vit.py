@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.positional import sincos_2d
+from attnkit.modules._checks import nonnegative_int, positive_int, positive_number, probability
 from attnkit.modules.blocks import EncoderBlock, FeedForward, PreNormResidual
 from attnkit.modules.classic import T2TAttention
 from attnkit.modules.embed import LearnedPositionalEmbedding
@@ -46,11 +47,16 @@ class PatchEmbed(nn.Module):
 
     A "hard split" (nn.Unfold with stride = kernel = P; T2TEmbed's soft split
     overlaps) then a Linear on each flattened patch (c, y, x order). Tokens are
-    in row-major grid order; `grid` = (I/P, I/P).
+    in row-major grid order; `grid` = (I/P, I/P). `device`, `dtype`: of the parameters.
     """
 
-    def __init__(self, image_size: int, patch_size: int, in_chans: int, dim: int) -> None:
+    def __init__(
+        self, image_size: int, patch_size: int, in_chans: int, dim: int, *, device=None, dtype=None
+    ) -> None:
         super().__init__()
+        image_size = positive_int("image_size", image_size)
+        patch_size = positive_int("patch_size", patch_size)
+        in_chans, dim = positive_int("in_chans", in_chans), positive_int("dim", dim)
         if image_size % patch_size:
             raise ValueError(
                 f"patch_size must divide image_size={image_size}, got patch_size={patch_size}"
@@ -58,7 +64,7 @@ class PatchEmbed(nn.Module):
         self.image_size, self.in_chans = image_size, in_chans
         self.grid = (image_size // patch_size, image_size // patch_size)
         self.split = nn.Unfold(patch_size, stride=patch_size)
-        self.proj = nn.Linear(in_chans * patch_size**2, dim)
+        self.proj = nn.Linear(in_chans * patch_size**2, dim, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, Ci, I, I) -> (B, N, C)."""
@@ -76,6 +82,7 @@ class T2TEmbed(nn.Module):
     transformer — T2TAttention (width c·k² -> `chan`, skip through V) and a
     pre-norm feed-forward — then reshape back to a (chan, h, w) map. The last
     soft split is projected to C by a Linear. `grid` is the final (h, w).
+    `device`, `dtype`: of the parameters.
     """
 
     def __init__(
@@ -86,10 +93,17 @@ class T2TEmbed(nn.Module):
         splits: tuple[tuple[int, int], ...],
         chan: int,
         mlp_ratio: float = 1.0,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if not splits:
-            raise ValueError("splits must hold at least one (kernel, stride) pair, got ()")
+        fk = {"device": device, "dtype": dtype}
+        splits = _splits("splits", splits)
+        image_size = positive_int("image_size", image_size)
+        in_chans = positive_int("in_chans", in_chans)
+        dim, chan = positive_int("dim", dim), positive_int("chan", chan)
+        positive_number("mlp_ratio", mlp_ratio)
         self.image_size, self.in_chans = image_size, in_chans
         self.unfolds = nn.ModuleList(nn.Unfold(k, padding=k // 2, stride=s) for k, s in splits)
         self.stages = nn.ModuleList()  # one token transformer per split but the last
@@ -99,14 +113,16 @@ class T2TEmbed(nn.Module):
             side = (side + 2 * (k // 2) - k) // s + 1
             self.sides.append(side)
             if i < len(splits) - 1:
-                ff = PreNormResidual(FeedForward(chan, int(chan * mlp_ratio)), nn.LayerNorm(chan))
+                ff = PreNormResidual(
+                    FeedForward(chan, int(chan * mlp_ratio), **fk), nn.LayerNorm(chan, **fk)
+                )
                 stage = nn.Sequential(
-                    nn.LayerNorm(width * k * k), T2TAttention(width * k * k, chan), ff
+                    nn.LayerNorm(width * k * k, **fk), T2TAttention(width * k * k, chan, **fk), ff
                 )
                 self.stages.append(stage)
                 width = chan
         self.grid = (side, side)
-        self.proj = nn.Linear(width * splits[-1][0] ** 2, dim)
+        self.proj = nn.Linear(width * splits[-1][0] ** 2, dim, **fk)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, Ci, I, I) -> (B, N, C)."""
@@ -143,6 +159,16 @@ class ViTConfig:
     cls_pos: bool = False  # the class token has a position too: one (1 + N, C) table
     pooler: bool = False  # tanh(Linear(C, C)) on the pooled token before the head (HF, BERT)
 
+    def __post_init__(self) -> None:
+        for name in ("image_size", "in_chans", "patch_size", "t2t_chan", "dim", "depth"):
+            positive_int(name, getattr(self, name))
+        positive_int("num_heads", self.num_heads)
+        nonnegative_int("num_classes", self.num_classes)  # 0: no head
+        positive_number("mlp_ratio", self.mlp_ratio)
+        probability("dropout", self.dropout)
+        probability("attn_dropout", self.attn_dropout)
+        _splits("t2t_splits", self.t2t_splits)
+
 
 @dataclass(frozen=True)
 class CNNConfig:
@@ -155,6 +181,14 @@ class CNNConfig:
     reduction: int = 8  # CBAM channel reduction r
     kernel_size: int = 3  # CBAM spatial kernel (odd; small maps want small kernels)
 
+    def __post_init__(self) -> None:
+        for name in ("image_size", "in_chans", "num_classes", "reduction", "kernel_size"):
+            positive_int(name, getattr(self, name))
+        if not self.widths:
+            raise ValueError("widths must hold at least one stage width, got ()")
+        for i, w in enumerate(self.widths):
+            positive_int(f"widths[{i}]", w)
+
 
 class ViT(nn.Module):
     """Vision Transformer classifier: tokens -> (+ positions) -> pre-norm encoder -> head.
@@ -163,32 +197,40 @@ class ViT(nn.Module):
     tokens only; the class token (pool="cls") is prepended after. The encoder
     blocks are `blocks.{i}` (record their attention with
     `record_attention(model)`; maps (B, H, N', N') with N' = N + 1 for "cls").
+    `device`, `dtype`: of the parameters, as for `torch.nn.Linear`.
     """
 
-    def __init__(self, config: ViTConfig) -> None:
+    def __init__(
+        self,
+        config: ViTConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
-        c = config
+        c, fk = config, {"device": device, "dtype": dtype}
         _choice("pool", c.pool, ("cls", "mean"))
         _choice("pos", c.pos, ("learned", "sincos"))
         _choice("tokens", c.tokens, ("patch", "t2t"))
         self.config = c
         if c.tokens == "patch":
-            self.embed: nn.Module = PatchEmbed(c.image_size, c.patch_size, c.in_chans, c.dim)
+            self.embed: nn.Module = PatchEmbed(c.image_size, c.patch_size, c.in_chans, c.dim, **fk)
         else:
-            self.embed = T2TEmbed(c.image_size, c.in_chans, c.dim, c.t2t_splits, c.t2t_chan)
+            self.embed = T2TEmbed(c.image_size, c.in_chans, c.dim, c.t2t_splits, c.t2t_chan, **fk)
         self.grid: tuple[int, int] = self.embed.grid
         n = self.grid[0] * self.grid[1]
         if c.pos == "learned":
-            self.pos: nn.Module = LearnedPositionalEmbedding(n, c.dim)
+            self.pos: nn.Module = LearnedPositionalEmbedding(n, c.dim, **fk)
         else:
-            self.pos = _FixedPositions(sincos_2d(*self.grid, c.dim))
+            self.pos = _FixedPositions(self.grid, c.dim, **fk)
         if c.cls_pos and (c.pool, c.pos) != ("cls", "learned"):
             raise ValueError(
                 f"cls_pos=True needs pool='cls' and pos='learned', got {c.pool!r}, {c.pos!r}"
             )
         if c.cls_pos:
-            self.pos = LearnedPositionalEmbedding(n + 1, c.dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.pool == "cls" else None
+            self.pos = LearnedPositionalEmbedding(n + 1, c.dim, **fk)
+        cls_token = nn.Parameter(torch.empty(1, 1, c.dim, **fk)) if c.pool == "cls" else None
+        self.cls_token = cls_token
         hidden = int(c.dim * c.mlp_ratio)
         self.blocks = nn.ModuleList(
             EncoderBlock(
@@ -199,14 +241,21 @@ class ViT(nn.Module):
                 attn_dropout=c.attn_dropout,
                 norm_eps=c.norm_eps,
                 qkv_bias=c.qkv_bias,
+                **fk,
             )
             for _ in range(c.depth)
         )
-        self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
-        pooler = nn.Sequential(nn.Linear(c.dim, c.dim), nn.Tanh()) if c.pooler else nn.Identity()
-        self.pooler = pooler
+        self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps, **fk)
+        dense = nn.Linear(c.dim, c.dim, **fk) if c.pooler else None
+        self.pooler = nn.Sequential(dense, nn.Tanh()) if dense is not None else nn.Identity()
         # num_classes=0: no head, forward returns the pooled features (B, C)
-        self.head = nn.Linear(c.dim, c.num_classes) if c.num_classes else nn.Identity()
+        self.head = nn.Linear(c.dim, c.num_classes, **fk) if c.num_classes else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The class token starts at 0 (submodules reset their own parameters)."""
+        if self.cls_token is not None:
+            nn.init.zeros_(self.cls_token)
 
     @property
     def class_token(self) -> bool:
@@ -233,11 +282,21 @@ class ViT(nn.Module):
 
 
 class _FixedPositions(nn.Module):
-    """x + table; the table (N, C) is a non-persistent buffer (recomputed, not saved)."""
+    """x + the 2-D sin-cos table (N, C) of a grid: a non-persistent buffer (recomputed by
+    `reset_parameters`, e.g. after `to_empty`; not saved)."""
 
-    def __init__(self, table: Tensor) -> None:
+    def __init__(self, grid: tuple[int, int], dim: int, *, device=None, dtype=None) -> None:
         super().__init__()
+        self.grid, self.dim = grid, dim
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        table = torch.empty(grid[0] * grid[1], dim, device=device, dtype=dtype)
         self.register_buffer("table", table, persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        t = self.table
+        t.copy_(sincos_2d(*self.grid, self.dim, dtype=t.dtype, device=t.device))
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, N, C) -> (B, N, C)."""
@@ -246,10 +305,18 @@ class _FixedPositions(nn.Module):
 
 class SmallCNN(nn.Module):
     """[Conv3×3 -> BatchNorm -> ReLU -> CBAM] per stage, 2×2 max-pool between stages,
-    global average pool, Linear. images (B, Ci, I, I) -> logits (B, K)."""
+    global average pool, Linear. images (B, Ci, I, I) -> logits (B, K).
+    `device`, `dtype`: of the parameters and BatchNorm statistics."""
 
-    def __init__(self, config: CNNConfig) -> None:
+    def __init__(
+        self,
+        config: CNNConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
+        fk = {"device": device, "dtype": dtype}
         self.config = config
         layers: list[nn.Module] = []
         width = config.in_chans
@@ -257,20 +324,32 @@ class SmallCNN(nn.Module):
             if i:
                 layers.append(nn.MaxPool2d(2))
             layers += [
-                nn.Conv2d(width, out, 3, padding=1, bias=False),
-                nn.BatchNorm2d(out),
+                nn.Conv2d(width, out, 3, padding=1, bias=False, **fk),
+                nn.BatchNorm2d(out, **fk),
                 nn.ReLU(inplace=True),
-                CBAM(out, config.reduction, config.kernel_size),
+                CBAM(out, config.reduction, config.kernel_size, **fk),
             ]
             width = out
         self.features = nn.Sequential(*layers)
-        self.head = nn.Linear(width, config.num_classes)
+        self.head = nn.Linear(width, config.num_classes, **fk)
 
     def forward(self, images: Tensor) -> Tensor:
         """(B, Ci, I, I) -> logits (B, K)."""
         c = self.config
         _check_image(images, c.in_chans, c.image_size, "SmallCNN")
         return self.head(self.features(images).mean((2, 3)))
+
+
+def _splits(name: str, splits) -> tuple[tuple[int, int], ...]:
+    """(kernel, stride) pairs of positive integers, at least one."""
+    if not splits:
+        raise ValueError(f"{name} must hold at least one (kernel, stride) pair, got ()")
+    for i, pair in enumerate(splits):
+        if len(pair) != 2:
+            raise ValueError(f"{name}[{i}] must be a (kernel, stride) pair, got {pair!r}")
+        positive_int(f"{name}[{i}] kernel", pair[0])
+        positive_int(f"{name}[{i}] stride", pair[1])
+    return tuple(tuple(p) for p in splits)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -291,12 +370,12 @@ PRESETS: dict[str, ViTConfig | CNNConfig] = {
 }
 
 
-def build_model(config: ViTConfig | CNNConfig) -> nn.Module:
-    """The model a config describes."""
+def build_model(config: ViTConfig | CNNConfig, *, device=None, dtype=None) -> nn.Module:
+    """The model a config describes, with its parameters on `device` in `dtype`."""
     if isinstance(config, ViTConfig):
-        return ViT(config)
+        return ViT(config, device=device, dtype=dtype)
     if isinstance(config, CNNConfig):
-        return SmallCNN(config)
+        return SmallCNN(config, device=device, dtype=dtype)
     raise ValueError(f"config must be a ViTConfig or CNNConfig, got {type(config).__name__}")
 
 

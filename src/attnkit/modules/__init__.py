@@ -11,6 +11,7 @@ from attnkit.modules.blocks import (
 )
 from attnkit.modules.classic import T2TAttention, bert_self_attention, paper_attention
 from attnkit.modules.embed import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from attnkit.modules.reset import reset_parameters
 
 __all__ = [
     "AdditiveAttention",
@@ -27,5 +28,6 @@ __all__ = [
     "T2TAttention",
     "bert_self_attention",
     "paper_attention",
+    "reset_parameters",
     "residual",
 ]

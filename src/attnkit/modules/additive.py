@@ -25,14 +25,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.modules._checks import positive_int
 from attnkit.modules.attention import Attend
 
 __all__ = ["AdditiveAttention", "AttentionPooling", "LuongAttention"]
 
 
-def _uniform_vector(width: int) -> nn.Parameter:
-    bound = width**-0.5  # nn.Linear's default range for one output unit
-    return nn.Parameter(torch.empty(width).uniform_(-bound, bound))
+def _init_uniform(v: Tensor) -> None:
+    bound = v.shape[0] ** -0.5  # nn.Linear's default range for one output unit
+    nn.init.uniform_(v, -bound, bound)
 
 
 def _attend_scores(attend: Attend, scores: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -94,6 +95,7 @@ class AdditiveAttention(_ScoredAttention):
             (s = `scale`, v = `concat_score_weight`·1). With projections, s is
             a constant 1 (W absorbs it) and is not saved.
         dropout, backend: as for `Attend`.
+        device, dtype: of the parameters, as for `torch.nn.Linear`.
 
     Parameters: `q_proj` (Cq -> A, with bias b) and `k_proj` (Ck -> A, no bias),
     both `nn.Identity` without `hidden`; `v` (A,); `inner_scale` () without `hidden`.
@@ -107,22 +109,33 @@ class AdditiveAttention(_ScoredAttention):
         *,
         dropout: float = 0.0,
         backend: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        key_dim = dim if key_dim is None else key_dim
+        fk = {"device": device, "dtype": dtype}
+        dim, hidden = positive_int("dim", dim), positive_int("hidden", hidden, optional=True)
+        key_dim = dim if key_dim is None else positive_int("key_dim", key_dim)
         if hidden is None:
             if key_dim != dim:
                 raise ValueError(f"key_dim={key_dim} != dim={dim} needs projections: pass hidden")
             self.q_proj: nn.Module = nn.Identity()
             self.k_proj: nn.Module = nn.Identity()
-            self.inner_scale = nn.Parameter(torch.ones(()))
+            self.inner_scale = nn.Parameter(torch.empty((), **fk))
         else:
-            self.q_proj = nn.Linear(dim, hidden)
-            self.k_proj = nn.Linear(key_dim, hidden, bias=False)
-            self.register_buffer("inner_scale", torch.ones(()), persistent=False)
-        self.v = _uniform_vector(dim if hidden is None else hidden)
+            self.q_proj = nn.Linear(dim, hidden, **fk)
+            self.k_proj = nn.Linear(key_dim, hidden, bias=False, **fk)
+            # a constant 1, recomputed by reset_parameters (after `to_empty`)
+            self.register_buffer("inner_scale", torch.empty((), **fk), persistent=False)
+        self.v = nn.Parameter(torch.empty(dim if hidden is None else hidden, **fk))
         self.attend = Attend(scale=1.0, dropout=dropout, backend=backend)
         self.dim, self.key_dim = dim, key_dim
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """s = 1, v uniform in ±1/sqrt(A) (the projections reset themselves)."""
+        nn.init.ones_(self.inner_scale)
+        _init_uniform(self.v)
 
     def scores(self, query: Tensor, key: Tensor) -> Tensor:
         """query (B, N, Cq), key (B, S, Ck) -> unnormalised scores (B, N, S)."""
@@ -142,6 +155,7 @@ class LuongAttention(_ScoredAttention):
             None gives the "dot" score (W = I, query and key widths must agree).
         key_dim: Ck (default Cq), only with `dim`.
         dropout, backend: as for `Attend`.
+        device, dtype: of the parameters, as for `torch.nn.Linear`.
 
     Parameters: `scale` s () (initially 1: Luong's unscaled score; Keras's
     `Attention(use_scale=True)` learns it), `general` (`nn.Linear` without bias,
@@ -155,18 +169,28 @@ class LuongAttention(_ScoredAttention):
         *,
         dropout: float = 0.0,
         backend: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        fk = {"device": device, "dtype": dtype}
+        dim = positive_int("dim", dim, optional=True)
+        key_dim = positive_int("key_dim", key_dim, optional=True)
         if dim is None and key_dim is not None:
             raise ValueError("key_dim needs dim (the general score's weight maps Ck -> Cq)")
         self.general: nn.Module = (
             nn.Identity()
             if dim is None
-            else nn.Linear(dim if key_dim is None else key_dim, dim, bias=False)
+            else nn.Linear(dim if key_dim is None else key_dim, dim, bias=False, **fk)
         )
-        self.scale = nn.Parameter(torch.ones(()))
+        self.scale = nn.Parameter(torch.empty((), **fk))
         self.attend = Attend(scale=1.0, dropout=dropout, backend=backend)
         self.dim, self.key_dim = dim, None  # the general weight checks the key width
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """s = 1: Luong's unscaled score (the general weight resets itself)."""
+        nn.init.ones_(self.scale)
 
     def scores(self, query: Tensor, key: Tensor) -> Tensor:
         """query (B, N, Cq), key (B, S, Ck) -> unnormalised scores (B, N, S)."""
@@ -190,17 +214,31 @@ class AttentionPooling(nn.Module):
         dim: C.
         hidden: A (default C).
         dropout, backend: as for `Attend` (dropout on the pooling weights).
+        device, dtype: of the parameters, as for `torch.nn.Linear`.
     """
 
     def __init__(
-        self, dim: int, hidden: int | None = None, *, dropout: float = 0.0, backend: str = "auto"
+        self,
+        dim: int,
+        hidden: int | None = None,
+        *,
+        dropout: float = 0.0,
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        hidden = dim if hidden is None else hidden
-        self.proj = nn.Linear(dim, hidden)
-        self.v = _uniform_vector(hidden)
+        dim = positive_int("dim", dim)
+        hidden = dim if hidden is None else positive_int("hidden", hidden)
+        self.proj = nn.Linear(dim, hidden, device=device, dtype=dtype)
+        self.v = nn.Parameter(torch.empty(hidden, device=device, dtype=dtype))
         self.attend = Attend(scale=1.0, dropout=dropout, backend=backend)
         self.dim, self.key_dim = dim, None  # the general weight checks the key width
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """v uniform in ±1/sqrt(A) (the projection resets itself)."""
+        _init_uniform(self.v)
 
     def scores(self, x: Tensor) -> Tensor:
         """x (B, T, C) -> unnormalised scores (B, T)."""

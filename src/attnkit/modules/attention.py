@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.attention import AttentionOutput, attention
+from attnkit.modules._checks import positive_int, probability
 from attnkit.modules.projection import FusedQKV, SplitQKV
 
 __all__ = ["Attend", "MultiHeadAttention"]
@@ -25,9 +26,7 @@ class Attend(nn.Module):
 
     def __init__(self, *, scale: float | None = None, dropout: float = 0.0, backend: str = "auto"):
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.scale, self.dropout, self.backend = scale, dropout, backend
+        self.scale, self.dropout, self.backend = scale, probability("dropout", dropout), backend
         self.need_weights = False  # set only by record_attention
 
     def forward(
@@ -75,7 +74,9 @@ class MultiHeadAttention(nn.Module):
         scale: scores multiplier (default 1/sqrt(Dh)).
         dropout: dropout on the attention probabilities while training.
         backend: the `attnkit.attention` backend ("auto" by default).
+        device, dtype: of the parameters, as for `torch.nn.Linear`.
 
+    Sizes must be positive integers; a bad one raises ValueError naming it.
     Parameters: `in_proj` (`FusedQKV` or `SplitQKV`), `proj` (H·Dh -> Co).
     """
 
@@ -93,8 +94,15 @@ class MultiHeadAttention(nn.Module):
         scale: float | None = None,
         dropout: float = 0.0,
         backend: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        fk = {"device": device, "dtype": dtype}
+        dim = positive_int("dim", dim, optional=True)
+        out_dim = positive_int("out_dim", out_dim, optional=True)
+        context_dim = positive_int("context_dim", context_dim, optional=True)
+        num_heads = positive_int("num_heads", num_heads)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim = _head_dim(dim, num_heads, num_kv_heads, head_dim, out_dim)
@@ -102,11 +110,11 @@ class MultiHeadAttention(nn.Module):
         self.out_dim = dim if out_dim is None else out_dim
         q_width, kv_width = num_heads * self.head_dim, num_kv_heads * self.head_dim
         if context_dim is None or context_dim == dim:
-            self.in_proj: FusedQKV | SplitQKV = FusedQKV(dim, q_width, kv_width, qkv_bias)
+            self.in_proj: FusedQKV | SplitQKV = FusedQKV(dim, q_width, kv_width, qkv_bias, **fk)
         else:
-            self.in_proj = SplitQKV(dim, context_dim, q_width, kv_width, qkv_bias)
+            self.in_proj = SplitQKV(dim, context_dim, q_width, kv_width, qkv_bias, **fk)
         self.attend = Attend(scale=scale, dropout=dropout, backend=backend)
-        self.proj = nn.Linear(q_width, self.out_dim, bias=out_bias)
+        self.proj = nn.Linear(q_width, self.out_dim, bias=out_bias, **fk)
 
     def heads_qkv(
         self,
@@ -214,17 +222,13 @@ class MultiHeadAttention(nn.Module):
 
 
 def _head_dim(dim, num_heads, num_kv_heads, head_dim, out_dim) -> int:
-    if not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
-    if not isinstance(num_kv_heads, int) or num_kv_heads < 1 or num_heads % num_kv_heads:
+    if positive_int("num_kv_heads", num_kv_heads) and num_heads % num_kv_heads:
         raise ValueError(
             f"num_kv_heads must be a positive divisor of num_heads={num_heads}, "
             f"got {num_kv_heads!r}"
         )
     if head_dim is not None:
-        if head_dim < 1:
-            raise ValueError(f"head_dim must be positive, got {head_dim}")
-        return head_dim
+        return positive_int("head_dim", head_dim)
     width = dim if dim is not None else out_dim
     if width is None:
         raise ValueError("dim=None (lazy) needs head_dim or out_dim to size the heads")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor, nn
 
+from attnkit.modules._checks import positive_int, probability
 from attnkit.modules.attention import MultiHeadAttention
 
 __all__ = [
@@ -50,12 +52,17 @@ class FeedForward(nn.Module):
         activation: str | nn.Module = "gelu",
         dropout: float = 0.0,
         bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden, bias=bias)
+        fk = {"device": device, "dtype": dtype}
+        dim, hidden = positive_int("dim", dim), positive_int("hidden", hidden)
+        out_dim = positive_int("out_dim", out_dim, optional=True)
+        self.fc1 = nn.Linear(dim, hidden, bias=bias, **fk)
         self.act = _activation(activation)
-        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.fc2 = nn.Linear(hidden, dim if out_dim is None else out_dim, bias=bias)
+        self.drop = nn.Dropout(dropout) if probability("dropout", dropout) > 0 else nn.Identity()
+        self.fc2 = nn.Linear(hidden, dim if out_dim is None else out_dim, bias=bias, **fk)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, N, C) -> (B, N, Co)."""
@@ -68,7 +75,7 @@ class PreNormResidual(nn.Module):
     def __init__(self, fn: nn.Module, norm: nn.Module, dropout: float = 0.0) -> None:
         super().__init__()
         self.fn, self.norm = fn, norm
-        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.drop = nn.Dropout(dropout) if probability("dropout", dropout) > 0 else nn.Identity()
 
     def forward(self, x: Tensor, *args, **kwargs) -> Tensor:
         return x + self.drop(self.fn(self.norm(x), *args, **kwargs))
@@ -80,7 +87,7 @@ class PostNormResidual(nn.Module):
     def __init__(self, fn: nn.Module, norm: nn.Module, dropout: float = 0.0) -> None:
         super().__init__()
         self.fn, self.norm = fn, norm
-        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.drop = nn.Dropout(dropout) if probability("dropout", dropout) > 0 else nn.Identity()
 
     def forward(self, x: Tensor, *args, **kwargs) -> Tensor:
         return self.norm(x + self.drop(self.fn(x, *args, **kwargs)))
@@ -105,6 +112,7 @@ class EncoderBlock(nn.Module):
         norm_eps: LayerNorm epsilon (BERT 1e-12, ViT 1e-6, torch 1e-5).
         attn: an attention module to use instead of `MultiHeadAttention(dim, num_heads)`;
             it is called as `attn(x, mask=..., causal=...)`.
+        device, dtype: of the parameters created here, as for `torch.nn.Linear`.
     """
 
     def __init__(
@@ -120,11 +128,18 @@ class EncoderBlock(nn.Module):
         norm_eps: float = 1e-5,
         qkv_bias: bool = True,
         attn: nn.Module | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        attn = attn or MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias, dropout=attn_dropout)
-        ff = FeedForward(dim, hidden, activation=activation, dropout=dropout)
-        norm = lambda: nn.LayerNorm(dim, eps=norm_eps)  # noqa: E731
+        fk = {"device": device, "dtype": dtype}
+        dim, num_heads = positive_int("dim", dim), positive_int("num_heads", num_heads)
+        probability("attn_dropout", attn_dropout)
+        attn = attn or MultiHeadAttention(
+            dim, num_heads, qkv_bias=qkv_bias, dropout=attn_dropout, **fk
+        )
+        ff = FeedForward(dim, hidden, activation=activation, dropout=dropout, **fk)
+        norm = lambda: nn.LayerNorm(dim, eps=norm_eps, **fk)  # noqa: E731
         self.attn = residual(attn, norm(), dropout=dropout, norm_first=norm_first)
         self.ff = residual(ff, norm(), dropout=dropout, norm_first=norm_first)
 

@@ -5,22 +5,27 @@ Dimensions: B batch, N tokens, C input width, Co output width, H heads.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
+from attnkit.modules._checks import positive_int, probability
 from attnkit.modules.attention import MultiHeadAttention
 from attnkit.modules.blocks import PostNormResidual
 
 __all__ = ["T2TAttention", "bert_self_attention", "paper_attention"]
 
 
-def paper_attention(d_model: int = 512, num_heads: int = 8, dropout: float = 0.1):
+def paper_attention(
+    d_model: int = 512, num_heads: int = 8, dropout: float = 0.1, *, device=None, dtype=None
+) -> MultiHeadAttention:
     """Multi-head attention of "Attention Is All You Need" (§3.2.2).
 
     Four d_model × d_model projections (W^Q, W^K, W^V stored fused, W^O as
     `proj`), d_k = d_v = d_model / h, one mask shared by all heads, dropout on
     the probabilities. Base model: d_model 512, h 8, dropout 0.1.
     """
-    return MultiHeadAttention(d_model, num_heads, dropout=dropout)
+    d_model = positive_int("d_model", d_model)
+    return MultiHeadAttention(d_model, num_heads, dropout=dropout, device=device, dtype=dtype)
 
 
 def bert_self_attention(
@@ -30,14 +35,20 @@ def bert_self_attention(
     attn_dropout: float = 0.1,
     hidden_dropout: float = 0.1,
     eps: float = 1e-12,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
 ) -> PostNormResidual:
     """BERT's attention block (Devlin et al. 2019): LayerNorm(x + dropout(dense(attention(x)))).
 
     The output dense layer is the attention's `proj`; LayerNorm's epsilon sits
     inside the square root, 1e-12 as in the released checkpoints.
     """
-    attn = MultiHeadAttention(dim, num_heads, dropout=attn_dropout)
-    return PostNormResidual(attn, nn.LayerNorm(dim, eps=eps), hidden_dropout)
+    fk = {"device": device, "dtype": dtype}
+    attn = MultiHeadAttention(
+        dim, num_heads, dropout=probability("attn_dropout", attn_dropout), **fk
+    )
+    norm = nn.LayerNorm(dim, eps=eps, **fk)
+    return PostNormResidual(attn, norm, probability("hidden_dropout", hidden_dropout))
 
 
 class T2TAttention(nn.Module):
@@ -61,9 +72,12 @@ class T2TAttention(nn.Module):
         scale: float | None = None,
         attn_dropout: float = 0.0,
         proj_dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if chan % num_heads:
+        dim, chan = positive_int("dim", dim), positive_int("chan", chan)
+        if chan % positive_int("num_heads", num_heads):
             raise ValueError(f"chan={chan} is not divisible by num_heads={num_heads}")
         self.attn = MultiHeadAttention(
             dim,
@@ -72,9 +86,12 @@ class T2TAttention(nn.Module):
             head_dim=chan // num_heads,
             qkv_bias=qkv_bias,
             scale=(dim // num_heads) ** -0.5 if scale is None else scale,
-            dropout=attn_dropout,
+            dropout=probability("attn_dropout", attn_dropout),
+            device=device,
+            dtype=dtype,
         )
-        self.drop = nn.Dropout(proj_dropout) if proj_dropout > 0 else nn.Identity()
+        drop = probability("proj_dropout", proj_dropout)
+        self.drop = nn.Dropout(drop) if drop > 0 else nn.Identity()
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
         """(B, N, dim) -> (B, N, chan)."""

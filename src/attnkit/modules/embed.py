@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.positional import sinusoidal
+from attnkit.modules._checks import positive_int
 
 __all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncoding"]
 
@@ -27,10 +28,18 @@ def _check(x: Tensor, offset: int, max_len: int, dim: int) -> None:
 class LearnedPositionalEmbedding(nn.Module):
     """x + P[offset : offset + N] with P a trained table (max_len, C) (BERT, GPT-2, ViT)."""
 
-    def __init__(self, max_len: int, dim: int, *, init_std: float = 0.02) -> None:
+    def __init__(
+        self, max_len: int, dim: int, *, init_std: float = 0.02, device=None, dtype=None
+    ) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(max_len, dim) * init_std)
-        self.max_len, self.dim = max_len, dim
+        self.max_len, self.dim = positive_int("max_len", max_len), positive_int("dim", dim)
+        self.init_std = init_std
+        self.weight = nn.Parameter(torch.empty(max_len, dim, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) entries."""
+        nn.init.normal_(self.weight, std=self.init_std)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """(B, N, C) -> (B, N, C)."""
@@ -41,10 +50,24 @@ class LearnedPositionalEmbedding(nn.Module):
 class SinusoidalPositionalEncoding(nn.Module):
     """x + PE[offset : offset + N], the fixed encoding of Vaswani et al. 2017, §3.5."""
 
-    def __init__(self, dim: int, max_len: int = 4096, *, base: float = 10000.0) -> None:
+    def __init__(
+        self, dim: int, max_len: int = 4096, *, base: float = 10000.0, device=None, dtype=None
+    ) -> None:
         super().__init__()
-        self.register_buffer("table", sinusoidal(max_len, dim, base=base), persistent=False)
-        self.max_len, self.dim = max_len, dim
+        self.dim, self.max_len = positive_int("dim", dim), positive_int("max_len", max_len)
+        self.base = base
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        # Non-persistent and recomputed by reset_parameters (after `to_empty`).
+        self.register_buffer(
+            "table", torch.empty(max_len, dim, device=device, dtype=dtype), persistent=False
+        )
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Recompute the table (N_max, C) on its own device and dtype."""
+        t = self.table
+        t.copy_(sinusoidal(self.max_len, self.dim, base=self.base, dtype=t.dtype, device=t.device))
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """(B, N, C) -> (B, N, C)."""

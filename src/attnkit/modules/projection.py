@@ -27,10 +27,17 @@ def _add(x: Tensor, pos: Tensor | None) -> Tensor:
 class FusedQKV(nn.Module):
     """q, k, v from one `(Q + 2K, C)` weight. `dim=None` infers C on first call."""
 
-    def __init__(self, dim: int | None, q_width: int, kv_width: int, bias: bool) -> None:
+    def __init__(
+        self, dim: int | None, q_width: int, kv_width: int, bias: bool, *, device=None, dtype=None
+    ) -> None:
         super().__init__()
+        fk = {"device": device, "dtype": dtype}
         total = q_width + 2 * kv_width
-        self.qkv = nn.LazyLinear(total, bias=bias) if dim is None else nn.Linear(dim, total, bias)
+        self.qkv = (
+            nn.LazyLinear(total, bias=bias, **fk)
+            if dim is None
+            else nn.Linear(dim, total, bias, **fk)
+        )
         self.q_width, self.kv_width = q_width, kv_width
 
     @property
@@ -67,11 +74,24 @@ class SplitQKV(nn.Module):
     """q from `(Q, C)`, k and v from `(2K, Cc)`: cross-attention over a context of width Cc."""
 
     def __init__(
-        self, dim: int | None, context_dim: int, q_width: int, kv_width: int, bias: bool
+        self,
+        dim: int | None,
+        context_dim: int,
+        q_width: int,
+        kv_width: int,
+        bias: bool,
+        *,
+        device=None,
+        dtype=None,
     ) -> None:
         super().__init__()
-        self.q = nn.LazyLinear(q_width, bias=bias) if dim is None else nn.Linear(dim, q_width, bias)
-        self.kv = nn.Linear(context_dim, 2 * kv_width, bias)
+        fk = {"device": device, "dtype": dtype}
+        self.q = (
+            nn.LazyLinear(q_width, bias=bias, **fk)
+            if dim is None
+            else nn.Linear(dim, q_width, bias, **fk)
+        )
+        self.kv = nn.Linear(context_dim, 2 * kv_width, bias, **fk)
         self.kv_width = kv_width
 
     @property

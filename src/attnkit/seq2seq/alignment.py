@@ -47,7 +47,7 @@ def mirror_accuracy(maps: Tensor, lengths: Tensor) -> Tensor:
         raise ValueError(
             f"lengths must have shape (B={maps.shape[1]},), got {tuple(lengths.shape)}"
         )
-    t = torch.arange(maps.shape[3])  # (T,)
+    t = torch.arange(maps.shape[3], device=maps.device)  # (T,)
     valid = t[None, :] < lengths[:, None]  # (B, T)
     mirrored = lengths[:, None] - 1 - t[None, :]  # (B, T)
     hit = maps.argmax(-1) == mirrored[None, :, None, :]  # (L, B, H, T)

@@ -5,7 +5,10 @@ Dimensions: B batch, C channels, H height, W width (feature maps are NCHW).
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
+
+from attnkit.modules._checks import positive_int
 
 __all__ = ["SqueezeExcitation"]
 
@@ -25,22 +28,33 @@ class SqueezeExcitation(nn.Module):
             CBAM's channel module, Woo et al. 2018, eq. 2: σ(MLP(avg) + MLP(max))).
 
     `gates(x)` returns the per-channel gates (B, C, 1, 1) in [0, 1];
-    `forward(x)` = x · gates(x), shape (B, C, H, W).
+    `forward(x)` = x · gates(x), shape (B, C, H, W). `device`, `dtype`: of the parameters.
     """
 
-    def __init__(self, channels: int, reduction: int = 16, *, pool: str = "avg") -> None:
+    def __init__(
+        self,
+        channels: int,
+        reduction: int = 16,
+        *,
+        pool: str = "avg",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
-        if not isinstance(channels, int) or channels < 1:
-            raise ValueError(f"channels must be a positive integer, got {channels!r}")
-        if not isinstance(reduction, int) or reduction < 1:
-            raise ValueError(f"reduction must be a positive integer, got {reduction!r}")
+        fk = {"device": device, "dtype": dtype}
+        channels, reduction = (
+            positive_int("channels", channels),
+            positive_int("reduction", reduction),
+        )
         if pool not in ("avg", "avg+max"):
             raise ValueError(f"pool must be 'avg' or 'avg+max', got {pool!r}")
         hidden = max(1, channels // reduction)
         self.channels, self.pool = channels, pool
         # 1×1 convolutions are the FC layers applied to the pooled (B, C, 1, 1) map.
         self.mlp = nn.Sequential(
-            nn.Conv2d(channels, hidden, 1), nn.ReLU(inplace=True), nn.Conv2d(hidden, channels, 1)
+            nn.Conv2d(channels, hidden, 1, **fk),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(hidden, channels, 1, **fk),
         )
 
     def gates(self, x: Tensor) -> Tensor:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.modules._checks import positive_int
 from attnkit.modules.attention import Attend
 
 __all__ = ["SelfAttention2d"]
@@ -37,6 +38,7 @@ class SelfAttention2d(nn.Module):
         scale: score multiplier; SAGAN and non-local use plain dot products (1.0);
             pass None for 1/sqrt(Ck / heads).
         gamma_init: initial γ (0: the block starts as the identity).
+        device, dtype: of the parameters.
     """
 
     def __init__(
@@ -49,10 +51,18 @@ class SelfAttention2d(nn.Module):
         scale: float | None = 1.0,
         gamma_init: float = 0.0,
         dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        fk = {"device": device, "dtype": dtype}
+        channels, reduction = (
+            positive_int("channels", channels),
+            positive_int("reduction", reduction),
+        )
+        num_heads = positive_int("num_heads", num_heads)
         key_channels = channels // reduction
-        value_channels = channels if value_channels is None else value_channels
+        value_channels = positive_int("value_channels", value_channels, optional=True) or channels
         if key_channels < 1 or key_channels % num_heads or value_channels % num_heads:
             raise ValueError(
                 f"channels={channels} // reduction={reduction} = {key_channels} key channels and "
@@ -60,12 +70,18 @@ class SelfAttention2d(nn.Module):
                 f"num_heads={num_heads}"
             )
         self.num_heads = num_heads
-        self.query = nn.Conv2d(channels, key_channels, 1)  # g in SAGAN's notation
-        self.key = nn.Conv2d(channels, key_channels, 1)  # f
-        self.value = nn.Conv2d(channels, value_channels, 1)  # h
-        self.out = nn.Conv2d(value_channels, channels, 1)  # v / W_z
-        self.gamma = nn.Parameter(torch.tensor(float(gamma_init)))
+        self.query = nn.Conv2d(channels, key_channels, 1, **fk)  # g in SAGAN's notation
+        self.key = nn.Conv2d(channels, key_channels, 1, **fk)  # f
+        self.value = nn.Conv2d(channels, value_channels, 1, **fk)  # h
+        self.out = nn.Conv2d(value_channels, channels, 1, **fk)  # v / W_z
+        self.gamma_init = float(gamma_init)
+        self.gamma = nn.Parameter(torch.empty((), **fk))
         self.attend = Attend(scale=scale, dropout=dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """γ = gamma_init (the convolutions reset themselves)."""
+        nn.init.constant_(self.gamma, self.gamma_init)
 
     def _heads(self, t: Tensor) -> Tensor:
         """(B, c, h, w) -> (B, heads, P, c / heads)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.modules._checks import positive_int
 from attnkit.vision.channel import SqueezeExcitation, _check_map
 
 __all__ = ["CBAM", "SpatialAttention"]
@@ -20,14 +21,22 @@ class SpatialAttention(nn.Module):
         kernel_size: k, odd (paper: 7); "same" padding keeps H × W.
 
     `gates(x)` returns one gate per position (B, 1, H, W) in [0, 1];
-    `forward(x)` = x · gates(x), shape (B, C, H, W), any C.
+    `forward(x)` = x · gates(x), shape (B, C, H, W), any C. `device`, `dtype`: of the
+    parameters.
     """
 
-    def __init__(self, kernel_size: int = 7) -> None:
+    def __init__(
+        self,
+        kernel_size: int = 7,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
-        if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+        if positive_int("kernel_size", kernel_size) % 2 == 0:
             raise ValueError(f"kernel_size must be an odd positive integer, got {kernel_size!r}")
-        self.conv = nn.Conv2d(2, 1, kernel_size, padding=kernel_size // 2)
+        conv = nn.Conv2d(2, 1, kernel_size, padding=kernel_size // 2, device=device, dtype=dtype)
+        self.conv = conv
 
     def gates(self, x: Tensor) -> Tensor:
         """(B, C, H, W) -> gates (B, 1, H, W) in [0, 1]."""
@@ -50,10 +59,19 @@ class CBAM(nn.Module):
     and s = Ms(c) (B, 1, H, W). Shape (B, C, H, W) -> (B, C, H, W).
     """
 
-    def __init__(self, channels: int, reduction: int = 16, kernel_size: int = 7) -> None:
+    def __init__(
+        self,
+        channels: int,
+        reduction: int = 16,
+        kernel_size: int = 7,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
-        self.channel = SqueezeExcitation(channels, reduction, pool="avg+max")
-        self.spatial = SpatialAttention(kernel_size)
+        fk = {"device": device, "dtype": dtype}
+        self.channel = SqueezeExcitation(channels, reduction, pool="avg+max", **fk)
+        self.spatial = SpatialAttention(kernel_size, **fk)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, C, H, W) -> (B, C, H, W)."""

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.modules._checks import positive_int, positive_number, probability
 from attnkit.vision.window import SwinBlock
 
 __all__ = ["PatchMerging", "SwinConfig", "SwinModel", "SwinStage", "stage_window"]
@@ -50,14 +51,22 @@ class PatchMerging(nn.Module):
     bottom/right first (as the reference and HF do). The 4C features of the
     neighbourhood at (2i, 2j) are ordered x[2i, 2j], x[2i+1, 2j], x[2i, 2j+1],
     x[2i+1, 2j+1]; then LayerNorm(4C) and Linear(4C, 2C, bias=False).
-    Parameters: `norm`, `reduction`.
+    Parameters: `norm`, `reduction`. `device`, `dtype`: of the parameters.
     """
 
-    def __init__(self, dim: int, *, norm_eps: float = REFERENCE_EPS) -> None:
+    def __init__(
+        self,
+        dim: int,
+        *,
+        norm_eps: float = REFERENCE_EPS,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
-        self.dim = dim
-        self.norm = nn.LayerNorm(4 * dim, eps=norm_eps)
-        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
+        fk = {"device": device, "dtype": dtype}
+        self.dim = dim = positive_int("dim", dim)
+        self.norm = nn.LayerNorm(4 * dim, eps=norm_eps, **fk)
+        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False, **fk)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4 or x.shape[-1] != self.dim:
@@ -78,6 +87,7 @@ class SwinStage(nn.Module):
     min(H, W) <= M (then windows of side min(H, W) and no shift; see
     `stage_window`). Other keyword arguments go to every `SwinBlock`.
     Attributes: `grid`, `out_grid`, `window_size` (the effective M).
+    `device`, `dtype`: of the parameters.
     """
 
     def __init__(
@@ -96,10 +106,13 @@ class SwinStage(nn.Module):
         attn_dropout: float = 0.0,
         norm_eps: float = 1e-5,
         pad_attends: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"SwinStage: depth must be a positive integer, got {depth!r}")
+        fk = {"device": device, "dtype": dtype}
+        dim, depth = positive_int("dim", dim), positive_int("depth", depth)
+        window_size = positive_int("window_size", window_size)
         grid = tuple(int(g) for g in grid)
         if len(grid) != 2 or min(grid) < 1:
             raise ValueError(f"SwinStage: grid must be (H, W) with H, W >= 1, got {grid!r}")
@@ -119,10 +132,11 @@ class SwinStage(nn.Module):
                 qkv_bias=qkv_bias,
                 activation=activation,
                 norm_eps=norm_eps,
+                **fk,
             )
             for i in range(depth)
         )
-        self.downsample = PatchMerging(dim) if downsample else None
+        self.downsample = PatchMerging(dim, **fk) if downsample else None
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4 or tuple(x.shape[1:3]) != self.grid:
@@ -166,6 +180,14 @@ class SwinConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "depths", tuple(self.depths))
         object.__setattr__(self, "num_heads", tuple(self.num_heads))
+        for name in ("image_size", "patch_size", "in_chans", "embed_dim", "window_size"):
+            positive_int(name, getattr(self, name))
+        for name in ("depths", "num_heads"):
+            for i, value in enumerate(getattr(self, name)):
+                positive_int(f"{name}[{i}]", value)
+        positive_number("mlp_ratio", self.mlp_ratio)
+        probability("dropout", self.dropout)
+        probability("attn_dropout", self.attn_dropout)
         if len(self.depths) != len(self.num_heads) or not self.depths:
             raise ValueError(
                 f"SwinConfig: depths and num_heads must have the same non-zero length, "
@@ -210,18 +232,26 @@ class SwinModel(nn.Module):
     `features(x)` is the normalised last-stage tokens (HF's
     `last_hidden_state`); `stage_maps(x)` the embedded map and every stage's
     output (HF's `hidden_states`, as (B, H, W, C) maps).
+    `device`, `dtype`: of the parameters, as for `torch.nn.Linear`.
     """
 
-    def __init__(self, config: SwinConfig) -> None:
+    def __init__(
+        self,
+        config: SwinConfig,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         from attnkit.models.vit import PatchEmbed
 
+        fk = {"device": device, "dtype": dtype}
         cfg = self.config = config
-        self.embed = PatchEmbed(cfg.image_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim)
-        self.embed_norm = nn.LayerNorm(cfg.embed_dim, eps=REFERENCE_EPS)
+        self.embed = PatchEmbed(cfg.image_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim, **fk)
+        self.embed_norm = nn.LayerNorm(cfg.embed_dim, eps=REFERENCE_EPS, **fk)
         n = self.embed.grid[0] * self.embed.grid[1]
-        pos = torch.randn(1, n, cfg.embed_dim) * 0.02
-        self.pos = nn.Parameter(pos) if cfg.absolute_pos else None
+        pos = nn.Parameter(torch.empty(1, n, cfg.embed_dim, **fk)) if cfg.absolute_pos else None
+        self.pos = pos
         self.drop = nn.Dropout(cfg.dropout)
         last = len(cfg.depths) - 1
         self.stages = nn.ModuleList(
@@ -239,12 +269,19 @@ class SwinModel(nn.Module):
                 attn_dropout=cfg.attn_dropout,
                 norm_eps=cfg.norm_eps,
                 pad_attends=cfg.pad_attends,
+                **fk,
             )
             for s, (depth, heads, grid) in enumerate(
                 zip(cfg.depths, cfg.num_heads, cfg.grids, strict=True)
             )
         )
-        self.norm = nn.LayerNorm(cfg.num_features, eps=cfg.norm_eps)
+        self.norm = nn.LayerNorm(cfg.num_features, eps=cfg.norm_eps, **fk)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Absolute positions ~ N(0, 0.02²) (submodules reset their own parameters)."""
+        if self.pos is not None:
+            nn.init.normal_(self.pos, std=0.02)
 
     def stage_maps(self, images: Tensor) -> list[Tensor]:
         """[embedded (B, H, W, C), output of stage 0, ..., of the last stage]; no final norm."""

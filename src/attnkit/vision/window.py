@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.modules._checks import positive_int, positive_number, probability
 from attnkit.modules.attention import MultiHeadAttention
 from attnkit.modules.blocks import EncoderBlock
 
@@ -61,14 +62,16 @@ def window_reverse(windows: Tensor, window_size: int, h: int, w: int) -> Tensor:
     return x.transpose(2, 3).reshape(-1, h, w, c)  # (B, H, W, C)
 
 
-def relative_position_index(window_size: int) -> Tensor:
-    """(M², M²) long: index into the (2M-1)² bias table of Swin (Liu et al. 2021, §3.2).
+def relative_position_index(window_size: int, device: torch.device | str | None = None) -> Tensor:
+    """(M², M²) long, on `device`: index into the (2M-1)² bias table of Swin (Liu et al. 2021,
+    §3.2).
 
     Token i at (yi, xi) and j at (yj, xj) of a window read entry
     (yi - yj + M - 1) · (2M - 1) + (xi - xj + M - 1).
     """
     m = window_size
-    yx = torch.stack(torch.meshgrid(torch.arange(m), torch.arange(m), indexing="ij"))  # (2, M, M)
+    r = torch.arange(m, device=device)
+    yx = torch.stack(torch.meshgrid(r, r, indexing="ij"))  # (2, M, M)
     yx = yx.flatten(1)  # (2, M²)
     rel = yx[:, :, None] - yx[:, None, :] + (m - 1)  # (2, M², M²), each in [0, 2M-2]
     return rel[0] * (2 * m - 1) + rel[1]
@@ -126,6 +129,7 @@ class WindowAttention(nn.Module):
         qkv_bias, attn_dropout: as in `MultiHeadAttention`.
         pad_attends: padding tokens (grids not a multiple of M) may be attended
             to, as in the reference Swin / Hugging Face; default: masked out.
+        device, dtype: of the parameters (`index` is a long buffer on `device`).
 
     Parameters: `attn` (a `MultiHeadAttention`, whose `Attend` is what
     `record_attention` sees: maps (B·nW, Hh, M², M²)) and `bias_table`
@@ -142,18 +146,33 @@ class WindowAttention(nn.Module):
         qkv_bias: bool = True,
         attn_dropout: float = 0.0,
         pad_attends: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(window_size, int) or window_size < 1:
-            raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
-        if not isinstance(shift, int) or not 0 <= shift < window_size:
+        fk = {"device": device, "dtype": dtype}
+        window_size = positive_int("window_size", window_size)
+        if isinstance(shift, bool) or not isinstance(shift, int) or not 0 <= shift < window_size:
             raise ValueError(
                 f"shift must be an integer in [0, window_size={window_size}), got {shift!r}"
             )
         self.window_size, self.shift, self.pad_attends = window_size, shift, pad_attends
-        self.attn = MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias, dropout=attn_dropout)
-        self.bias_table = nn.Parameter(torch.randn((2 * window_size - 1) ** 2, num_heads) * 0.02)
-        self.register_buffer("index", relative_position_index(window_size), persistent=False)
+        attn_dropout = probability("attn_dropout", attn_dropout)
+        self.attn = MultiHeadAttention(
+            dim, num_heads, qkv_bias=qkv_bias, dropout=attn_dropout, **fk
+        )
+        self.bias_table = nn.Parameter(torch.empty((2 * window_size - 1) ** 2, num_heads, **fk))
+        # Non-persistent: recomputed by reset_parameters (after `to_empty`), not saved.
+        m2 = window_size**2
+        index = torch.empty(m2, m2, dtype=torch.long, device=device)
+        self.register_buffer("index", index, persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """bias_table ~ N(0, 0.02²); `index` recomputed (`attn` resets itself)."""
+        nn.init.normal_(self.bias_table, std=0.02)
+        self.index.copy_(relative_position_index(self.window_size, self.index.device))
 
     def relative_bias(self) -> Tensor:
         """(Hh, M², M²) additive scores, the same for every window."""
@@ -203,6 +222,7 @@ class SwinBlock(EncoderBlock):
     x (B, H, W, C) -> (B, H, W, C). Alternate `shift=0` and `shift=M // 2`
     blocks as in the paper (Liu et al. 2021, Fig. 3b). `pad_attends`, `qkv_bias`:
     see `WindowAttention`; `activation`, `norm_eps`: see `EncoderBlock`.
+    `device`, `dtype`: of the parameters.
     """
 
     def __init__(
@@ -219,7 +239,12 @@ class SwinBlock(EncoderBlock):
         qkv_bias: bool = True,
         activation: str | nn.Module = "gelu",
         norm_eps: float = 1e-5,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
+        fk = {"device": device, "dtype": dtype}
+        positive_int("dim", dim)
+        positive_number("mlp_ratio", mlp_ratio)
         attn = WindowAttention(
             dim,
             num_heads,
@@ -228,6 +253,7 @@ class SwinBlock(EncoderBlock):
             qkv_bias=qkv_bias,
             attn_dropout=attn_dropout,
             pad_attends=pad_attends,
+            **fk,
         )
         super().__init__(
             dim,
@@ -237,4 +263,5 @@ class SwinBlock(EncoderBlock):
             activation=activation,
             norm_eps=norm_eps,
             attn=attn,
+            **fk,
         )
