@@ -13,8 +13,8 @@ Transformers"). Partial results over key blocks are merged by log-sum-exp:
 The backward pass is FlashAttention-2's Algorithm 2 restricted to one key block at a time:
 given the GLOBAL (merged) out and lse, P_ij = exp(S_ij - lse_i) and D_i = rowsum(dO_i * O_i)
 are exact, so each block's dq/dk/dv contributions are exact and simply add. dq stays home;
-dk/dv accumulators travel around the ring with their K/V block and arrive back at the owner
-after P hops.
+dk/dv accumulators travel around the ring behind their K/V block and arrive back at the owner
+after P-1 hops.
 
 Causal geometry per (query shard r, key shard src): contiguous: src < r full, src == r causal,
 src > r skipped. Zigzag (rank r holds chunks r and 2P-1-r): src == r causal; src < r all queries
@@ -199,8 +199,13 @@ class _RingAttention(torch.autograd.Function):
                     out[:, :, rows], lse[:, :, rows], m, c, scale,
                 )  # fmt: skip
                 dq[:, :, rows] += grads[0]
-            # the dk/dv of src's block so far (sent by rank-1 last step), plus ours
-            if dkv_reqs is not None:
+            # our own block's dk/dv stay home (step 0); every other block's accumulator
+            # arrives from rank-1 (or starts at zero), gains ours and moves on: P-1 hops,
+            # the reduce-scatter's minimum
+            if step == 0:
+                dk_own, dv_own = torch.zeros_like(kc), torch.zeros_like(vc)
+                dk_acc, dv_acc = dk_own, dv_own
+            elif dkv_reqs is not None:
                 _wait(dkv_reqs)
                 dk_acc, dv_acc = dkv_in
             else:
@@ -208,16 +213,17 @@ class _RingAttention(torch.autograd.Function):
             if grads is not None:
                 dk_acc[:, :, cols] += grads[1]
                 dv_acc[:, :, cols] += grads[2]
-            if world > 1:  # after P hops the accumulators are back with their owner
+            if step > 0:
                 dkv_in = [torch.empty_like(dk_acc), torch.empty_like(dv_acc)]
                 dkv_reqs = exchange([dk_acc, dv_acc], dkv_in, group, rank, world)
             if reqs is not None:
                 _wait(reqs)
                 kv = nxt
-        if world > 1:
+        if dkv_reqs is not None:  # everyone else's share of our block, after P-1 hops
             _wait(dkv_reqs)
-            dk_acc, dv_acc = dkv_in
-        return dq.to(qdt), dk_acc.to(kdt), dv_acc.to(vdt), None, None, None, None, None
+            dk_own += dkv_in[0]
+            dv_own += dkv_in[1]
+        return dq.to(qdt), dk_own.to(kdt), dv_own.to(vdt), None, None, None, None, None
 
 
 def check_inputs(q, k, v, mask, name: str = "ring_attention") -> None:
