@@ -1,0 +1,210 @@
+"""Ring (or Ulysses) attention across P processes: memory per rank, time, bytes, overlap.
+
+Launch one run per world size; each run merges its rows into benchmarks/results/ring.json and
+rewrites the table benchmarks/results/ring.md:
+
+    torchrun --nproc-per-node 1 benchmarks/bench_ring.py --lengths 4096 8192 16384
+    torchrun --nproc-per-node 2 benchmarks/bench_ring.py --lengths 4096 8192 16384
+    torchrun --nproc-per-node 4 benchmarks/bench_ring.py --lengths 4096 8192 16384
+
+gloo on the CPU, nccl on CUDA (one GPU per rank), unchanged. Across machines, the same
+command with torchrun's --nnodes/--node-rank/--rdzv-endpoint.
+
+Per length, one training step (forward + backward of the attention alone, float32, B=1) is
+timed three ways, best of --repeats, slowest rank: the real step; the same step with every
+transfer replaced by a local copy ("compute"); the same transfers with no computation
+("comm"). Overlap = (compute + comm - step) / min(compute, comm): 1 when the shorter is
+hidden entirely, 0 when they run back to back. Peak memory per rank: the highest resident
+set size sampled every 2 ms during the step, minus the RSS before it (CPU), or
+torch.cuda.max_memory_allocated (CUDA). Bytes: what this rank sends per step, counted at the
+send calls, against the ideal of receiving every other rank's K/V once and reduce-scattering
+dK/dV once: (P-1)·(|K|+|V|) forward + (P-1)·(|dK|+|dV|) backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from attnkit._io import atomic_write_json, atomic_write_text
+from attnkit.distributed import ring as ring_mod
+from attnkit.distributed import ring_attention, ulysses_attention
+
+RESULTS = Path(__file__).with_name("results")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+class PeakRSS:
+    """Samples the resident set size in a thread: the peak above the level at entry."""
+
+    def __enter__(self):
+        self.base = self.peak = rss_bytes()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self):
+        while not self.stop.wait(0.002):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+
+class SendCounter:
+    """Wraps ring.exchange: counts bytes sent; ``local=True`` replaces transfers by copies."""
+
+    def __init__(self, local: bool = False):
+        self.sent, self.local, self.real = 0, local, ring_mod.exchange
+
+    def __call__(self, send, recv, group, rank, world):
+        self.sent += sum(t.numel() * t.element_size() for t in send)
+        if self.local:
+            for s, r in zip(send, recv, strict=True):
+                r.copy_(s)
+            return []
+        return self.real(send, recv, group, rank, world)
+
+    def __enter__(self):
+        ring_mod.exchange = self
+        return self
+
+    def __exit__(self, *exc):
+        ring_mod.exchange = self.real
+
+
+def step(fn, q, k, v, causal, layout):
+    q.grad = k.grad = v.grad = None
+    out = fn(q, k, v, causal=causal, layout=layout).out
+    out.backward(torch.ones_like(out))
+
+
+def comm_only(kv_bytes_like, dkv_like, world, rank):
+    """The ring's transfers of one step with no computation: 2(P-1) K/V hops, P-1 dK/dV."""
+    for _ in range(2 * (world - 1)):
+        recv = [torch.empty_like(t) for t in kv_bytes_like]
+        for r in ring_mod.exchange(kv_bytes_like, recv, None, rank, world):
+            r.wait()
+    for _ in range(world - 1):
+        recv = [torch.empty_like(t) for t in dkv_like]
+        for r in ring_mod.exchange(dkv_like, recv, None, rank, world):
+            r.wait()
+
+
+def timed(fn, repeats, device) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    slowest = torch.tensor([best], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, dist.ReduceOp.MAX)
+    return float(slowest.cpu())
+
+
+def measure(args, n: int, rank: int, world: int, device) -> dict:
+    g = torch.Generator().manual_seed(1000 + rank)
+    shape = (args.batch, args.heads, n // world, args.head_dim)
+    kv_shape = (args.batch, args.kv_heads, n // world, args.head_dim)
+    q = torch.randn(shape, generator=g).to(device).requires_grad_()
+    k = torch.randn(kv_shape, generator=g).to(device).requires_grad_()
+    v = torch.randn(kv_shape, generator=g).to(device).requires_grad_()
+    fn = ring_attention if args.strategy == "ring" else ulysses_attention
+    run = lambda: step(fn, q, k, v, args.causal, args.layout)  # noqa: E731
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    with PeakRSS() as mem, SendCounter() as sent:
+        t_step = timed(run, args.repeats, device)
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else mem.peak - mem.base
+    row = {"P": world, "N": n, "step_s": t_step, "peak_mib_per_rank": peak / 2**20}
+    if args.strategy == "ring" and world > 1:
+        kv_bytes = 2 * k.numel() * k.element_size()
+        row["sent_mib_per_step"] = sent.sent / args.repeats / 2**20
+        row["ideal_mib_per_step"] = 2 * (world - 1) * kv_bytes / 2**20
+        with SendCounter(local=True):
+            t_comp = timed(run, args.repeats, device)
+        kv = [k.detach(), v.detach()]
+        t_comm = timed(lambda: comm_only(kv, kv, world, rank), args.repeats, device)
+        hidden = (t_comp + t_comm - t_step) / min(t_comp, t_comm)
+        row.update(compute_s=t_comp, comm_s=t_comm, overlap=max(0.0, min(1.0, hidden)))
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        "| P | N | step (s) | peak MiB / rank | sent MiB / step | ideal MiB | compute (s) | "
+        "comm (s) | overlap |\n|---|---|---|---|---|---|---|---|---|\n"
+    )
+    f = lambda r, k, fmt: format(r[k], fmt) if k in r else "-"  # noqa: E731
+    body = "".join(
+        f"| {r['P']} | {r['N']} | {r['step_s']:.2f} | {r['peak_mib_per_rank']:.0f} | "
+        f"{f(r, 'sent_mib_per_step', '.1f')} | {f(r, 'ideal_mib_per_step', '.1f')} | "
+        f"{f(r, 'compute_s', '.2f')} | {f(r, 'comm_s', '.2f')} | {f(r, 'overlap', '.2f')} |\n"
+        for r in sorted(rows, key=lambda r: (r["N"], r["P"]))
+    )
+    return head + body
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--layout", default="zigzag", choices=["contiguous", "zigzag"])
+    p.add_argument("--strategy", default="ring", choices=["ring", "ulysses"])
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="per rank (default cores / P)")
+    p.add_argument("--out", type=Path, default=RESULTS / "ring.json")
+    args = p.parse_args()
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = (
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    )
+    if cuda:
+        torch.cuda.set_device(device)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // world)
+    torch.set_num_threads(threads)
+    rows = []
+    for n in args.lengths:
+        row = measure(args, n, rank, world, device)
+        if rank == 0:
+            print(json.dumps(row), flush=True)
+        rows.append(row)
+    if rank == 0:
+        old = json.loads(args.out.read_text()) if args.out.exists() else {"runs": []}
+        keep = [r for r in old["runs"] if r["P"] != world or r["N"] not in args.lengths]
+        config = {k: v for k, v in vars(args).items() if k != "out"}
+        config.update(threads_per_rank=threads, cpus=os.cpu_count(), device=device.type)
+        runs = keep + [{**r, "config": config} for r in rows]
+        atomic_write_json(args.out, {"runs": runs})
+        atomic_write_text(args.out.with_suffix(".md"), table(runs))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

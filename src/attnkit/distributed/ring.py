@@ -1,0 +1,299 @@
+"""Ring attention: exact attention over a sequence split across the ranks of a process group.
+
+Legend: B batch, H query heads, Hkv key/value heads, n = N/P local sequence length, D head
+width, Dv value width, P ranks, r this rank.
+
+Each rank keeps its queries; the key/value blocks (and their key-padding mask) travel around
+the ring r -> r+1 with non-blocking send/recv, started before the local block is computed so
+that the transfer overlaps the computation (Liu et al. 2023, "Ring Attention with Blockwise
+Transformers"). Partial results over key blocks are merged by log-sum-exp:
+
+    lse = logaddexp_i lse_i,   out = sum_i exp(lse_i - lse) out_i
+
+The backward pass is FlashAttention-2's Algorithm 2 restricted to one key block at a time:
+given the GLOBAL (merged) out and lse, P_ij = exp(S_ij - lse_i) and D_i = rowsum(dO_i * O_i)
+are exact, so each block's dq/dk/dv contributions are exact and simply add. dq stays home;
+dk/dv accumulators travel around the ring behind their K/V block and arrive back at the owner
+after P-1 hops.
+
+Causal geometry per (query shard r, key shard src): contiguous: src < r full, src == r causal,
+src > r skipped. Zigzag (rank r holds chunks r and 2P-1-r): src == r causal; src < r all queries
+against the first (early) half of the keys; src > r the second (late) half of the queries
+against all keys; every other pair is fully masked. All non-skipped non-diagonal blocks are
+non-causal, and every rank does the same work.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from attnkit.distributed.layout import check_layout
+from attnkit.functional import chunked, native
+from attnkit.functional.attention import AttentionOutput
+
+__all__ = ["ring_attention"]
+
+_ALL = slice(None)
+
+
+# --------------------------------------------------------------------------- one block
+
+
+def _native_ok(q: Tensor) -> bool:
+    return q.device.type == "cpu" and q.dtype == torch.float32 and native.available()
+
+
+def _plan(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> chunked._Plan:
+    bq, bk = (
+        (chunked.CAUSAL_BLOCK_Q, chunked.CAUSAL_BLOCK_K)
+        if causal
+        else (chunked.DEFAULT_BLOCK_Q, chunked.DEFAULT_BLOCK_K)
+    )
+    pl = chunked._Plan(q, k, v, causal, bq, bk)
+    pl.scale, pl.inv_keep = scale, 1.0  # no dropout: inv_keep only rescales 1/l
+    return pl
+
+
+def block_forward(q, k, v, mask, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """One query block against one key block: out (B, H, nq, Dv) and lse (B, H, nq).
+
+    q, k, v in the compute dtype (float32 or float64); mask bool (B|1, H|1, 1, nk) or None.
+    The compiled CPU kernel for float32 on the CPU, the PyTorch chunked kernel elsewhere.
+    """
+    if _native_ok(q):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        return native._forward(q, k, v, mask, None, causal, scale, 256, 1.0, None)
+    pl = _plan(q, k, v, causal, scale)
+    return chunked._forward(pl, q, k, v, chunked._as4d(mask), None, 256, None)
+
+
+def block_backward(dout, dlse, q, k, v, out, lse, mask, causal: bool, scale: float):
+    """dq, dk, dv of one block given the GLOBAL out (B, H, nq, Dv) and lse (B, H, nq)."""
+    if _native_ok(q):
+        c = [t.contiguous() for t in (dout, q, k, v, out, lse)]
+        dlse = None if dlse is None else dlse.contiguous()
+        return native._backward(c[0], dlse, *c[1:], mask, None, causal, scale, 256, 1.0, None)
+    pl = _plan(q, k, v, causal, scale)
+    mask4 = chunked._as4d(mask)
+    dq, dk, dv, _ = chunked._backward(
+        pl, q, k, v, mask4, None, out, lse, dout, dlse, 256, None, False
+    )
+    return dq, dk, dv
+
+
+def block_geometry(rank: int, src: int, world: int, layout: str, causal: bool, n: int):
+    """(query rows, key rows, causal) of this rank's queries against src's keys, or None."""
+    if not causal:
+        return _ALL, _ALL, False
+    if src == rank:
+        return _ALL, _ALL, True  # the diagonal: positions increase within a shard
+    if layout == "contiguous":
+        return (_ALL, _ALL, False) if src < rank else None
+    half = n // 2
+    if src < rank:  # src's early chunk precedes both of ours; its late chunk follows both
+        return _ALL, slice(0, half), False
+    return slice(half, None), _ALL, False  # only our late chunk sees src's chunks
+
+
+def merge_into(out: Tensor, lse: Tensor, rows: slice, o_b: Tensor, l_b: Tensor) -> None:
+    """out[rows], lse[rows] <- the log-sum-exp merge with a block's (o_b, l_b), in place.
+
+    Rows that saw nothing so far or in this block have lse -inf; they are shifted by 0 so
+    that exp(-inf - 0) = 0 (never -inf - -inf = NaN).
+    """
+    lo = lse[:, :, rows]  # (B, H, nq)
+    new = torch.logaddexp(lo, l_b)
+    safe = torch.where(torch.isinf(new) & (new < 0), torch.zeros_like(new), new)
+    wa = (lo - safe).exp().unsqueeze(-1)  # (B, H, nq, 1)
+    wb = (l_b - safe).exp().unsqueeze(-1)
+    out[:, :, rows] = wa * out[:, :, rows] + wb * o_b
+    lse[:, :, rows] = new
+
+
+# --------------------------------------------------------------------------- the ring
+
+
+def group_info(group) -> tuple[int, int]:
+    """(rank, world) in ``group``; (0, 1) when torch.distributed is not initialised."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _peer(group, local: int) -> int:
+    return local if group is None else dist.get_global_rank(group, local)
+
+
+def exchange(send: list[Tensor], recv: list[Tensor], group, rank: int, world: int):
+    """Start sending ``send`` to rank+1 and receiving ``recv`` from rank-1; returns the requests."""
+    nxt, prv = _peer(group, (rank + 1) % world), _peer(group, (rank - 1) % world)
+    ops = [dist.P2POp(dist.isend, t, nxt, group) for t in send]
+    ops += [dist.P2POp(dist.irecv, t, prv, group) for t in recv]
+    return dist.batch_isend_irecv(ops)
+
+
+def _wait(reqs) -> None:
+    for r in reqs:
+        r.wait()
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, causal, scale, layout, group):
+        rank, world = group_info(group)
+        cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+        qc, kc, vc = (t.to(cdt).contiguous() for t in (q, k, v))
+        b, h, n, _ = q.shape
+        out = torch.zeros(b, h, n, v.shape[3], dtype=cdt, device=q.device)
+        lse = torch.full((b, h, n), float("-inf"), dtype=cdt, device=q.device)
+        # the mask travels as uint8 (every backend can send bytes)
+        kv = [kc, vc] + ([mask.to(torch.uint8).contiguous()] if mask is not None else [])
+        for step in range(world):
+            src = (rank - step) % world
+            reqs = None
+            if step + 1 < world:  # start the next block's transfer before computing this one
+                nxt = [torch.empty_like(t) for t in kv]
+                reqs = exchange(kv, nxt, group, rank, world)
+            geo = block_geometry(rank, src, world, layout, causal, n)
+            if geo is not None:
+                rows, cols, c = geo
+                m = kv[2][..., cols].bool() if mask is not None else None
+                o_b, l_b = block_forward(
+                    qc[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], m, c, scale
+                )
+                merge_into(out, lse, rows, o_b, l_b)
+            if reqs is not None:
+                _wait(reqs)
+                kv = nxt
+        ctx.save_for_backward(qc, kc, vc, mask, out, lse)
+        ctx.args = (causal, scale, layout, group, q.dtype, k.dtype, v.dtype)
+        return out.to(q.dtype), lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        qc, kc, vc, mask, out, lse = ctx.saved_tensors
+        causal, scale, layout, group, qdt, kdt, vdt = ctx.args
+        rank, world = group_info(group)
+        cdt, n = qc.dtype, qc.shape[2]
+        dout = dout.to(cdt)
+        dlse = None if dlse is None else dlse.to(cdt)
+        dq = torch.zeros_like(qc)
+        kv = [kc, vc] + ([mask.to(torch.uint8).contiguous()] if mask is not None else [])
+        dkv_reqs, dkv_in = None, None
+        for step in range(world):
+            src = (rank - step) % world
+            reqs = None
+            if step + 1 < world:
+                nxt = [torch.empty_like(t) for t in kv]
+                reqs = exchange(kv, nxt, group, rank, world)
+            geo = block_geometry(rank, src, world, layout, causal, n)
+            grads = None
+            if geo is not None:
+                rows, cols, c = geo
+                m = kv[2][..., cols].bool() if mask is not None else None
+                grads = block_backward(
+                    dout[:, :, rows], None if dlse is None else dlse[:, :, rows],
+                    qc[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols],
+                    out[:, :, rows], lse[:, :, rows], m, c, scale,
+                )  # fmt: skip
+                dq[:, :, rows] += grads[0]
+            # our own block's dk/dv stay home (step 0); every other block's accumulator
+            # arrives from rank-1 (or starts at zero), gains ours and moves on: P-1 hops,
+            # the reduce-scatter's minimum
+            if step == 0:
+                dk_own, dv_own = torch.zeros_like(kc), torch.zeros_like(vc)
+                dk_acc, dv_acc = dk_own, dv_own
+            elif dkv_reqs is not None:
+                _wait(dkv_reqs)
+                dk_acc, dv_acc = dkv_in
+            else:
+                dk_acc, dv_acc = torch.zeros_like(kc), torch.zeros_like(vc)
+            if grads is not None:
+                dk_acc[:, :, cols] += grads[1]
+                dv_acc[:, :, cols] += grads[2]
+            if step > 0:
+                dkv_in = [torch.empty_like(dk_acc), torch.empty_like(dv_acc)]
+                dkv_reqs = exchange([dk_acc, dv_acc], dkv_in, group, rank, world)
+            if reqs is not None:
+                _wait(reqs)
+                kv = nxt
+        if dkv_reqs is not None:  # everyone else's share of our block, after P-1 hops
+            _wait(dkv_reqs)
+            dk_own += dkv_in[0]
+            dv_own += dkv_in[1]
+        return dq.to(qdt), dk_own.to(kdt), dv_own.to(vdt), None, None, None, None, None
+
+
+def check_inputs(q, k, v, mask, name: str = "ring_attention") -> None:
+    """ValueErrors naming the argument, for the shard shapes the strategies accept."""
+    for arg, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name}: {arg} must have shape (B, H, N/P, D), got {got}")
+    b, h, n, d = q.shape
+    if k.shape[0] != b or k.shape[3] != d or h % k.shape[1] or k.shape[2] != n:
+        raise ValueError(
+            f"{name}: k must have shape (B={b}, Hkv dividing {h}, N/P={n}, D={d}) "
+            f"(self-attention shards), got {tuple(k.shape)}"
+        )
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(
+            f"{name}: v must have shape {tuple(k.shape[:3])} + (Dv,), got {tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise ValueError(
+            f"{name}: q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if mask is not None:
+        ok = isinstance(mask, Tensor) and mask.dtype == torch.bool and mask.dim() == 4
+        ok = ok and mask.shape[0] in (1, b) and mask.shape[1] in (1, h) and mask.shape[2] == 1
+        if not ok or mask.shape[3] != n:
+            got = (tuple(mask.shape), mask.dtype) if isinstance(mask, Tensor) else type(mask)
+            raise ValueError(
+                f"{name}: mask must be a boolean key-padding mask of this rank's keys, shape "
+                f"(B|1, H|1, 1, N/P={n}) with True = may attend, got {got}"
+            )
+
+
+def ring_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    group=None,
+    layout: str = "contiguous",
+) -> AttentionOutput:
+    """Exact self-attention over a sequence sharded across the ranks of ``group``.
+
+    Args:
+        q: this rank's queries (B, H, N/P, D), in ``layout`` (see `attnkit.distributed.layout`).
+        k, v: this rank's keys (B, Hkv, N/P, D) and values (B, Hkv, N/P, Dv), same positions
+            as q; H % Hkv == 0 (grouped-query attention without repeating k/v).
+        causal: global position i sees keys j <= i (N = S, so no alignment question).
+        mask: boolean key-padding mask of this rank's keys (B|1, H|1, 1, N/P), True = may
+            attend; it travels around the ring with its keys.
+        scale: multiplies q·kᵀ; defaults to 1/sqrt(D).
+        group: the process group (default the world); without an initialised process group
+            the call is single-process attention.
+        layout: "contiguous" or "zigzag" (balances causal work).
+
+    Returns AttentionOutput(out (B, H, N/P, Dv) in q's dtype, None, lse (B, H, N/P) in float32,
+    or float64 for float64 input). out and lse are differentiable; gradients for q, k, v are
+    this rank's shards. A query that may attend to nothing gets out 0, lse -inf, gradient 0.
+    Every rank must call with the same shapes, flags and layout.
+    """
+    check_layout(layout)
+    check_inputs(q, k, v, mask)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if layout == "zigzag" and q.shape[2] % 2:
+        raise ValueError(
+            f"ring_attention: layout='zigzag' needs an even local length (two chunks), "
+            f"got N/P={q.shape[2]}"
+        )
+    out, lse = _RingAttention.apply(q, k, v, mask, bool(causal), scale, layout, group)
+    return AttentionOutput(out, None, lse)

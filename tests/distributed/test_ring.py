@@ -1,0 +1,175 @@
+"""Ring and Ulysses attention with 2 and 4 gloo processes equal single-process attention.
+
+One spawn per world size runs every case in each process (spawning costs seconds, a case
+milliseconds); each rank saves its errors, and the parametrised tests below assert them.
+Every rank builds the same full inputs, keeps its shard, and compares its output, lse and
+gradient shards with single-process chunked attention on the full inputs (float64 kernel as
+the truth; for float32, ≤ 2× the single-process float32 error + 1e-6).
+"""
+
+import itertools
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from attnkit.distributed import RingMultiHeadAttention, shard, ulysses_attention
+from attnkit.distributed import ring_attention as ring
+from attnkit.functional.chunked import chunked_attention
+from attnkit.modules.attention import MultiHeadAttention
+from tests.train.test_ddp import _free_port
+
+STRATEGIES = {"ring": ring, "ulysses": ulysses_attention}
+CASES = list(
+    itertools.product(
+        ["ring", "ulysses"], ["contiguous", "zigzag"], [False, True], [False, True], [4, 1],
+        ["float64", "float32"],
+    )
+)  # fmt: skip
+WORLDS = (2, 4)
+
+
+def _name(c) -> str:
+    s, lay, causal, masked, hkv, dt = c
+    return (
+        f"{s}-{lay}-{'causal' if causal else 'full'}-{'mask' if masked else 'nomask'}-hkv{hkv}-{dt}"
+    )
+
+
+def _inputs(hkv: int, masked: bool, n: int):
+    g = torch.Generator().manual_seed(n + hkv)
+    q = torch.randn(2, 4, n, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, hkv, n, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, hkv, n, 6, generator=g, dtype=torch.float64)
+    dout = torch.randn(2, 4, n, 6, generator=g, dtype=torch.float64)
+    dlse = torch.randn(2, 4, n, generator=g, dtype=torch.float64)
+    mask = None
+    if masked:
+        mask = torch.rand(2, 1, 1, n, generator=g) > 0.3
+        mask[0, ..., 0] = False  # causal: row 0 of batch 0 sees nothing
+        mask[1] = False  # batch 1: every row sees nothing
+    return q, k, v, mask, dout, dlse
+
+
+def _run(fn, q, k, v, mask, dout, dlse, causal):
+    """out, lse, dq, dk, dv of loss = <out, dout> + <lse (finite rows), dlse>."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out, lse = fn(q, k, v, mask, causal)
+    loss = (out * dout).sum() + (torch.where(lse.isfinite(), lse, 0) * dlse).sum()
+    loss.backward()
+    return [out.detach(), lse.detach(), q.grad, k.grad, v.grad]
+
+
+def _single(q, k, v, mask, causal, kernel):
+    return chunked_attention(
+        q, k, v, mask=mask, bias=None, causal=causal, scale=8**-0.5, dropout_p=0.0,
+        training=False, kernel=kernel,
+    )  # fmt: skip
+
+
+def _errs(got, want) -> list[float]:
+    # equal infinities (lse -inf of rows that see nothing) count as equal; NaN as 1e9
+    diff = lambda g, w: torch.where(g == w, 0.0, (g - w).abs().nan_to_num(1e9))  # noqa: E731
+    return [float(diff(g.double(), w).max()) for g, w in zip(got, want, strict=True)]
+
+
+def _cases(rank: int, world: int) -> dict:
+    res = {}
+    n = 6 * world  # zigzag chunks of 3: odd, not a power of two
+    for c in CASES:
+        strategy, layout, causal, masked, hkv, dt = c
+        q, k, v, mask, dout, dlse = _inputs(hkv, masked, n)
+        truth = _run(lambda *a: _single(*a, "torch"), q, k, v, mask, dout, dlse, causal)
+        sh = lambda t, lay=layout: shard(t, rank, world, layout=lay)  # noqa: E731
+        want = [sh(t) for t in truth]
+        cast = (lambda t: t) if dt == "float64" else (lambda t: t.float())
+        fn = STRATEGIES[strategy]
+
+        def call(q, k, v, m, cz, fn=fn, layout=layout):
+            return fn(q, k, v, mask=m, causal=cz, layout=layout)[::2]  # (out, lse)
+
+        m_local = None if mask is None else shard(mask, rank, world, dim=3, layout=layout)
+        args = [cast(sh(t)) for t in (q, k, v)]
+        got = _run(call, *args, m_local, cast(sh(dout)), cast(sh(dlse)), causal)
+        row = {"err": _errs(got, want), "nan": any(bool(g.isnan().any()) for g in got)}
+        if dt == "float32":
+            one = _run(lambda *a: _single(*a, "auto"), *(t.float() for t in (q, k, v)), mask,
+                       dout.float(), dlse.float(), causal)  # fmt: skip
+            row["single"] = _errs(one, truth)
+        res[_name(c)] = row
+    return res
+
+
+def _module_case(rank: int, world: int, strategy: str) -> list[float]:
+    """RingMultiHeadAttention == MultiHeadAttention on the full sequence, incl. weight grads."""
+    torch.manual_seed(0)
+    full = MultiHeadAttention(8, 4, num_kv_heads=2).double()
+    mod = RingMultiHeadAttention(8, 4, num_kv_heads=2, strategy=strategy, layout="zigzag").double()
+    mod.load_state_dict(full.state_dict())
+    x = torch.randn(
+        2, 4 * world, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3)
+    )
+    y = full(x, causal=True)
+    y.square().sum().backward()
+    sh = lambda t: shard(t, rank, world, dim=1, layout="zigzag")  # noqa: E731
+    y_local = mod(sh(x), causal=True)
+    y_local.square().sum().backward()
+    errs = [float((y_local - sh(y)).abs().max())]
+    for (_, p), (_, p_full) in zip(mod.named_parameters(), full.named_parameters(), strict=True):
+        dist.all_reduce(p.grad)  # each rank holds its shard's share of the weight gradient
+        errs.append(float((p.grad - p_full.grad).abs().max()))
+    return errs
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        res = _cases(rank, world)
+        for s in STRATEGIES:
+            res[f"module-{s}"] = {"err": _module_case(rank, world, s), "nan": False}
+        q = torch.zeros(1, 3, 4, 2)  # 3 heads do not split over 2 or 4 ranks
+        try:
+            ulysses_attention(q, q, q)
+            res["ulysses-heads-error"] = None
+        except ValueError as e:
+            res["ulysses-heads-error"] = str(e)
+        torch.save(res, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"P{w}")
+def results(request, tmp_path_factory):
+    world = request.param
+    tmp = tmp_path_factory.mktemp(f"ring{world}")
+    mp.spawn(_worker, args=(world, _free_port(), str(tmp)), nprocs=world, join=True)
+    return [torch.load(tmp / f"rank{r}.pt") for r in range(world)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=_name)
+def test_equals_single_process_attention(results, case):
+    for rank, res in enumerate(results):
+        row = res[_name(case)]
+        assert not row["nan"], f"rank {rank}: NaN"
+        for what, e in zip(("out", "lse", "dq", "dk", "dv"), row["err"], strict=True):
+            if case[-1] == "float64":
+                assert e <= 1e-12, f"rank {rank} {what}: {e}"
+            else:
+                bound = 2 * row["single"][("out", "lse", "dq", "dk", "dv").index(what)] + 1e-6
+                assert e <= bound, f"rank {rank} {what}: {e} > {bound}"
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_ring_multihead_attention_equals_the_module_on_the_full_sequence(results, strategy):
+    for res in results:
+        assert max(res[f"module-{strategy}"]["err"]) <= 1e-12
+
+
+def test_ulysses_refuses_heads_not_divisible_by_ranks(results):
+    for res in results:
+        assert res["ulysses-heads-error"] is not None
+        assert "H=3 query heads must be divisible by P=" in res["ulysses-heads-error"]
