@@ -16,7 +16,14 @@ import pytest
 import torch
 
 from attnkit.functional import native
-from attnkit.functional._dropout import draw_seed, dropout_keep_mask, keep_threshold
+from attnkit.functional._dropout import (
+    as_unsigned,
+    draw_seed,
+    dropout_keep_mask,
+    keep_threshold,
+    keep_words,
+    row_ids,
+)
 from attnkit.functional.chunked import chunked_attention
 from tests.functional.test_chunked import grads, naive
 
@@ -141,13 +148,14 @@ def test_dropout_same_entries_as_pytorch_kernel_and_truth():
 
 
 @needs_kernel
-def test_keep_bytes_match_the_pytorch_definition():
+def test_keep_words_match_the_pytorch_definition():
     seed = 1234567891234
-    got = native.keep_bytes(seed, 2, 3, 5, 77)  # (B, H, N, S) uint8
-    t, _ = keep_threshold(0.5)
-    assert torch.equal(got < t, dropout_keep_mask(seed, (2, 3, 5, 77), 0.5))
-    t, _ = keep_threshold(0.1)
-    assert torch.equal(got < t, dropout_keep_mask(seed, (2, 3, 5, 77), 0.1))
+    got = native.keep_words(seed, 2, 3, 5, 77)  # (B, H, N, S) int32 bits
+    rows = row_ids(2, 3, 5, 0, 5)
+    assert torch.equal(got.view(30, 77), keep_words(seed, rows, 0, 77, 77))
+    for p in (0.001, 0.1, 0.5, 0.9):
+        t, _ = keep_threshold(p)
+        assert torch.equal(as_unsigned(got) < t, dropout_keep_mask(seed, (2, 3, 5, 77), p))
 
 
 @needs_kernel

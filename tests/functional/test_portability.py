@@ -14,6 +14,7 @@ from torch._dynamo.utils import counters
 
 from attnkit import attention
 from attnkit.functional import native
+from attnkit.functional._dropout import keep_threshold
 
 attention_module = importlib.import_module("attnkit.functional.attention")
 
@@ -281,7 +282,7 @@ def test_the_kernel_operator_and_its_eager_route_agree(dropout):
         pytest.skip("no C++ compiler here: the compiled kernel cannot run")
     q, k, v, mask, bias = _inputs(dtype=torch.float32)
     seed = torch.tensor(12345) if dropout else None
-    keep_t, inv_keep = (200, 256 / 200) if dropout else (256, 1.0)
+    keep_t, inv_keep = keep_threshold(0.2 if dropout else 0.0)
     args = (mask, bias, True, 0.3, keep_t, inv_keep, seed)
     results = []
     for route in (native._Eager.apply, native.attention_fwd):

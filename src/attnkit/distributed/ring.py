@@ -31,6 +31,7 @@ from torch import Tensor
 
 from attnkit.distributed.layout import check_layout
 from attnkit.functional import chunked, native
+from attnkit.functional._dropout import NO_DROPOUT
 from attnkit.functional.attention import AttentionOutput
 
 __all__ = ["ring_attention"]
@@ -64,9 +65,9 @@ def block_forward(q, k, v, mask, causal: bool, scale: float) -> tuple[Tensor, Te
     """
     if _native_ok(q):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        return native._forward(q, k, v, mask, None, causal, scale, 256, 1.0, None)
+        return native._forward(q, k, v, mask, None, causal, scale, NO_DROPOUT, 1.0, None)
     pl = _plan(q, k, v, causal, scale)
-    return chunked._forward(pl, q, k, v, chunked._as4d(mask), None, 256, None)
+    return chunked._forward(pl, q, k, v, chunked._as4d(mask), None, NO_DROPOUT, None)
 
 
 def block_backward(dout, dlse, q, k, v, out, lse, mask, causal: bool, scale: float):
@@ -74,11 +75,13 @@ def block_backward(dout, dlse, q, k, v, out, lse, mask, causal: bool, scale: flo
     if _native_ok(q):
         c = [t.contiguous() for t in (dout, q, k, v, out, lse)]
         dlse = None if dlse is None else dlse.contiguous()
-        return native._backward(c[0], dlse, *c[1:], mask, None, causal, scale, 256, 1.0, None)
+        return native._backward(
+            c[0], dlse, *c[1:], mask, None, causal, scale, NO_DROPOUT, 1.0, None
+        )
     pl = _plan(q, k, v, causal, scale)
     mask4 = chunked._as4d(mask)
     dq, dk, dv, _ = chunked._backward(
-        pl, q, k, v, mask4, None, out, lse, dout, dlse, 256, None, False
+        pl, q, k, v, mask4, None, out, lse, dout, dlse, NO_DROPOUT, None, False
     )
     return dq, dk, dv
 

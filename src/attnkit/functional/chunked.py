@@ -24,7 +24,13 @@ import torch
 from torch import Tensor
 
 from attnkit.functional import native
-from attnkit.functional._dropout import block_keep, draw_seed, keep_threshold, row_ids
+from attnkit.functional._dropout import (
+    NO_DROPOUT,
+    block_keep,
+    draw_seed,
+    keep_threshold,
+    row_ids,
+)
 
 # The PyTorch kernel's blocks, tuned on the 2-core CPU (1 MiB L2 per core), N=2048, H=8, D=64,
 # dropout 0.1, fwd+bwd: 128×1024 was fastest of 128×256 … 512×512 (one head's score block,
@@ -141,7 +147,7 @@ def _forward(pl, q, k, v, mask4, bias4, t_keep, seed):
             s.sub_(m_safe).exp_()  # P~ = exp(S - m), Algorithm 1 line 10
             alpha = (m - m_safe).exp_()
             l.mul_(alpha).add_(s.sum(-1, keepdim=True))  # softmax normaliser: before dropout
-            if seed is not None:  # the 256/T rescale is applied once, at the end
+            if seed is not None:  # the 2^32/T rescale is applied once, at the end
                 s.mul_(block_keep(seed, rows, j0, nk, pl.s, t_keep, pl.cdt, ws).view(s.shape))
             acc.mul_(alpha).baddbmm_(s, vv[:, j0:j1])
             m = m_new
@@ -179,7 +185,7 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
         if dlse4 is not None:
             dlt -= dlse4[:, :, :, i0:i1].to(cdt).reshape(*rows, 1)
         if seed is not None:
-            dob = dob * pl.inv_keep  # dropout's 256/T folded into dO (never in place: user's)
+            dob = dob * pl.inv_keep  # dropout's 2^32/T folded into dO (never in place: user's)
         # empty rows have lse -inf: shift them by 0 so that P = exp(-inf) = 0, not NaN
         neg_lse = -lse4[:, :, :, i0:i1].to(cdt).nan_to_num(neginf=0.0).reshape(*rows, 1)
         dqb = torch.zeros(b * hkv, g * nq, pl.d, dtype=cdt, device=pl.dev)
@@ -218,7 +224,7 @@ class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, bias, causal, scale, t_keep, seed, bq, bk):
         pl = _Plan(q, k, v, causal, bq, bk)
-        pl.scale, pl.inv_keep = scale, (256.0 / t_keep if t_keep else 0.0)
+        pl.scale, pl.inv_keep = scale, (NO_DROPOUT / t_keep if t_keep else 0.0)
         mask4, bias4 = _as4d(mask), _as4d(bias)
         out, lse = _forward(pl, q, k, v, mask4, bias4, t_keep, seed)
         # the seed is saved like a tensor (as the compiled kernel's operator does), not kept aside
@@ -266,7 +272,9 @@ def chunked_attention(
     lse is float32 (float64 for float64 input) and differentiable, so partial results over
     key ranges can be merged. A row that may attend to nothing gets out 0, lse -inf and zero
     (finite) gradients. Dropout (only when ``training``) keeps each entry with probability
-    round(256 (1 - p)) / 256 and rescales by its inverse; see ``_dropout``. float16/bfloat16
+    T / 2^32, T = round(2^32 (1 - p)) clamped to [1, 2^32 - 1] (within 2^-33 of 1 - p for any
+    p in (0, 1)), and rescales kept entries by 2^32 / T, so E[out] is exactly the no-dropout
+    output; see ``_dropout``. float16/bfloat16
     are computed in float32. Extra memory is O(B·H·block_q·block_k) plus O(N·D) buffers.
 
     ``kernel``: "native" is the compiled CPU kernel (`attnkit.functional.native`), "torch" the
@@ -277,8 +285,8 @@ def chunked_attention(
     if kernel not in ("auto", "native", "torch"):
         raise ValueError(f"kernel must be 'auto', 'native' or 'torch', got {kernel!r}")
     p_drop = dropout_p if training else 0.0
-    t_keep, inv_keep = keep_threshold(p_drop) if p_drop > 0 else (256, 1.0)
-    seed = draw_seed(q.device) if t_keep < 256 else None
+    t_keep, inv_keep = keep_threshold(p_drop)
+    seed = draw_seed(q.device) if t_keep < NO_DROPOUT else None
     if kernel == "native" and not native.supports(q, bias):
         raise ValueError(
             f"kernel='native' cannot run this call ({q.dtype} on {q.device}, bias needing a "

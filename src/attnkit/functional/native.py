@@ -44,7 +44,7 @@ from attnkit._io import atomic_write_bytes
 __all__ = ["available", "load", "native_attention", "supports"]
 
 _SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
-_ABI = 1
+_ABI = 2
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # Tuned at N=2048, H=8, D=64, dropout 0.1 (1 thread) over 32-256 query x 128-1024 key blocks,
@@ -187,10 +187,10 @@ def _open(path: Path) -> ctypes.CDLL:
     for name in ("attnkit_attention_forward", "attnkit_attention_backward"):
         getattr(lib, name).argtypes = [ctypes.POINTER(_Args)]
         getattr(lib, name).restype = None
-    lib.attnkit_keep_bytes.argtypes = (
+    lib.attnkit_keep_words.argtypes = (
         [ctypes.POINTER(_Args)] + [ctypes.c_int64] * 4 + [ctypes.c_void_p]
     )
-    lib.attnkit_keep_bytes.restype = None
+    lib.attnkit_keep_words.restype = None
     return lib
 
 
@@ -383,7 +383,7 @@ def native_attention(
     """The chunked backend's contract (see `chunked_attention`) on the compiled kernel.
 
     ``keep_t``/``inv_keep``/``seed`` are the dropout threshold, rescale and per-call seed (a
-    0-d int64 tensor, None without dropout) of `attnkit.functional._dropout` (keep_t = 256:
+    0-d int64 tensor, None without dropout) of `attnkit.functional._dropout` (keep_t = 2^32:
     no dropout). Returns out in q's dtype and lse in float32. Check `supports` first.
     Traced code (torch.compile, export) sees the operator `attnkit::attention_fwd`.
     """
@@ -395,10 +395,10 @@ def native_attention(
     return out.to(q.dtype), lse
 
 
-def keep_bytes(seed: int | Tensor, b: int, h: int, n: int, s: int) -> Tensor:
-    """The kernel's dropout bytes for a (B, H, N, S) call, materialised (tests only)."""
+def keep_words(seed: int | Tensor, b: int, h: int, n: int, s: int) -> Tensor:
+    """The kernel's dropout words for a (B, H, N, S) call as int32 bits (tests only)."""
     lib = load()
     a = _Args(B=b, H=h, N=n, S=s, seed=int(seed))
-    out = torch.empty(b * h * n, s, dtype=torch.uint8)
-    lib.attnkit_keep_bytes(ctypes.byref(a), 0, b * h * n, 0, s, out.data_ptr())
+    out = torch.empty(b * h * n, s, dtype=torch.int32)
+    lib.attnkit_keep_words(ctypes.byref(a), 0, b * h * n, 0, s, out.data_ptr())
     return out.view(b, h, n, s)

@@ -13,9 +13,11 @@
 // per thread. Everything between two products is one loop over the block.
 //
 // Dropout bits are a counter-based hash of the position, not of the blocking: entry (b, h, i, j)
-// is kept iff byte j % 8 of splitmix64(seed + (row * W + j / 8 + 1) * golden) is below T, with
-// row = (b * H + h) * N + i and W = ceil(S / 8). attnkit/functional/_dropout.py computes the same
-// bytes with torch integer ops (the PyTorch chunked path and the tests use it).
+// reads the 32-bit half j % 2 (0 = low) of splitmix64(seed + (row * W + j / 2 + 1) * golden),
+// row = (b * H + h) * N + i, W = ceil(S / 2), and is kept iff that word is below T =
+// round(2^32 (1 - p)) clamped to [1, 2^32 - 1]: P(keep) = T / 2^32, within 2^-33 of 1 - p.
+// attnkit/functional/_dropout.py computes the same words with torch integer ops (the PyTorch
+// chunked path and the tests use it).
 
 #include <algorithm>
 #include <cmath>
@@ -117,11 +119,11 @@ struct Args {
     int64_t B, H, Hkv, N, S, D, Dv;
     int64_t bq, bk;
     int64_t causal;     // 1: query i sees keys j <= i + S - N (bottom-right aligned)
-    int64_t keep_t;     // dropout: keep iff byte < keep_t; 256 = no dropout
+    int64_t keep_t;     // dropout: keep iff 32-bit word < keep_t; 2^32 = no dropout
     int64_t nthreads;
     uint64_t seed;
     float scale;        // multiplies q . k^T
-    float inv_keep;     // 256 / keep_t, applied to the output (and to dO in backward)
+    float inv_keep;     // 2^32 / keep_t, applied to the output (and to dO in backward)
     const float* q;
     const float* k;
     const float* v;
@@ -142,12 +144,17 @@ struct Args {
 
 namespace {
 
-void keep_bytes(const Args& a, int64_t row, int64_t j0, int64_t nk, uint64_t* words,
-                const uint8_t** bytes) {
-    const int64_t W = (a.S + 7) / 8, w0 = j0 / 8, nw = (j0 % 8 + nk + 7) / 8;
+constexpr int64_t kNoDropout = int64_t{1} << 32;  // keep_t meaning "keep everything"
+
+// The keep words of keys j0..j0+nk of one row: *keep points at nk uint32 inside ``words``.
+// Two keys share one 64-bit hash (low half: even j), so a row's hashes never depend on blocks.
+void keep_words(const Args& a, int64_t row, int64_t j0, int64_t nk, uint64_t* words,
+                const uint32_t** keep) {
+    const int64_t W = (a.S + 1) / 2, w0 = j0 / 2, nw = (j0 % 2 + nk + 1) / 2;
     const uint64_t base = a.seed + static_cast<uint64_t>(row * W + w0 + 1) * kGolden;
+#pragma omp simd
     for (int64_t t = 0; t < nw; ++t) words[t] = mix64(base + static_cast<uint64_t>(t) * kGolden);
-    *bytes = reinterpret_cast<const uint8_t*>(words) + j0 % 8;  // little-endian byte order
+    *keep = reinterpret_cast<const uint32_t*>(words) + j0 % 2;  // little-endian halves
 }
 
 // Entry (b, h, i, j0) of a broadcast (B, H, N, S) view given by four element strides.
@@ -194,7 +201,7 @@ struct Scratch {
     std::vector<uint64_t> words;
     explicit Scratch(const Args& a)
         : s(a.bq * a.bk), qs(a.bq * a.D), acc(a.bq * std::max(a.Dv, a.D)), m(a.bq), l(a.bq),
-          words(a.bk / 8 + 2) {}
+          words(a.bk / 2 + 2) {}
 };
 
 // Rows i0..i1 of head (b, h), pre-scaled: qs (nq, D) = scale * q.
@@ -233,10 +240,10 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1, 
             }
             w.l[r] = w.l[r] * alpha + sum;  // the normaliser counts dropped entries too
             w.m[r] = m_new;
-            if (a.keep_t < 256) {
-                const uint8_t* keep;
-                keep_bytes(a, (b * a.H + h) * a.N + i, j0, nk, w.words.data(), &keep);
-                const uint8_t t = static_cast<uint8_t>(a.keep_t);
+            if (a.keep_t < kNoDropout) {
+                const uint32_t* keep;
+                keep_words(a, (b * a.H + h) * a.N + i, j0, nk, w.words.data(), &keep);
+                const uint32_t t = static_cast<uint32_t>(a.keep_t);
 #pragma omp simd
                 for (int64_t c = 0; c < nk; ++c) sr[c] = keep[c] < t ? sr[c] : 0.0f;
             }
@@ -286,7 +293,7 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
     }
     std::fill(dq, dq + nq * D, 0.0f);
     const int64_t end = key_end(a, i1);
-    const uint8_t t = static_cast<uint8_t>(a.keep_t < 256 ? a.keep_t : 0);
+    const uint32_t t = static_cast<uint32_t>(a.keep_t < kNoDropout ? a.keep_t : 0);
     for (int64_t j0 = 0; j0 < end; j0 += a.bk) {
         const int64_t nk = std::min(a.bk, a.S - j0);
         mm_nt(nq, nk, D, qs, D, kb + j0 * D, D, 0.0f, s, nk);         // S
@@ -301,9 +308,9 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
             }
             mask_row(a, b, h, i, j0, nk, sr);
             const float l = lse[r], di = dlt[r];
-            if (a.keep_t < 256) {
-                const uint8_t* keep;
-                keep_bytes(a, row0 + r, j0, nk, w.words.data(), &keep);
+            if (a.keep_t < kNoDropout) {
+                const uint32_t* keep;
+                keep_words(a, row0 + r, j0, nk, w.words.data(), &keep);
 #pragma omp simd
                 for (int64_t c = 0; c < nk; ++c) {
                     const float p = exp_f(sr[c] - l);  // P = exp(S - lse), line 11
@@ -335,7 +342,7 @@ int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
 extern "C" {
 
-int attnkit_abi_version() { return 1; }
+int attnkit_abi_version() { return 2; }
 
 // Forward: fills out and lse. Work items are (b, h, query block), spread over the threads.
 void attnkit_attention_forward(const Args* args) {
@@ -402,15 +409,15 @@ void attnkit_attention_backward(const Args* args) {
     }
 }
 
-// The dropout keep bytes of rows [row0, row0 + rows) and keys [j0, j0 + nk), for tests:
-// out (rows, nk) uint8.
-void attnkit_keep_bytes(const Args* args, int64_t row0, int64_t rows, int64_t j0, int64_t nk,
-                        uint8_t* out) {
-    std::vector<uint64_t> words(nk / 8 + 2);
+// The dropout keep words of rows [row0, row0 + rows) and keys [j0, j0 + nk), for tests:
+// out (rows, nk) uint32.
+void attnkit_keep_words(const Args* args, int64_t row0, int64_t rows, int64_t j0, int64_t nk,
+                        uint32_t* out) {
+    std::vector<uint64_t> words(nk / 2 + 2);
     for (int64_t r = 0; r < rows; ++r) {
-        const uint8_t* bytes;
-        keep_bytes(*args, row0 + r, j0, nk, words.data(), &bytes);
-        std::memcpy(out + r * nk, bytes, nk);
+        const uint32_t* keep;
+        keep_words(*args, row0 + r, j0, nk, words.data(), &keep);
+        std::memcpy(out + r * nk, keep, nk * sizeof(uint32_t));
     }
 }
 
