@@ -194,6 +194,9 @@ def _open(path: Path) -> ctypes.CDLL:
     return lib
 
 
+# A constant to the compiler: Dynamo runs it once, eagerly (a traced first call would
+# otherwise break the graph at the build lock and the CPU-flags probe).
+@torch.compiler.assume_constant_result
 def available() -> bool:
     """Whether the compiled kernel can run here (builds it on the first call)."""
     return load() is not None
