@@ -213,7 +213,17 @@ def _mask_elems(q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, 
         return 0
     if causal:
         shapes.append(torch.Size((q.shape[2], k.shape[2])))  # (N, S)
-    return torch.broadcast_shapes(*shapes).numel()
+    # The broadcast size dimension by dimension with sym_max: torch.broadcast_shapes guards
+    # on (specialises) symbolic sizes under non-strict torch.export. The shapes were
+    # meant to broadcast, so the larger size of each dimension is the broadcast one.
+    total = 1
+    for i in range(1, max(len(s) for s in shapes) + 1):
+        size = 1
+        for shape in shapes:
+            if len(shape) >= i:
+                size = torch.sym_max(size, shape[-i])
+        total = total * size
+    return total
 
 
 def _choose_backend(
