@@ -221,7 +221,8 @@ def _mask_elems(q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, 
         size = 1
         for shape in shapes:
             if len(shape) >= i:
-                size = torch.sym_max(size, shape[-i])
+                d = shape[-i]  # an int, a SymInt (export), or a 0-d Tensor (jit.trace)
+                size = torch.sym_max(size, d) if isinstance(d, torch.SymInt) else max(size, int(d))
         total = total * size
     return total
 
