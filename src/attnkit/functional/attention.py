@@ -214,12 +214,17 @@ def _mask_elems(q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, 
         return 0
     if causal:
         shapes.append(torch.Size((q.shape[2], k.shape[2])))  # (N, S)
-    # the broadcast shape's size, dim by dim (torch.broadcast_shapes pins symbolic sizes to
-    # their example values; the shapes are known to broadcast, `_validate` checked)
+    # The broadcast size dimension by dimension with sym_max: torch.broadcast_shapes guards
+    # on (specialises) symbolic sizes under non-strict torch.export. The shapes were
+    # meant to broadcast, so the larger size of each dimension is the broadcast one.
     total = 1
-    for i in range(1, max(len(shape) for shape in shapes) + 1):
-        sizes = [shape[-i] for shape in shapes if len(shape) >= i and shape[-i] != 1]
-        total = total * (sizes[0] if sizes else 1)
+    for i in range(1, max(len(s) for s in shapes) + 1):
+        size = 1
+        for shape in shapes:
+            if len(shape) >= i:
+                d = shape[-i]  # an int, a SymInt (export), or a 0-d Tensor (jit.trace)
+                size = torch.sym_max(size, d) if isinstance(d, torch.SymInt) else max(size, int(d))
+        total = total * size
     return total
 
 

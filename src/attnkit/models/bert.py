@@ -38,6 +38,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
 from attnkit.functional import masks
@@ -143,6 +144,10 @@ class BertOutput:
     last_hidden_state: Tensor
     hidden_states: tuple[Tensor, ...]
     pooler_output: Tensor | None
+
+
+# A pytree node, so that torch.export, torch.compile and ONNX export flatten it like a tuple.
+pytree.register_dataclass(BertOutput, serialized_type_name="attnkit.models.bert.BertOutput")
 
 
 class BertEmbeddings(nn.Module):
