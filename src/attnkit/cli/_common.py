@@ -20,6 +20,7 @@ __all__ = [
     "OUT_ROOT",
     "Parser",
     "add_out_options",
+    "add_report_options",
     "default_out",
     "int_list",
     "positive_int",
@@ -91,6 +92,16 @@ def add_out_options(p: argparse.ArgumentParser, command: str, what: str) -> None
     )
     p.add_argument(
         "--force", action="store_true", help="overwrite results already in the --out folder"
+    )
+
+
+def add_report_options(p: argparse.ArgumentParser) -> None:
+    """--json and --quiet: what goes to stdout."""
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON summary on stdout and nothing else"
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="print only the last line (what was written where)"
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnkit.cli._common import add_out_options, prepare_out
+from attnkit.cli._common import add_out_options, add_report_options, prepare_out
 from attnkit.cli._errors import UsageError
 
 PROG = "attnkit bench"
@@ -27,10 +27,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("--quick", action="store_true", help="small sizes and few repeats (< 1 min)")
     add_out_options(p, "bench", "bench.json, bench.md and readme.md")
-    p.add_argument(
-        "--json", action="store_true", help="print a JSON summary (files, targets) on stdout"
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    add_report_options(p)
     p.add_argument("--threads", type=int, metavar="T", help="torch threads (default: torch's)")
     p.add_argument("--sizes", type=int, nargs="+", metavar="N", help="override the kernel N list")
     p.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), help="kernel dtypes")

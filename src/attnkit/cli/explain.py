@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 import threading
 import time
@@ -19,7 +20,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnkit.cli._common import add_out_options, int_list, positive_int, prepare_out
+from attnkit.cli._common import (
+    add_out_options,
+    add_report_options,
+    int_list,
+    positive_int,
+    prepare_out,
+)
 from attnkit.cli._errors import UsageError
 
 if TYPE_CHECKING:
@@ -73,6 +80,7 @@ def register(subparsers) -> None:
         "--heads", nargs="+", type=int_list, metavar="H", help="heads, e.g. 0,11 (default: all)"
     )
     add_out_options(p, "explain", "head_view.html, model_view.png, attention.json")
+    add_report_options(p)
     p.add_argument(
         "--top", type=positive_int, default=3, metavar="K", help="tokens per row (default 3)"
     )
@@ -277,13 +285,15 @@ def run(args: argparse.Namespace) -> int:
     maps = maps[layers][:, heads]  # (L', H', N, N)
     layer_names = [f"layer {i}" for i in layers]
 
-    print(f"{name}: {config.num_hidden_layers} layers x {config.num_attention_heads} heads")
-    print("\n".join(report(maps, tokens, focus, layers, heads, args.top)))
+    show = not (args.quiet or args.json)  # --json: stdout is the JSON summary, nothing else
+    say = print if show else (lambda *a, **k: None)
+    say(f"{name}: {config.num_hidden_layers} layers x {config.num_attention_heads} heads")
+    say("\n".join(report(maps, tokens, focus, layers, heads, args.top)))
 
     special = torch.tensor([t in SPECIAL for t in tokens])  # (N,)
     stats = head_stats(maps[:, None], special=special)  # (L', B=1, H', N, N)
-    print("\nwhat the heads do (distance in tokens, entropy, weight on [CLS]/[SEP]):")
-    print("\n".join("  " + line for line in stats.summary(layer_names=layer_names)))
+    say("\nwhat the heads do (distance in tokens, entropy, weight on [CLS]/[SEP]):")
+    say("\n".join("  " + line for line in stats.summary(layer_names=layer_names)))
 
     meta = {
         "text": args.text,
@@ -295,5 +305,10 @@ def run(args: argparse.Namespace) -> int:
     }
     with _step("rendering"):
         written = _render.write_all(args.out, tokens, maps, layer_names, meta, stats)
-    print(f"\nwrote {', '.join(p.name for p in written)} to {args.out}/")
+    if args.json:
+        files = [str(p) for p in written]
+        print(json.dumps({"command": "explain", **meta, "files": files, "out": str(args.out)}))
+    else:
+        say()
+        print(f"attnkit explain: wrote {', '.join(p.name for p in written)} to {args.out}/")
     return 0
