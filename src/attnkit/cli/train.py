@@ -97,7 +97,7 @@ def run_train(args: argparse.Namespace) -> int:
     model_config = PRESETS[args.model]
     if args.resume:  # a missing or foreign checkpoint fails here, before the data is loaded
         if not (out / "checkpoint.pt").is_file():
-            raise ValueError(f"--resume: no checkpoint.pt in {out}; train without --resume first")
+            raise ValueError(f"resume: no checkpoint in {out} (--resume): train without it first")
         read_checkpoint(out / "checkpoint.pt")
     data = load_digits()
     run_info = {
