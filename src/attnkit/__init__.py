@@ -4,22 +4,45 @@ Shapes: attention() takes q (B, H, N, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv);
 modules take and return (B, N, C). Boolean masks mean True = may attend.
 """
 
-from attnkit.functional import masks, positional
-from attnkit.functional.attention import BACKENDS, AttentionOutput, attention, use_backend
-from attnkit.modules import (
-    Attend,
-    EncoderBlock,
-    FeedForward,
-    LearnedPositionalEmbedding,
-    MultiHeadAttention,
-    SinusoidalPositionalEncoding,
-    T2TAttention,
-    bert_self_attention,
-    paper_attention,
-)
-from attnkit.viz.record import AttentionRecord, record_attention
+from attnkit._version import __version__
 
-__version__ = "0.1.0"
+# The public names load on first use (PEP 562), so that `import attnkit.cli.main` and
+# `attnkit --help` do not pay for importing torch (about 2 s on a small CPU).
+_LAZY = {
+    "masks": "attnkit.functional.masks",
+    "positional": "attnkit.functional.positional",
+    "BACKENDS": "attnkit.functional.attention",
+    "AttentionOutput": "attnkit.functional.attention",
+    "attention": "attnkit.functional.attention",
+    "use_backend": "attnkit.functional.attention",
+    "Attend": "attnkit.modules",
+    "EncoderBlock": "attnkit.modules",
+    "FeedForward": "attnkit.modules",
+    "LearnedPositionalEmbedding": "attnkit.modules",
+    "MultiHeadAttention": "attnkit.modules",
+    "SinusoidalPositionalEncoding": "attnkit.modules",
+    "T2TAttention": "attnkit.modules",
+    "bert_self_attention": "attnkit.modules",
+    "paper_attention": "attnkit.modules",
+    "AttentionRecord": "attnkit.viz.record",
+    "record_attention": "attnkit.viz.record",
+}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name not in _LAZY:
+        raise AttributeError(f"module 'attnkit' has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name])
+    value = module if name in ("masks", "positional") else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "BACKENDS",

@@ -16,18 +16,18 @@ def run(capsys, *argv):
 
 
 def test_tiny_run_writes_json_and_markdown(tmp_path, capsys):
-    json_path = tmp_path / "r" / "x.json"
+    o = tmp_path / "o"
+    json_path = o / "bench.json"
     code, out, err = run(
         capsys, "--quick", "--sizes", "16", "--dtypes", "float32", "--repeats", "1",
-        "--no-memory", "--threads", "1", "--out", str(tmp_path / "o"), "--json", str(json_path),
+        "--no-memory", "--threads", "1", "--out", str(o),
     )  # fmt: skip
     assert code == 0
-    o = tmp_path / "o"
     assert out.strip().splitlines()[-1] == (
         f"attnkit bench: wrote {json_path}, {o / 'bench.md'} and {o / 'readme.md'} "
         "(the README's table)"
     )
-    assert "[bench]" in err  # progress on stderr
+    assert "[bench]" in err and "bench: 100%" in err  # progress bar on stderr
     result = json.loads(json_path.read_text())
     assert result["meta"]["threads"] == 1 and result["sgemm_gflops"]
     kernel = [r for r in result["rows"] if r["kind"] == "kernel" and r["n"] == 16]

@@ -137,7 +137,8 @@ def test_good_run_prints_table_and_writes_files(capsys, tmp_path, tiny):
     assert main(["explain", *argv, "--heads", "1", "3", "--checkpoint", str(tiny), *args]) == 0
     stdout = capsys.readouterr().out
     assert "where 'it' (token 5) attends" in stdout and "head" in stdout
-    assert stdout.strip().splitlines()[-1].startswith("wrote head_view.html, model_view.png, ")
+    last = stdout.strip().splitlines()[-1]
+    assert last.startswith("attnkit explain: wrote head_view.html, model_view.png, ")
     data = json.loads((out / "attention.json").read_text())
     assert data["shape"] == [2, 2, 8, 8] and data["tokens"][5] == "it"
     assert AttentionMaps.from_json_dict(data).tokens == data["tokens"]
@@ -167,3 +168,20 @@ def test_default_run_in_a_subprocess(tmp_path):
     data = json.loads((out / "attention.json").read_text())
     assert data["shape"] == [6, 12, 15, 15]
     assert {p.name for p in out.iterdir()} == set(FILES)
+
+
+def test_readme_example_with_ranges_and_json(capsys, tmp_path):
+    """The README's `--layers 3-5 --heads 0,11`, on the embedded model; --json is all of stdout."""
+    out = tmp_path / "readme"
+    argv = ["explain", "The cat sat.", "--focus", "cat", "--layers", "3-5", "--heads", "0,11"]
+    assert main([*argv, "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)  # one JSON document, nothing else
+    assert summary["layers"] == [3, 4, 5] and summary["heads"] == [0, 11]
+    assert summary["focus"] == {"token": "cat", "index": 2}
+    assert sorted(summary["files"]) == sorted(str(out / n) for n in FILES)
+    assert main([*argv, "--out", str(out)]) == 2  # results there: refused without --force
+    assert "--force" in capsys.readouterr().err
+    assert main([*argv, "--out", str(out), "--force", "--quiet"]) == 0
+    assert capsys.readouterr().out.strip().splitlines() == [
+        f"attnkit explain: wrote {', '.join(FILES)} to {out}/"
+    ]

@@ -56,7 +56,7 @@ def test_cli_smoke_train_resume_decode(tmp_path, capsys):
     ("argv", "message"),
     [
         (["seq2seq", "decode", "/nonexistent/run", "abc"], "no file /nonexistent/run"),
-        (["seq2seq", "train", "--resume"], "--resume needs --out DIR"),
+        (["seq2seq", "train", "--resume"], "resume: no checkpoint at attnkit-out/seq2seq"),
         (["seq2seq", "train", "--steps", "0", "--no-progress"], "steps must be >= 1, got 0"),
         (["seq2seq", "train", "--num-symbols", "40"], "num_symbols must be in [2, 26], got 40"),
     ],

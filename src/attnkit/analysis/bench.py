@@ -34,7 +34,7 @@ from attnkit._cpu import cpu_name
 from attnkit.functional import native
 from attnkit.functional.attention import _choose_backend, _mask_elems, attention
 
-__all__ = ["Case", "Plan", "run_benchmark"]
+__all__ = ["Case", "Plan", "planned_steps", "run_benchmark"]
 
 MASKS = ("none", "causal", "padding", "bool")
 KERNEL_IMPLS = ("auto", "reference", "fused", "chunked", "sdpa", "plain")
@@ -319,6 +319,28 @@ def memory_row(impl: str, case: Case, threads: int) -> dict:
 # --------------------------------------------------------------------------- the run
 
 
+def planned_steps(plan: Plan) -> int:
+    """How many times `run_benchmark(plan)` calls `log` (one per measured step), for a
+    progress bar. Mirrors the loops of `run_benchmark`."""
+    kernel = sum(
+        len(MASKS) * 2 * 2
+        for dtype in plan.dtypes
+        for n in plan.sizes
+        if dtype == "float32" or n <= plan.bf16_max_n
+    )
+    target_b = 0 if plan.target_size in plan.sizes else 2
+    mem_cases = [Case(n, m, p) for n in plan.memory_sizes for m in MASKS for p in (0.0, 0.1)]
+    if plan.memory_impls:
+        mem_cases.append(Case(plan.target_size, "none", 0.1))
+    memory = sum(
+        applicable(impl, case)
+        for case in dict.fromkeys(mem_cases)
+        for impl in (plan.memory_impls if case.n in plan.memory_sizes else ("auto",))
+    )
+    large = 2 if plan.large_mask_size else 0
+    return 3 + kernel + target_b + memory + large  # sgemm, overhead, modules
+
+
 def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
     """Measure everything in `plan`; returns the JSON-able result (see `bench_report`)."""
     from attnkit.analysis.bench_report import evaluate_targets
@@ -357,7 +379,8 @@ def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
     log(f"modules {plan.module_shape}")
     rows.extend(module_rows(plan.module_shape, plan.repeats))
     mem_cases = [Case(n, m, p) for n in plan.memory_sizes for m in MASKS for p in (0.0, 0.1)]
-    mem_cases.append(Case(plan.target_size, "none", 0.1))
+    if plan.memory_impls:  # an empty tuple (--no-memory) runs no memory subprocess at all
+        mem_cases.append(Case(plan.target_size, "none", 0.1))
     for case in dict.fromkeys(mem_cases):
         for impl in plan.memory_impls if case.n in plan.memory_sizes else ("auto",):
             if applicable(impl, case):

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+from attnkit.cli._common import add_out_options, add_report_options, prepare_out
 from attnkit.cli._errors import UsageError
 
 PROG = "attnkit bench"
+FILES = ("bench.json", "bench.md", "readme.md")
 
 
 def register(subparsers) -> None:
@@ -25,16 +26,8 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="small sizes and few repeats (< 1 min)")
-    p.add_argument(
-        "--json", type=Path, metavar="FILE", help="results JSON (default OUT/bench.json)"
-    )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=Path("bench-results"),
-        metavar="DIR",
-        help="directory for bench.json, bench.md, readme.md (default ./bench-results)",
-    )
+    add_out_options(p, "bench", "bench.json, bench.md and readme.md")
+    add_report_options(p)
     p.add_argument("--threads", type=int, metavar="T", help="torch threads (default: torch's)")
     p.add_argument("--sizes", type=int, nargs="+", metavar="N", help="override the kernel N list")
     p.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), help="kernel dtypes")
@@ -72,6 +65,7 @@ def run(args) -> int:
     import torch
 
     plan = plan_from_args(args)
+    prepare_out(args.out, FILES, force=args.force)  # before the (long) run, not after
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -82,31 +76,41 @@ def run(args) -> int:
 
 
 def _run(args, plan) -> int:
+    import json
+
     import torch
+    from tqdm.auto import tqdm
 
     from attnkit._io import atomic_write_json, atomic_write_text
-    from attnkit.analysis.bench import run_benchmark
+    from attnkit.analysis.bench import planned_steps, run_benchmark
     from attnkit.analysis.bench_report import markdown, readme_section
 
-    json_path = args.json or args.out / "bench.json"
-    md_path, readme_path = args.out / "bench.md", args.out / "readme.md"
-    for path in (json_path, md_path, readme_path):
-        if path.exists() and path.is_dir():
-            raise UsageError(f"{path} is a directory; pass a file name")
+    json_path, md_path, readme_path = (args.out / name for name in FILES)
+    bar = tqdm(total=planned_steps(plan), desc="bench", disable=args.quiet, file=sys.stderr)
 
     def log(msg: str) -> None:
-        print(f"[bench] {msg}", file=sys.stderr, flush=True)
+        bar.set_postfix_str(msg, refresh=False)
+        bar.update()
 
-    log(f"{torch.get_num_threads()} threads; plan {plan}")
-    result = run_benchmark(plan, log=log)
-    try:
-        atomic_write_json(json_path, result)
-        atomic_write_text(md_path, markdown(result))
-        atomic_write_text(readme_path, readme_section(result))
-    except OSError as e:
-        raise UsageError(f"cannot write results: {e}") from e
-    for t in result["targets"]:
-        ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
-        log(f"target {t['name']}: {t['status']} ({ratio}) {t['detail']}")
+    if not args.quiet:
+        print(f"[bench] {torch.get_num_threads()} threads; plan {plan}", file=sys.stderr)
+    with bar:
+        result = run_benchmark(plan, log=log)
+    # results are written only once all is measured, each file atomically
+    atomic_write_json(json_path, result)
+    atomic_write_text(md_path, markdown(result))
+    atomic_write_text(readme_path, readme_section(result))
+    targets = [{k: t[k] for k in ("name", "status", "ratio", "detail")} for t in result["targets"]]
+    if args.json:
+        files = [str(p) for p in (json_path, md_path, readme_path)]
+        print(json.dumps({"command": "bench", "files": files, "targets": targets}))
+        return 0
+    if not args.quiet:
+        for t in targets:
+            ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
+            print(
+                f"[bench] target {t['name']}: {t['status']} ({ratio}) {t['detail']}",
+                file=sys.stderr,
+            )
     print(f"attnkit bench: wrote {json_path}, {md_path} and {readme_path} (the README's table)")
     return 0

@@ -12,22 +12,30 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch  # already loaded by `import attnkit`
-
-from attnkit.analysis.heads import head_stats
+from attnkit.cli._common import (
+    add_out_options,
+    add_report_options,
+    int_list,
+    positive_int,
+    prepare_out,
+)
 from attnkit.cli._errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DEFAULT_TEXT", "find_focus", "ranked", "register", "run"]
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired"
 DEFAULT_FOCUS = "it"
-DEFAULT_OUT = Path("attnkit-out") / "explain"
 SPECIAL = frozenset({"[CLS]", "[SEP]", "[PAD]"})
 CHECKPOINT_HINT = (
     "pass --checkpoint DIR with a Hugging Face BERT folder (config.json, model.safetensors)"
@@ -64,19 +72,18 @@ def register(subparsers) -> None:
     p.add_argument(
         "--layers",
         nargs="+",
-        type=int,
+        type=int_list,
         metavar="L",
-        help="layers to show and write (default: all; negative counts from the end)",
+        help="layers to show and write, e.g. 3, 3-5 or 0,2,4 (default: all; -1 is the last)",
     )
-    p.add_argument("--heads", nargs="+", type=int, metavar="H", help="heads (default: all)")
     p.add_argument(
-        "--out",
-        type=Path,
-        default=DEFAULT_OUT,
-        metavar="DIR",
-        help=f"output folder (default: {DEFAULT_OUT})",
+        "--heads", nargs="+", type=int_list, metavar="H", help="heads, e.g. 0,11 (default: all)"
     )
-    p.add_argument("--top", type=int, default=3, metavar="K", help="tokens per row (default 3)")
+    add_out_options(p, "explain", "head_view.html, model_view.png, attention.json")
+    add_report_options(p)
+    p.add_argument(
+        "--top", type=positive_int, default=3, metavar="K", help="tokens per row (default 3)"
+    )
     p.set_defaults(run=run)
 
 
@@ -102,15 +109,20 @@ def _step(message: str, after: float = 1.0) -> Iterator[None]:
         print(f"attnkit explain: {message}: done in {took:.1f} s", file=sys.stderr, flush=True)
 
 
+# The files `explain` writes (attnkit.cli._render.FILES, spelled here to avoid importing torch).
+FILES = ("head_view.html", "model_view.png", "attention.json", "head_distance.png")
+
+
 def _check_args(args: argparse.Namespace) -> None:
     if not args.text.strip():
         raise UsageError('TEXT is empty: give a sentence, e.g. attnkit explain "The cat sat."')
     if args.pair is not None and not args.pair.strip():
         raise UsageError("--pair is empty: give a second sentence or leave --pair out")
-    if args.top < 1:
-        raise UsageError(f"--top must be at least 1, got {args.top}")
-    if args.out.exists() and not args.out.is_dir():
-        raise UsageError(f"--out {str(args.out)!r} is a file: give a folder to write into")
+    if args.checkpoint is not None and args.checkpoint.is_file():
+        raise UsageError(
+            f"--checkpoint {str(args.checkpoint)!r} is a file: give the folder that holds "
+            "config.json and the weights"
+        )
 
 
 def _open(folder: Path | None):
@@ -147,6 +159,12 @@ def find_focus(tokens: Sequence[str], focus: str, pieces_of: Callable[[str], lis
     if wanted in lowered:
         return lowered.index(wanted)
     pieces = [p.lower() for p in pieces_of(focus)] if wanted else []
+    words = " ".join(t for t in tokens if t not in SPECIAL)
+    if wanted != "[unk]" and "[unk]" in pieces:
+        raise UsageError(
+            f"--focus {focus!r} has characters the model's vocabulary lacks (it reads as [UNK]);"
+            f" pick one of the text's tokens: {words}"
+        )
     for i in range(len(lowered) - len(pieces) + 1):
         if pieces and lowered[i : i + len(pieces)] == pieces:
             return i
@@ -157,6 +175,7 @@ def find_focus(tokens: Sequence[str], focus: str, pieces_of: Callable[[str], lis
 def _indices(option: str, picked: Sequence[int] | None, size: int, what: str) -> list[int]:
     if picked is None:
         return list(range(size))
+    picked = [i for group in picked for i in group]  # int_list gives one list per word
     for i in picked:
         if not -size <= i < size:
             raise UsageError(
@@ -221,6 +240,8 @@ def report(maps, tokens: list[str], focus: int, layers: list[int], heads: list[i
 def _strongest_head(rows: torch.Tensor, skip: Sequence[int]) -> tuple[float, int, int, int] | None:
     """(weight, layer, head, token) of the head whose top word (raw weight, `skip` left
     out) is largest, over rows (L', H', N); None if only skipped tokens exist."""
+    import torch
+
     words = torch.ones(rows.shape[-1], dtype=torch.bool)  # (N,)
     words[list(skip)] = False
     if not bool(words.any()):
@@ -239,6 +260,9 @@ def _span(indices: list[int]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run the command; UsageError for bad input (the caller prints it and exits 2)."""
     _check_args(args)
+    import torch
+
+    from attnkit.analysis.heads import head_stats
     from attnkit.cli import _render
     from attnkit.viz.record import record_attention
 
@@ -252,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
     focus = find_focus(tokens, args.focus, tokenizer.tokenize)
     layers = _indices("--layers", args.layers, config.num_hidden_layers, "layers")
     heads = _indices("--heads", args.heads, config.num_attention_heads, "heads")
+    prepare_out(args.out, FILES, force=args.force)
     model = _load_model(folder, name)  # every input is checked before the slow part
 
     with torch.inference_mode(), record_attention(model) as rec:
@@ -260,13 +285,15 @@ def run(args: argparse.Namespace) -> int:
     maps = maps[layers][:, heads]  # (L', H', N, N)
     layer_names = [f"layer {i}" for i in layers]
 
-    print(f"{name}: {config.num_hidden_layers} layers x {config.num_attention_heads} heads")
-    print("\n".join(report(maps, tokens, focus, layers, heads, args.top)))
+    show = not (args.quiet or args.json)  # --json: stdout is the JSON summary, nothing else
+    say = print if show else (lambda *a, **k: None)
+    say(f"{name}: {config.num_hidden_layers} layers x {config.num_attention_heads} heads")
+    say("\n".join(report(maps, tokens, focus, layers, heads, args.top)))
 
     special = torch.tensor([t in SPECIAL for t in tokens])  # (N,)
     stats = head_stats(maps[:, None], special=special)  # (L', B=1, H', N, N)
-    print("\nwhat the heads do (distance in tokens, entropy, weight on [CLS]/[SEP]):")
-    print("\n".join("  " + line for line in stats.summary(layer_names=layer_names)))
+    say("\nwhat the heads do (distance in tokens, entropy, weight on [CLS]/[SEP]):")
+    say("\n".join("  " + line for line in stats.summary(layer_names=layer_names)))
 
     meta = {
         "text": args.text,
@@ -278,5 +305,10 @@ def run(args: argparse.Namespace) -> int:
     }
     with _step("rendering"):
         written = _render.write_all(args.out, tokens, maps, layer_names, meta, stats)
-    print(f"\nwrote {', '.join(p.name for p in written)} to {args.out}/")
+    if args.json:
+        files = [str(p) for p in written]
+        print(json.dumps({"command": "explain", **meta, "files": files, "out": str(args.out)}))
+    else:
+        say()
+        print(f"attnkit explain: wrote {', '.join(p.name for p in written)} to {args.out}/")
     return 0

@@ -16,18 +16,6 @@ import math
 import sys
 import textwrap
 
-from attnkit.analysis import (
-    Cost,
-    ModelCost,
-    attention_memory,
-    bert_cost,
-    mha_cost,
-    score_matrix_bytes,
-    swin_window_cost,
-    transformer_cost,
-    vit_cost,
-)
-
 PROG = "attnkit flops"
 
 # Defaults per model: MiniLM-L6 (all-MiniLM-L6-v2), ViT-B/16 at 224², Transformer base.
@@ -78,8 +66,27 @@ def _one_line_error(message: str) -> None:
     raise SystemExit(2)
 
 
+SIZE_OPTIONS = ("tokens", "dim", "heads", "context", "context_dim", "kv_heads", "head_dim",
+                "out_dim", "window", "batch", "layers", "seq_len", "tgt_len", "ff", "image",
+                "patch")  # fmt: skip
+
+
+def _check_sizes(args: argparse.Namespace) -> None:
+    for name in SIZE_OPTIONS:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.model == "vit" and (args.tokens is not None or args.seq_len is not None):
+        raise ValueError(
+            "--model vit takes no --tokens/--seq-len: its tokens come from --image and --patch"
+        )
+    if args.model != "transformer" and args.model and args.tgt_len is not None:
+        raise ValueError("--tgt-len is for --model transformer only")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
+        _check_sizes(args)
         if args.plot:
             from attnkit.cli.flops_plot import plot
 
@@ -104,6 +111,8 @@ def _parse_grid(text: str) -> tuple[int, int]:
 
 
 def _layer_report(args: argparse.Namespace) -> dict:
+    from attnkit.analysis import attention_memory, mha_cost, score_matrix_bytes, swin_window_cost
+
     if args.dim is None or args.heads is None:
         raise ValueError("--dim and --heads are required (or --model)")
     if args.window is not None and args.grid is None:
@@ -196,6 +205,8 @@ def _mha_closed_form(args: argparse.Namespace, n: int) -> tuple[str, int]:
 
 
 def _model_report(args: argparse.Namespace) -> dict:
+    from attnkit.analysis import bert_cost, transformer_cost, vit_cost
+
     cfg = dict(MODEL_DEFAULTS[args.model])
     for key in ("layers", "dim", "heads", "ff", "seq_len", "image", "patch"):
         if getattr(args, key) is not None:
@@ -247,13 +258,13 @@ def _share(part: int, total: int) -> str:
     return f"{100 * part / total:.1f}%" if total else "-"
 
 
-def _term_table(cost: Cost) -> list[str]:
+def _term_table(cost) -> list[str]:
     rows = [[k, f"{v:,}", f"{2 * v:,}", _share(v, cost.macs)] for k, v in cost.terms.items()]
     rows.append(["total (matmul)", f"{cost.macs:,}", f"{cost.flops:,}", "100.0%"])
     return _table(["term", "MACs", "FLOPs", "share"], rows)
 
 
-def _parts_table(model: ModelCost) -> list[str]:
+def _parts_table(model) -> list[str]:
     total = model.total
     rows = [
         [name, f"{c.macs:,}", f"{c.flops:,}", f"{c.params:,}", _share(c.macs, total.macs)]
@@ -263,7 +274,7 @@ def _parts_table(model: ModelCost) -> list[str]:
     return _table(["part", "MACs", "FLOPs", "params", "share"], rows)
 
 
-def _elementwise_line(cost: Cost) -> str:
+def _elementwise_line(cost) -> str:
     parts = ", ".join(f"{k} {v:,}" for k, v in cost.elementwise.items())
     text = f"not matmuls, not in the totals (FLOPs): {parts}"
     return textwrap.fill(text, width=100, subsequent_indent="  ", break_on_hyphens=False)

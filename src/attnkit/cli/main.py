@@ -1,24 +1,39 @@
 """attnkit: explain a BERT, train ViT and Transformer models, count what attention costs.
 
-One module per subcommand, registered in SUBCOMMANDS.
+One module per subcommand, registered in SUBCOMMANDS. Building the parser imports no torch
+(subcommands import their heavy parts inside their run functions), so `attnkit --help`,
+`--version` and usage errors answer at once.
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
 
-from attnkit import __version__
+from attnkit._version import __version__
 from attnkit.cli import bench, explain, explain_image, flops, seq2seq, train
+from attnkit.cli._common import EXIT_FAILURE, EXIT_INTERRUPTED, Parser
 from attnkit.cli._errors import EXIT_USAGE, UsageError
 
 # Each subcommand module exposes register(subparsers), which adds its parser and
 # sets `run`. Add new subcommands to this tuple.
 SUBCOMMANDS = (explain, explain_image, train, seq2seq, flops, bench)
 
+EPILOG = """exit codes: 0 done, 1 failed, 2 bad usage, 130 interrupted (Ctrl-C).
+examples:
+  attnkit explain "The cat sat on the mat." --focus cat
+  attnkit flops --tokens 197 --dim 768 --heads 12"""
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnkit", description=__doc__.split("\n\n")[0])
+
+def build_parser() -> Parser:
+    import argparse
+
+    parser = Parser(
+        prog="attnkit",
+        description=__doc__.split("\n\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS:
@@ -30,10 +45,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not getattr(args, "run", None):
-        parser.print_help()
-        return 2
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    prog = f"attnkit {args.command}"
     try:
         return args.run(args)
     except UsageError as e:
-        print(f"attnkit {args.command}: error: {e.one_line()}", file=sys.stderr)
+        print(f"{prog}: error: {e.one_line()}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; only complete files were written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"{prog}: error: {e.strerror or e}{where}", file=sys.stderr)
+        return EXIT_FAILURE
+    except Exception as e:  # never a traceback for users; ATTNKIT_DEBUG=1 shows it
+        if os.environ.get("ATTNKIT_DEBUG"):
+            raise
+        line = " ".join(f"{type(e).__name__}: {e}".split())
+        print(f"{prog}: failed: {line} (set ATTNKIT_DEBUG=1 for the traceback)", file=sys.stderr)
+        return EXIT_FAILURE

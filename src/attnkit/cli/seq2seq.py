@@ -19,6 +19,7 @@ import json
 import sys
 from pathlib import Path
 
+from attnkit.cli._common import default_out, positive_int
 from attnkit.cli._errors import EXIT_USAGE, UsageError
 
 __all__ = ["add_seq2seq_parser", "register", "run_decode", "run_train"]
@@ -50,13 +51,34 @@ def _help(parser: argparse.ArgumentParser) -> int:
     return EXIT_USAGE
 
 
-def _add_train(p: argparse.ArgumentParser) -> None:
-    from attnkit.seq2seq.tasks import TASKS
-    from attnkit.seq2seq.train import TrainConfig
+# attnkit.seq2seq.tasks.TASKS and the defaults of attnkit.seq2seq.train.TrainConfig, spelled
+# here so that the parser is built without importing torch (a test keeps them equal).
+TASKS = ("copy", "reverse", "sort", "add")
+TRAIN_DEFAULTS = {
+    "steps": 1500,
+    "batch_size": 64,
+    "lr": 1e-3,
+    "warmup": 200,
+    "eval_every": 250,
+    "eval_size": 500,
+    "stop_at": 1.0,
+    "seed": 0,
+}
+# Longest sequence a task may ask for: the tiny presets are sized for tens of tokens, and
+# attention's memory grows as the square of the length.
+MAX_LEN = 512
 
-    d = TrainConfig()
-    p.add_argument("--task", choices=TASKS, default="reverse")
-    p.add_argument("--out", type=Path, help="directory for checkpoint, metrics, pictures")
+
+def _add_train(p: argparse.ArgumentParser) -> None:
+    d = argparse.Namespace(**TRAIN_DEFAULTS)
+    p.add_argument("--task", choices=TASKS, default="reverse", help="what to learn")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=default_out("seq2seq"),
+        metavar="DIR",
+        help=f"folder for checkpoint, metrics, pictures (default: {default_out('seq2seq')})",
+    )
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--preset", default="tiny", help="model preset (tiny, base, big)")
     norm = p.add_mutually_exclusive_group()
@@ -74,10 +96,12 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-size", type=int, default=d.eval_size)
     p.add_argument("--stop-at", type=float, default=d.stop_at, help="stop at this exact match")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--min-len", type=int, default=10)
-    p.add_argument("--max-len", type=int, default=20)
-    p.add_argument("--num-symbols", type=int, default=16)
-    p.add_argument("--max-digits", type=int, default=5)
+    p.add_argument("--min-len", type=positive_int, default=10, help="shortest sequence (10)")
+    p.add_argument(
+        "--max-len", type=positive_int, default=20, help=f"longest sequence (20, at most {MAX_LEN})"
+    )
+    p.add_argument("--num-symbols", type=positive_int, default=16, help="alphabet size (16)")
+    p.add_argument("--max-digits", type=positive_int, default=5, help="digits per number (add)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     _add_threads(p)
     p.set_defaults(run=run_train)
@@ -109,10 +133,12 @@ def _add_decode(p: argparse.ArgumentParser) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from attnkit.seq2seq.tasks import Task
     from attnkit.seq2seq.train import build_model, train, train_config_from
-    from attnkit.train.loop import distributed
+    from attnkit.train.loop import TrainingDiverged, distributed
 
-    if args.resume and args.out is None:
-        raise UsageError("train: --resume needs --out DIR (the directory of the run to continue)")
+    if args.max_len > MAX_LEN:
+        raise UsageError(f"--max-len {args.max_len} is too long: at most {MAX_LEN} tokens")
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {str(args.out)!r} is a file: give a folder")
     try:
         _set_threads(args.threads)
         task = Task(
@@ -141,8 +167,11 @@ def run_train(args: argparse.Namespace) -> int:
             )
     except ValueError as e:
         raise UsageError(f"train: {e}") from e
+    except TrainingDiverged as e:
+        print(f"attnkit seq2seq train: error: {e} (files in {args.out})", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        where = f"; the last good checkpoint is in {args.out}" if args.out else ""
+        where = f"; the last good checkpoint is in {args.out}"
         print(f"attnkit seq2seq train: interrupted{where}", file=sys.stderr)
         return 130
     if metrics:  # rank 0 (the other ranks of a torchrun launch get none)

@@ -9,12 +9,17 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["cli_errors", "load_run", "register"]
 
 DEFAULT_OUT = Path("attnkit-out")
+# The names of attnkit.models.vit.PRESETS, spelled here so that the parser is built
+# without importing torch (a test keeps the two equal).
+PRESET_NAMES = ("cnn", "t2t", "vit", "vit-mean")
 
 
 def cli_errors(prog: str) -> Callable:
@@ -26,7 +31,7 @@ def cli_errors(prog: str) -> Callable:
             try:
                 return fn(args)
             except (ValueError, FileNotFoundError) as e:
-                print(f"attnkit {prog}: error: {e}", file=sys.stderr)
+                print(f"attnkit {prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
                 return 2
 
         return run
@@ -35,15 +40,13 @@ def cli_errors(prog: str) -> Callable:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attnkit.models.vit import PRESETS
-
     p = subparsers.add_parser(
         "train",
         help="train a ViT, T2T-ViT or CNN+CBAM on the 8×8 digits",
         description="Train on scikit-learn's 8×8 digits (fixed stratified split, offline). "
         "Under `torchrun --nproc_per_node N -m attnkit train ...` the run is data-parallel.",
     )
-    p.add_argument("model", choices=sorted(PRESETS), help="model preset")
+    p.add_argument("model", choices=PRESET_NAMES, help="model preset")
     recipe = "default: the model's recipe in attnkit.train.data.DIGITS_RECIPES"
     p.add_argument("--epochs", type=int, default=None, help=recipe)
     p.add_argument("--batch-size", type=int, default=None, help="global batch; " + recipe)
@@ -71,6 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 @cli_errors("train")
 def run_train(args: argparse.Namespace) -> int:
+    import torch
+
     from attnkit.models.vit import PRESETS, build_model
     from attnkit.train.data import (
         DIGITS_RECIPES,
@@ -79,17 +84,21 @@ def run_train(args: argparse.Namespace) -> int:
         load_digits,
         random_shift,
     )
-    from attnkit.train.loop import distributed, fit
+    from attnkit.train.loop import TrainingDiverged, distributed, fit, read_checkpoint
 
     for name in ("epochs", "batch_size", "lr", "max_steps", "threads"):
         value = getattr(args, name)
-        if value is not None and value <= 0:
+        if value is not None and not (0 < value < float("inf")):
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
     out = args.out or DEFAULT_OUT / args.model
     recipe = DIGITS_RECIPES[args.model]
     given = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr") if getattr(args, k)}
     config = dataclasses.replace(recipe, seed=args.seed, max_steps=args.max_steps, **given)
     model_config = PRESETS[args.model]
+    if args.resume:  # a missing or foreign checkpoint fails here, before the data is loaded
+        if not (out / "checkpoint.pt").is_file():
+            raise ValueError(f"resume: no checkpoint in {out} (--resume): train without it first")
+        read_checkpoint(out / "checkpoint.pt")
     data = load_digits()
     run_info = {
         "preset": args.model,
@@ -122,6 +131,9 @@ def run_train(args: argparse.Namespace) -> int:
                 f"attnkit train: interrupted; the last good checkpoint is in {out}", file=sys.stderr
             )
             return 130
+        except TrainingDiverged as e:
+            print(f"attnkit train: error: {e} (files in {out})", file=sys.stderr)
+            return 1
         seconds = time.perf_counter() - started
         rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
     if rank0 and result.history:
@@ -136,16 +148,31 @@ def run_train(args: argparse.Namespace) -> int:
 def load_run(directory: Path) -> tuple[torch.nn.Module, dict]:
     """The trained model (eval mode) and run_info of a `train` run directory."""
     from attnkit.models.vit import build_model, config_from_dict
+    from attnkit.train.loop import read_checkpoint
 
-    path = Path(directory) / "checkpoint.pt"
+    directory = Path(directory)
+    if directory.is_file():
+        raise ValueError(
+            f"--checkpoint {str(directory)!r} is a file: give the folder of an `attnkit train` run"
+        )
+    path = directory / "checkpoint.pt"
     if not path.is_file():
         raise FileNotFoundError(
             f"--checkpoint: no checkpoint.pt in {directory}; run `attnkit train` first"
         )
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    info = state["run_info"]
-    model = build_model(config_from_dict(info["model_kind"], info["model"]))
-    model.load_state_dict(state["model"])
+    try:
+        state = read_checkpoint(path)
+        info = state["run_info"]
+        model = build_model(config_from_dict(info["model_kind"], info["model"]))
+        model.load_state_dict(state["model"])
+    except (KeyError, TypeError, RuntimeError) as e:
+        reason = " ".join(str(e).split())[:100]
+        raise ValueError(
+            f"--checkpoint: {path} does not hold a model attnkit can build ({reason}); "
+            "train it again with `attnkit train`"
+        ) from None
+    except ValueError as e:
+        raise ValueError(f"--checkpoint: {e}") from None
     return model.eval(), info
 
 

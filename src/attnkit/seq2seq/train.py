@@ -200,11 +200,12 @@ def load_checkpoint(path: str | Path) -> tuple[Transformer, Task]:
     file = path / loop.CHECKPOINT if path.is_dir() else path
     if not file.exists():
         raise ValueError(f"checkpoint: no file {file} (expected a training --out directory)")
+    # ValueError for a file that is not ours; the earlier seq2seq-only loop wrote no marker
+    ckpt = loop.read_checkpoint(file, legacy_keys=("model", "model_config", "task"))
     try:
-        ckpt = torch.load(file, map_location="cpu", weights_only=True)
         if "run_info" in ckpt:  # written by attnkit.train.fit
             model_dict, task_dict = ckpt["run_info"]["model"], ckpt["run_info"]["task"]
-        else:  # the layout of the earlier seq2seq-only loop
+        else:
             model_dict, task_dict = ckpt["model_config"], ckpt["task"]
         model = Transformer(config_from_dict(model_dict))
         model.load_state_dict(ckpt["model"])

@@ -46,14 +46,58 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from attnkit._io import atomic_save, atomic_write_json
 
 __all__ = [
+    "FORMAT",
     "FitResult",
     "StepResult",
     "TrainConfig",
+    "TrainingDiverged",
     "distributed",
     "fit",
+    "read_checkpoint",
 ]
 
 CHECKPOINT, METRICS, CONFIG = "checkpoint.pt", "metrics.json", "config.json"
+# Written into every checkpoint, so that a file that is not one of ours (or is damaged) is
+# told apart from an attnkit checkpoint before anything is loaded into a model.
+FORMAT = "attnkit-checkpoint/1"
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; training stopped (the files written so far stay)."""
+
+
+def read_checkpoint(path: str | Path, legacy_keys: tuple[str, ...] = ()) -> dict:
+    """The dict `fit` saved at `path`, read with weights_only=True; ValueError naming the file
+    if it cannot be read or carries no attnkit format marker (a dict holding all of
+    `legacy_keys`, the layout of an older writer, is accepted without one)."""
+    import pickle
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError) as e:
+        reason = " ".join(str(e).split())[:120]
+        raise ValueError(
+            f"{path} is not a readable attnkit checkpoint ({type(e).__name__}: {reason}); "
+            "point at the folder of an `attnkit train` run"
+        ) from None
+    legacy = isinstance(state, dict) and bool(legacy_keys) and all(k in state for k in legacy_keys)
+    if not legacy and (not isinstance(state, dict) or state.get("format") != FORMAT):
+        raise ValueError(
+            f"{path} is not an attnkit checkpoint (no {FORMAT!r} marker); "
+            "point at the folder of an `attnkit train` run"
+        )
+    return state
+
+
+def _json_safe(obj):
+    """`obj` with NaN and infinities as None, so that the JSON written is valid JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    return obj
 
 
 @dataclass(frozen=True)
@@ -189,6 +233,12 @@ def fit(
     start_epoch, done_steps, history = 0, 0, []
     if resume:
         start_epoch, done_steps, history = _load(ckpt_path, model, opt, scheduler, run_info)
+        if start_epoch >= config.epochs or done_steps >= total:
+            raise ValueError(
+                f"resume: {ckpt_path} has already done {start_epoch} epochs ({done_steps} "
+                f"steps) of the {config.epochs} epochs ({total} steps) asked for: ask for more "
+                "epochs or steps to continue training"
+            )
     elif ckpt_path is not None and ckpt_path.exists():
         raise ValueError(
             f"out_dir {out} already holds {CHECKPOINT}; pass resume=True (--resume) to continue "
@@ -220,7 +270,7 @@ def fit(
             if out is not None:
                 _save(ckpt_path, model, opt, scheduler, epoch + 1, done_steps, history, run_info)
                 metrics = {**row, "history": history, "params": params, "world_size": world}
-                atomic_write_json(out / METRICS, metrics)
+                atomic_write_json(out / METRICS, _json_safe(metrics))
             if show:
                 _print_row(row)
             stop = stop_when is not None and bool(stop_when(row))
@@ -242,6 +292,12 @@ def _train_epoch(net, step, loader, optimizer, scheduler, config, device, done, 
             if done >= total:
                 break
             result = step(net, _to_device(batch, device))
+            loss = result.loss.item()
+            if not math.isfinite(loss):
+                raise TrainingDiverged(
+                    f"the training loss is {loss} at step {done + 1}; nothing after the last "
+                    "finite epoch was saved: lower the learning rate (--lr) and train again"
+                )
             optimizer.zero_grad(set_to_none=True)
             result.loss.backward()  # DDP averages the gradients over ranks here
             if config.grad_clip is not None:
@@ -251,7 +307,7 @@ def _train_epoch(net, step, loader, optimizer, scheduler, config, device, done, 
             done += 1
             has_acc = result.correct is not None
             sums += torch.tensor(
-                [result.loss.item() * result.count, result.count, result.correct or 0],
+                [loss * result.count, result.count, result.correct or 0],
                 dtype=torch.float64,
             )
             postfix = {"loss": f"{sums[0] / sums[1]:.4f}"}
@@ -342,6 +398,7 @@ def _save(path, model, optimizer, scheduler, epoch, step, history, run_info) -> 
         "step": step,
         "history": history,
         "run_info": run_info,
+        "format": FORMAT,
     }
     atomic_save(path, state)
 
@@ -349,7 +406,7 @@ def _save(path, model, optimizer, scheduler, epoch, step, history, run_info) -> 
 def _load(path, model, optimizer, scheduler, run_info) -> tuple[int, int, list]:
     if path is None or not path.exists():
         raise ValueError(f"resume: no checkpoint at {path}; train without --resume first")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = read_checkpoint(path)
     if state.get("run_info") != run_info:
         saved = state.get("run_info") or {}
         keys = sorted(k for k in set(saved) | set(run_info) if saved.get(k) != run_info.get(k))

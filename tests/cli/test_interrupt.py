@@ -1,0 +1,47 @@
+"""Ctrl-C (SIGINT) during a long command: exit 130, one line, no traceback, and the --out
+folder holds only complete files (results are written atomically after all is computed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+CASES = {
+    "explain": (["explain"], "loading"),
+    "bench": (["bench", "--quick", "--no-memory", "--sizes", "16", "--repeats", "1"], "bench"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_ctrl_c_exits_130_with_one_line_and_no_partial_files(name, tmp_path):
+    argv, started = CASES[name]
+    out = tmp_path / "out"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnkit", *argv, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    seen = ""
+    while started not in seen:  # the command is past parsing and checks, into the work
+        line = proc.stderr.readline()
+        assert line, f"{name} ended before starting its work: {seen}"
+        seen += line
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _stdout, rest = proc.communicate(timeout=120)
+    assert proc.returncode == 130, seen + rest
+    assert "Traceback" not in rest
+    assert (
+        rest.strip().splitlines()[-1]
+        == f"attnkit {name}: interrupted; only complete files were written"
+    )
+    leftovers = [p.name for p in out.iterdir()] if out.exists() else []
+    assert not [n for n in leftovers if n.startswith(".") or n.endswith(".tmp")], leftovers
