@@ -4,6 +4,7 @@ Shapes: attention() takes q (B, H, N, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv);
 modules take and return (B, N, C). Boolean masks mean True = may attend.
 """
 
+from attnkit._version import __version__
 from attnkit.functional import masks, positional
 from attnkit.functional.attention import BACKENDS, AttentionOutput, attention, use_backend
 from attnkit.modules import (
@@ -18,8 +19,6 @@ from attnkit.modules import (
     paper_attention,
 )
 from attnkit.viz.record import AttentionRecord, record_attention
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BACKENDS",
