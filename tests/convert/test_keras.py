@@ -269,3 +269,28 @@ def test_scoring_refusals():
     layer.build([(None, None, 4), (None, None, 4)])
     with pytest.raises(ValueError, match="luong_from_keras"):
         ck.additive_from_keras(layer)
+
+
+@pytest.mark.parametrize("use_scale", [False, True])
+def test_keras_concat_attention_round_trip_is_a_concat_attention(use_scale):
+    layer = keras.layers.Attention(score_mode="concat", use_scale=use_scale)
+    layer.build([(None, None, 12), (None, None, 12)])
+    randomize(layer, seed=3)
+    if use_scale:
+        layer.scale.assign(1.0)  # Keras's initial value: the case that came back additive
+    again = ck.additive_to_keras(ck.additive_from_keras(layer))
+    assert type(again) is keras.layers.Attention
+    assert again.score_mode == "concat" and again.use_scale is use_scale
+    for a, b in zip(layer.weights, again.weights, strict=True):
+        assert np.array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+
+
+def test_keras_additive_kind_can_be_chosen_and_refused():
+    layer = keras.layers.Attention(score_mode="concat", use_scale=True)
+    layer.build([(None, None, 6), (None, None, 6)])
+    layer.scale.assign(2.0)
+    ours = ck.additive_from_keras(layer)
+    with pytest.raises(ValueError, match="inner_scale != 1"):
+        ck.additive_to_keras(ours, layer="additive")
+    with pytest.raises(ValueError, match="layer must be"):
+        ck.additive_to_keras(ours, layer="dot")

@@ -336,7 +336,11 @@ def additive_from_keras(layer) -> AdditiveAttention:
         inner = _tensor(layer.scale) if layer.use_scale else torch.ones((), dtype=w.dtype)
         v = w.expand(_built_dim(layer)).clone()
     ours = AdditiveAttention(v.shape[0], dropout=float(layer.dropout)).to(v.dtype)
-    return load_exact(ours, {"v": v, "inner_scale": inner}, source="additive_from_keras")
+    ours = load_exact(ours, {"v": v, "inner_scale": inner}, source="additive_from_keras")
+    # read by additive_to_keras only, so a round trip gives back the same kind of layer
+    concat = not isinstance(layer, keras.layers.AdditiveAttention)
+    ours._keras_layer = ("concat" if concat else "additive", bool(layer.use_scale))
+    return ours
 
 
 def _built_dim(layer) -> int:
@@ -349,39 +353,53 @@ def _built_dim(layer) -> int:
     )
 
 
-def additive_to_keras(ours: AdditiveAttention):
+def additive_to_keras(ours: AdditiveAttention, *, layer: str | None = None):
     """AdditiveAttention without projections → Keras.
 
-    inner_scale == 1 gives `AdditiveAttention(use_scale=True)` with scale = v;
-    otherwise v must be a constant vector w·1, which gives
-    `Attention(score_mode="concat", use_scale=True)` with scale = inner_scale and
-    concat_score_weight = w.
+    `layer="additive"` gives `AdditiveAttention(use_scale=True)` with scale = v (needs
+    inner_scale == 1); `layer="concat"` gives `Attention(score_mode="concat")` with
+    scale = inner_scale and concat_score_weight = w (needs v = w·1). The default is the
+    kind the module came from through `additive_from_keras` (same kind and use_scale),
+    else "additive" when inner_scale == 1 and "concat" otherwise.
     """
     keras = _keras()
+    origin, use_scale = getattr(ours, "_keras_layer", (None, True))
+    if layer is None:
+        layer = origin or ("additive" if bool(ours.inner_scale == 1) else "concat")
+    if layer not in ("additive", "concat"):
+        raise ValueError(f'to_keras: layer must be "additive" or "concat", got {layer!r}')
     if not isinstance(ours.q_proj, torch.nn.Identity):
         raise ValueError("to_keras: Keras's additive layers have no projections (hidden != None)")
     v, inner = ours.v.detach(), ours.inner_scale.detach()
     dtype = str(v.dtype).removeprefix("torch.")
     shapes = [(None, None, v.shape[0])] * 2
-    if bool(inner == 1):
-        layer = keras.layers.AdditiveAttention(
+    if layer == "additive":
+        if not bool(inner == 1):
+            raise ValueError(
+                "to_keras: Keras's AdditiveAttention has no inner scale; inner_scale != 1 "
+                'needs layer="concat"'
+            )
+        additive = keras.layers.AdditiveAttention(
             use_scale=True, dropout=ours.attend.dropout, dtype=dtype
         )
-        layer.build(shapes)
-        _assign(layer.scale, v)
-        return layer
+        additive.build(shapes)
+        _assign(additive.scale, v)
+        return additive
+    if not use_scale and not bool(inner == 1):
+        use_scale = True  # the weights changed since conversion: keep them exact
     if not bool((v == v[0]).all()):
         raise ValueError(
             "to_keras: inner_scale != 1 needs v = w·ones (Keras's concat score mode), "
             "got a general v"
         )
-    layer = keras.layers.Attention(
-        use_scale=True, score_mode="concat", dropout=ours.attend.dropout, dtype=dtype
+    concat = keras.layers.Attention(
+        use_scale=use_scale, score_mode="concat", dropout=ours.attend.dropout, dtype=dtype
     )
-    layer.build(shapes)
-    _assign(layer.scale, inner)
-    _assign(layer.concat_score_weight, v[0])
-    return layer
+    concat.build(shapes)
+    if use_scale:
+        _assign(concat.scale, inner)
+    _assign(concat.concat_score_weight, v[0])
+    return concat
 
 
 def luong_from_keras(layer) -> LuongAttention:

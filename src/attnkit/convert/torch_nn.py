@@ -26,7 +26,12 @@ from attnkit.modules.projection import FusedQKV
 
 @torch.no_grad()
 def mha_from_torch(m: nn.MultiheadAttention) -> MultiHeadAttention:
-    """An attnkit module with exactly the weights of `m` (copied, same dtype/device)."""
+    """An attnkit module with exactly the weights of `m` (copied, same dtype/device).
+
+    attnkit modules are always batch first, (B, N, C). A sequence-first `m`
+    (batch_first=False) is converted all the same and its layout is remembered, so
+    `mha_to_torch` hands back a sequence-first module that reads its inputs as `m` did.
+    """
     if not isinstance(m, nn.MultiheadAttention):
         raise ValueError(f"expected torch.nn.MultiheadAttention, got {type(m).__name__}")
     if m.bias_k is not None or m.add_zero_attn:
@@ -54,12 +59,23 @@ def mha_from_torch(m: nn.MultiheadAttention) -> MultiHeadAttention:
             ours.in_proj.kv.bias.copy_(m.in_proj_bias[e:])
         ours.proj.bias.copy_(m.out_proj.bias)
     ours.proj.weight.copy_(m.out_proj.weight)
+    # read by mha_to_torch only; the module itself never looks at it
+    ours._torch_batch_first = bool(m.batch_first)
     return ours
 
 
 @torch.no_grad()
-def mha_to_torch(ours: MultiHeadAttention) -> nn.MultiheadAttention:
-    """A `torch.nn.MultiheadAttention(batch_first=True)` with exactly our weights."""
+def mha_to_torch(
+    ours: MultiHeadAttention, *, batch_first: bool | None = None
+) -> nn.MultiheadAttention:
+    """A `torch.nn.MultiheadAttention` with exactly our weights.
+
+    `batch_first` defaults to the layout of the module `ours` was converted from by
+    `mha_from_torch` (so a round trip keeps a sequence-first module sequence-first),
+    and to True for a module built in attnkit.
+    """
+    if batch_first is None:
+        batch_first = getattr(ours, "_torch_batch_first", True)
     e, h = ours.dim, ours.num_heads
     problems = []
     if e is None:
@@ -83,7 +99,7 @@ def mha_to_torch(ours: MultiHeadAttention) -> nn.MultiheadAttention:
     kdim = ours.in_proj.context_dim
     w = ours.proj.weight
     m = nn.MultiheadAttention(
-        e, h, dropout=ours.attend.dropout, bias=bias, kdim=kdim, vdim=kdim, batch_first=True
+        e, h, dropout=ours.attend.dropout, bias=bias, kdim=kdim, vdim=kdim, batch_first=batch_first
     ).to(device=w.device, dtype=w.dtype)
     if m._qkv_same_embed_dim:
         m.in_proj_weight.copy_(ours.in_proj.qkv.weight)

