@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnkit.functional import native
-from attnkit.functional._dropout import keep_threshold
+from attnkit.functional._dropout import NO_DROPOUT, keep_threshold
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C++ compiler here")
 
@@ -26,7 +26,7 @@ def _inputs(*, mask: bool, bias: bool, causal: bool, p: float, grad: bool):
         allowed = torch.rand(B, 1, N, S, generator=g) > 0.3
         allowed[0, 0, 1] = False  # a query that sees nothing: output 0
     scores = torch.randn(1, H, N, S, generator=g) if bias else None
-    keep_t, inv_keep = keep_threshold(p) if p > 0 else (256, 1.0)
+    keep_t, inv_keep = keep_threshold(p)
     seed = torch.tensor(1234, dtype=torch.int64) if p > 0 else None
     for t in (q, k, v):
         t.requires_grad_(grad)
@@ -65,7 +65,8 @@ def test_operator_gradient_matches_float64_reference():
     q, k, v, mask, bias, causal, scale, *_ = _inputs(
         mask=True, bias=True, causal=True, p=0.0, grad=True
     )
-    out, _ = torch.ops.attnkit.attention_fwd(q, k, v, mask, bias, causal, scale, 256, 1.0, None)
+    args = (mask, bias, causal, scale, NO_DROPOUT, 1.0, None)
+    out, _ = torch.ops.attnkit.attention_fwd(q, k, v, *args)
     out.sum().backward()
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     allowed = mask & torch.ones(N, S, dtype=torch.bool).tril(S - N)

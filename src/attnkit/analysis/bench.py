@@ -28,9 +28,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from attnkit._cpu import cpu_name
+from attnkit.analysis.bench_modules import module_rows
 from attnkit.functional import native
 from attnkit.functional.attention import _choose_backend, _mask_elems, attention
 
@@ -199,74 +200,33 @@ def kernel_row(case: Case, backward: bool, repeats: int, impls=KERNEL_IMPLS) -> 
 
 
 def overhead_row(repeats: int, calls: int = 200) -> dict:
-    """Microseconds per call of `attention(backend="auto")` and of SDPA itself at N=16."""
+    """Microseconds per call at N=16 (B=1, H=8, D=64, no grad): `attention(backend="auto")`
+    and SDPA itself, `attention(backend="chunked")` (the compiled kernel's eager route), and,
+    where the kernel is built, the kernel on float32 inputs through its eager route
+    (`native._Eager`) against the same functions through the registered operator
+    ``attnkit::attention_fwd`` (what compiled code calls): the operator's dispatch cost."""
     q, k, v, _, _ = make_inputs(Case(16, "none", 0.0), False)
 
-    def loop(impl):
+    def loop(call):
         def step():
             with torch.no_grad():
                 for _ in range(calls):
-                    attend(impl, q, k, v, None, False, 0.0)
-
-        return step
-
-    ms = time_interleaved({"auto": loop("auto"), "sdpa": loop("sdpa")}, max(repeats, 3))
-    return {"kind": "overhead", "n": 16, "us_per_call": {i: 1e3 * t / calls for i, t in ms.items()}}
-
-
-# --------------------------------------------------------------------------- modules
-
-
-def _mha_pair(shape, dropout: float, seed: int = 0):
-    from attnkit.modules.attention import MultiHeadAttention
-
-    b, n, c, heads = shape
-    torch.manual_seed(seed)
-    theirs = nn.MultiheadAttention(c, heads, dropout=dropout, batch_first=True)
-    ours = MultiHeadAttention.from_torch(theirs)
-    ours.attend.dropout = dropout
-    x = torch.randn(b, n, c)
-    return ours, theirs, x
-
-
-def module_rows(shape, repeats: int) -> list[dict]:
-    """Training step with dropout 0.1 (target c); recorded forward in eval (target f)."""
-    from attnkit.viz.record import record_attention
-
-    ours, theirs, x = _mha_pair(shape, 0.1)
-    ours.train(), theirs.train()
-    xg = x.clone().requires_grad_(True)
-
-    def train(fn):
-        def step():
-            ours.zero_grad(set_to_none=True), theirs.zero_grad(set_to_none=True)
-            fn().sum().backward()
+                    call()
 
         return step
 
     steps = {
-        "attnkit": train(lambda: ours(xg)),
-        "torch_need_weights": train(lambda: theirs(xg, xg, xg)[0]),
-        "torch_no_weights": train(lambda: theirs(xg, xg, xg, need_weights=False)[0]),
+        impl: loop(lambda impl=impl: attend(impl, q, k, v, None, False, 0.0))
+        for impl in ("auto", "sdpa", "chunked")
     }
-    rows = [{"kind": "module", "what": "train_step_dropout0.1", "shape": list(shape)}]
-    rows[0]["ms"] = time_interleaved(steps, repeats)
-    ours.eval(), theirs.eval()
+    if native.available():
+        from attnkit.functional._dropout import NO_DROPOUT
 
-    def recorded():
-        with torch.no_grad(), record_attention(ours):
-            ours(x)
-
-    def torch_weights():
-        with torch.no_grad():
-            theirs(x, x, x, need_weights=True, average_attn_weights=False)
-
-    ms = time_interleaved(
-        {"attnkit_record": recorded, "torch_need_weights": torch_weights}, repeats
-    )
-    rows.append({"kind": "module", "what": "eval_forward_with_weights", "shape": list(shape)})
-    rows[1]["ms"] = ms
-    return rows
+        args = (q, k, v, None, None, False, 0.125, NO_DROPOUT, 1.0, None)
+        steps["kernel_eager_route"] = loop(lambda: native._Eager.apply(*args))
+        steps["kernel_operator"] = loop(lambda: native.attention_fwd(*args))
+    ms = time_interleaved(steps, max(repeats, 3))
+    return {"kind": "overhead", "n": 16, "us_per_call": {i: 1e3 * t / calls for i, t in ms.items()}}
 
 
 # --------------------------------------------------------------------------- peak memory
@@ -377,7 +337,7 @@ def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
             case = Case(plan.target_size, "none", 0.1)
             rows.append(kernel_row(case, backward, plan.repeats, ("auto", "chunked", "sdpa")))
     log(f"modules {plan.module_shape}")
-    rows.extend(module_rows(plan.module_shape, plan.repeats))
+    rows.extend(module_rows(plan.module_shape, plan.repeats, time_interleaved))
     mem_cases = [Case(n, m, p) for n in plan.memory_sizes for m in MASKS for p in (0.0, 0.1)]
     if plan.memory_impls:  # an empty tuple (--no-memory) runs no memory subprocess at all
         mem_cases.append(Case(plan.target_size, "none", 0.1))
