@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -309,3 +310,11 @@ def test_sliding_window_mask_matches_eager(tmp_path_factory):
         got, _ = _hidden(fast, ids, mask)
         want, _ = _hidden(slow, ids, mask)
     torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-5)
+
+
+def test_docs_code_blocks_run():
+    from tests.test_readme import run_python_blocks
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "transformers.md"
+    ns = run_python_blocks(doc)
+    assert ns["rec"].names == ["transformer.h.0.attn", "transformer.h.1.attn"]
