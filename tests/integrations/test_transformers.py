@@ -318,3 +318,34 @@ def test_docs_code_blocks_run():
     doc = Path(__file__).resolve().parents[2] / "docs" / "transformers.md"
     ns = run_python_blocks(doc)
     assert ns["rec"].names == ["transformer.h.0.attn", "transformer.h.1.attn"]
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_load_checkpoint_gives_maps_for_a_text_and_reports_unknown_pieces(family, tmp_path):
+    """The library side of `explain --checkpoint`: any family, the tokenizer in the folder."""
+    import shutil
+
+    ckpt = default_checkpoint()
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(ckpt / name, tmp_path / name)
+    config = TEXT[family]()
+    config.vocab_size = 30522  # MiniLM's WordPiece vocabulary
+    auto = transformers.AutoModelForCausalLM if family in DECODERS else transformers.AutoModel
+    torch.manual_seed(0)
+    auto.from_config(config).save_pretrained(tmp_path)
+    model, tokenizer = hf.load_checkpoint(tmp_path)
+    assert model.config._attn_implementation == "attnkit" and not model.training
+    got = hf.text_attention(model, tokenizer, "the cat ☃ sat")
+    assert got.unknown == ["☃"] and "[UNK]" in got.tokens
+    assert got.decoder == (family in DECODERS)
+    assert len(got.maps) == len(got.names) == 2
+    n = len(got.tokens)
+    for m in got.maps:
+        assert m.shape == (4, n, n)
+        torch.testing.assert_close(m.sum(-1), torch.ones(4, n))
+        assert (m.triu(diagonal=1).abs().max() == 0) == (family in DECODERS)
+
+
+def test_load_checkpoint_refuses_a_folder_without_a_model(tmp_path):
+    with pytest.raises(ValueError, match=r"config\.json"):
+        hf.load_checkpoint(tmp_path)

@@ -29,6 +29,9 @@ What the model hands over and what attnkit gets:
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,7 +47,14 @@ from transformers.masking_utils import (
 from attnkit.functional.attention import attention
 from attnkit.viz import record as _record
 
-__all__ = ["NAME", "attnkit_attention_forward", "attnkit_mask"]
+__all__ = [
+    "NAME",
+    "TextAttention",
+    "attnkit_attention_forward",
+    "attnkit_mask",
+    "load_checkpoint",
+    "text_attention",
+]
 
 NAME = "attnkit"
 
@@ -165,6 +175,78 @@ def _claims(model: nn.Module) -> bool:
         if getattr(config, "_attn_implementation", None) == NAME:
             return True
     return False
+
+
+# --- A local checkpoint folder of any supported family, for `attnkit explain --checkpoint` ---
+
+
+@dataclass(frozen=True)
+class TextAttention:
+    """What a checkpoint's attention does on one text (one example, no batch).
+
+    tokens:  the N token strings the tokenizer produced (special tokens included).
+    names:   module path of each attention layer, in the order the layers ran.
+    maps:    per layer, (H, N, N) probabilities; causal (zero above the diagonal) for decoders.
+    unknown: the pieces of the text the tokenizer could only map to its unknown token.
+    decoder: True when the model is a causal language model.
+    """
+
+    tokens: list[str]
+    names: list[str]
+    maps: list[Tensor]
+    unknown: list[str]
+    decoder: bool
+
+
+def load_checkpoint(folder: str | os.PathLike[str]) -> tuple[nn.Module, Any]:
+    """(model in eval mode on the attnkit backend, tokenizer) from a local checkpoint folder.
+
+    A causal language model (``architectures`` ending in ``ForCausalLM`` or ``LMHeadModel``)
+    is loaded with its head, anything else as its base model. Never downloads (local files
+    only). Raises ValueError naming the folder when it holds no loadable model or tokenizer.
+    """
+    import transformers
+
+    path = Path(folder)
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"checkpoint: {str(path)!r} holds no config.json (not a transformers folder)"
+        )
+    try:
+        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+        archs = getattr(config, "architectures", None) or []
+        decoder = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+        auto = transformers.AutoModelForCausalLM if decoder else transformers.AutoModel
+        model = auto.from_pretrained(path, attn_implementation=NAME, local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, KeyError, ValueError) as err:
+        raise ValueError(f"checkpoint: cannot load {str(path)!r}: {err}") from err
+    return model.eval(), tokenizer
+
+
+def text_attention(model: nn.Module, tokenizer: Any, text: str) -> TextAttention:
+    """Run `text` through `model` while recording; see `TextAttention`."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"text: expected a non-empty string, got {text!r}")
+    enc = tokenizer(text, return_tensors="pt", return_offsets_mapping=tokenizer.is_fast)
+    ids = enc["input_ids"]  # (1, N)
+    unknown = []
+    if tokenizer.unk_token_id is not None and "offset_mapping" in enc:
+        for (start, end), tok in zip(
+            enc["offset_mapping"][0].tolist(), ids[0].tolist(), strict=True
+        ):
+            if tok == tokenizer.unk_token_id:
+                unknown.append(text[start:end])
+    with torch.no_grad(), _record.record_attention(model) as rec:
+        model(input_ids=ids, attention_mask=enc.get("attention_mask"))
+    return TextAttention(
+        tokens=tokenizer.convert_ids_to_tokens(ids[0].tolist()),
+        names=rec.names,
+        maps=[m[0] for m in rec.layers()],  # (B, H, N, N) -> (H, N, N)
+        unknown=unknown,
+        decoder=bool(getattr(model.config, "is_decoder", False))
+        or type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")),
+    )
 
 
 AttentionInterface.register(NAME, attnkit_attention_forward)
