@@ -8,8 +8,19 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+def python_blocks(path: Path = README) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def run_python_blocks(path: Path = README) -> dict:
+    """Run every ```python block of `path`, in order, in one namespace; return it."""
+    namespace: dict = {}
+    for i, block in enumerate(python_blocks(path)):
+        try:
+            exec(compile(block, f"{path.name} block {i}", "exec"), namespace)
+        except Exception as err:  # pragma: no cover - the message is the point
+            raise AssertionError(f"{path.name} python block {i} failed: {err!r}\n{block}") from err
+    return namespace
 
 
 def test_readme_has_python_examples():
@@ -17,12 +28,7 @@ def test_readme_has_python_examples():
 
 
 def test_readme_python_blocks_run(capsys):
-    namespace: dict = {}
-    for i, block in enumerate(python_blocks()):
-        try:
-            exec(compile(block, f"README block {i}", "exec"), namespace)
-        except Exception as err:  # pragma: no cover - the message is the point
-            raise AssertionError(f"README python block {i} failed: {err!r}\n{block}") from err
+    run_python_blocks()
 
 
 def test_readme_quotes_the_benchmark_table_verbatim():

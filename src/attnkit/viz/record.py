@@ -8,7 +8,7 @@ While recording, each one is hooked and asked for its weights; outside the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +17,37 @@ from torch import Tensor, nn
 from attnkit.modules.attention import Attend
 
 __all__ = ["AttentionRecord", "record_attention"]
+
+# Attention that runs outside attnkit's modules (the transformers backend in
+# `attnkit.integrations`) joins a recording through these two registries, so that this
+# module imports no other library (imports point from integrations to viz, never back).
+# `_EXTERNAL_CLAIMS`: predicates "this model routes its attention through attnkit".
+# `_ACTIVE`: id(module) -> (path, record, detach) for every module of a model being recorded.
+_EXTERNAL_CLAIMS: list[Callable[[nn.Module], bool]] = []
+_ACTIVE: dict[int, tuple[str, AttentionRecord, bool]] = {}
+
+
+def register_external(claims: Callable[[nn.Module], bool]) -> None:
+    """Let `record_attention` accept models for which `claims(model)` is true.
+
+    Their attention function must call `recording_sink(module)` and, when it returns a
+    function, compute the probabilities and hand them to it.
+    """
+    if claims not in _EXTERNAL_CLAIMS:
+        _EXTERNAL_CLAIMS.append(claims)
+
+
+def recording_sink(module: nn.Module) -> Callable[[Tensor], None] | None:
+    """Where `module`'s (B, H, N, S) probabilities go if it is being recorded, else None."""
+    entry = _ACTIVE.get(id(module))
+    if entry is None:
+        return None
+    name, record, detach = entry
+
+    def sink(weights: Tensor) -> None:
+        record.calls.setdefault(name, []).append(weights.detach() if detach else weights)
+
+    return sink
 
 
 @dataclass
@@ -74,11 +105,14 @@ def record_attention(model: nn.Module, *, detach: bool = True) -> Iterator[Atten
     >>> rec.stack().shape  # (layers, B, H, N, S)
 
     Probabilities are taken before dropout. With `detach=False` they keep
-    their graph (for attention-based losses). Raises ValueError if `model`
-    holds no `Attend` module.
+    their graph (for attention-based losses). A Hugging Face model loaded with
+    ``attn_implementation="attnkit"`` (see `attnkit.integrations.transformers`) is recorded
+    under its own module paths. Raises ValueError if `model` holds no `Attend` module and
+    runs on no such backend.
     """
     attends = [(_owner_name(n), m) for n, m in model.named_modules() if isinstance(m, Attend)]
-    if not attends:
+    external = any(claims(model) for claims in _EXTERNAL_CLAIMS)
+    if not attends and not external:
         raise ValueError(
             f"record_attention: {type(model).__name__} contains no attnkit attention "
             "(attnkit.modules.Attend) to record"
@@ -93,6 +127,13 @@ def record_attention(model: nn.Module, *, detach: bool = True) -> Iterator[Atten
 
         return hook
 
+    # Every module of an external model is registered: its attention function reports under
+    # the path of the module that calls it. Entries of an enclosing recording are restored.
+    outer = {}
+    if external:
+        for name, module in model.named_modules():
+            outer[id(module)] = _ACTIVE.get(id(module))
+            _ACTIVE[id(module)] = (name, record, detach)
     try:
         for name, module in attends:
             previous.append(module.need_weights)
@@ -104,3 +145,8 @@ def record_attention(model: nn.Module, *, detach: bool = True) -> Iterator[Atten
             handle.remove()
         for (_, module), before in zip(attends, previous, strict=False):
             module.need_weights = before
+        for key, entry in outer.items():
+            if entry is None:
+                _ACTIVE.pop(key, None)
+            else:
+                _ACTIVE[key] = entry

@@ -1,0 +1,1 @@
+"""Other libraries meet attnkit here: `attnkit.integrations.transformers` (import it by name)."""
