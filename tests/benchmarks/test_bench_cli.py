@@ -39,8 +39,13 @@ def test_tiny_run_writes_json_and_markdown(tmp_path, capsys):
         assert r["auto_backend"] == ("chunked" if r["dropout"] else "fused")
     modules = {r["what"]: r for r in result["rows"] if r["kind"] == "module"}
     assert set(modules["train_step_dropout0.1"]["ms"]) == {
-        "attnkit", "torch_need_weights", "torch_no_weights"
+        "attnkit", "attnkit_compiled", "torch_need_weights", "torch_no_weights"
     }  # fmt: skip
+    overhead = next(r for r in result["rows"] if r["kind"] == "overhead")["us_per_call"]
+    kernel_rows = {"kernel_eager_route", "kernel_operator"}
+    assert set(overhead) == {"auto", "sdpa", "chunked"} | (
+        kernel_rows if result["meta"]["chunked_kernel"] == "compiled" else set()
+    )
     assert [t["name"] for t in result["targets"]] == list("abcdef")
     for t in result["targets"]:
         assert t["status"] in ("met", "not met", "not measured") and t["detail"]

@@ -310,3 +310,13 @@ def test_a_first_call_inside_fullgraph_compile_stays_one_graph():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "auto"])
+def test_masks_and_biases_of_low_rank_broadcast_like_4d_ones(backend):
+    """A (S,) mask or an (N, S) bias is a view of a (1, 1, N|1, S) one on every backend."""
+    q, k, v, _, bias = _inputs(b=1, h=2, hkv=2, n=3, s=5)
+    keys = torch.tensor([True, False, True, True, False])
+    got = attention(q, k, v, mask=keys, bias=bias[0, 0], backend=backend).out
+    want = attention(q, k, v, mask=keys[None, None, None], bias=bias[:, :1], backend=backend).out
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

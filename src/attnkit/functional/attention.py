@@ -139,6 +139,9 @@ def attention(
        others, depending on their blocking. Zero padding and unused cache slots.
     """
     _validate(q, k, v, mask, bias, dropout_p, scale)
+    # masks and biases of rank < 4 as (…, N|1, S|1) views of rank 4: every backend sees one rank
+    mask = None if mask is None else mask[(None,) * (4 - mask.dim())]
+    bias = None if bias is None else bias[(None,) * (4 - bias.dim())]
     if q.numel() == 0 or k.shape[2] == 0:  # no query, or no key to attend to
         return _no_work(q, k, v, need_weights)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
