@@ -243,6 +243,12 @@ def test_bad_checkpoints_name_the_problem(tiny, tmp_path):
     _rewrite(folder, lambda s: s.__setitem__(key, torch.zeros(36, 32)))
     with pytest.raises(ValueError, match=rf"'{key}' has shape \(36, 32\), wanted \(37, 32\)"):
         BertEncoder.from_pretrained(folder)
+    _rewrite(folder, lambda s: s.__setitem__(key, torch.zeros(37, 32)))  # back to its shape
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    _set_config(folder, num_hidden_layers=layers - 1)  # fewer layers than the weights hold
+    with pytest.raises(ValueError, match=rf"weights for {layers} layers.*={layers - 1}"):
+        BertEncoder.from_pretrained(folder)
+    _set_config(folder, num_hidden_layers=layers)
     _set_config(folder, model_type="roberta")
     with pytest.raises(ValueError, match="model_type 'roberta' is not supported"):
         BertEncoder.from_pretrained(folder)

@@ -297,6 +297,12 @@ class BertEncoder(nn.Module):
 def _from_hf(state: dict[str, Tensor], model: BertEncoder, source: str) -> dict[str, Tensor]:
     """Our state dict from HF names (see the module table), every shape checked."""
     wanted = {k: v.shape for k, v in model.state_dict().items()}
+    layers = {int(k.split(".")[2]) for k in state if k.startswith("encoder.layer.")}
+    if layers and max(layers) + 1 != len(model.layers):
+        raise ValueError(
+            f"{source} holds weights for {max(layers) + 1} layers, but config.json says "
+            f"num_hidden_layers={len(model.layers)}: fix the config (nothing is dropped silently)"
+        )
     pairs = {
         "embeddings.word.weight": "embeddings.word_embeddings.weight",
         "embeddings.position.weight": "embeddings.position_embeddings.weight",
