@@ -36,6 +36,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from attnkit._cpu import has_native_bf16
 from attnkit.functional import masks as _masks
+from attnkit.functional._trace import tracing as _tracing
 from attnkit.functional._validate import validate as _validate
 
 __all__ = ["BACKENDS", "AttentionOutput", "attention", "use_backend"]
@@ -276,11 +277,6 @@ def _choose_backend(
 
 
 # --------------------------------------------------------------------------- backends
-
-
-def _tracing() -> bool:
-    """Inside torch.compile / torch.export / torch.jit.trace: no data-dependent branches."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
 def _eager_cpu(t: Tensor) -> bool:

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from attnkit._cpu import cpu_flags
 from attnkit._io import atomic_write_bytes
+from attnkit.functional._trace import tracing
 
 __all__ = ["available", "load", "native_attention", "supports"]
 
@@ -390,8 +391,7 @@ def native_attention(
     q32, k32, v32 = (t.to(torch.float32).contiguous() for t in (q, k, v))
     bias32 = None if bias is None else bias.detach().to(torch.float32)
     inputs = (q32, k32, v32, mask, bias32, causal, scale, keep_t, inv_keep, seed)
-    traced = torch.compiler.is_compiling() or torch.jit.is_tracing()
-    out, lse = attention_fwd(*inputs) if traced else _Eager.apply(*inputs)
+    out, lse = attention_fwd(*inputs) if tracing() else _Eager.apply(*inputs)
     return out.to(q.dtype), lse
 
 
