@@ -148,7 +148,7 @@ def _forward(pl, q, k, v, mask4, bias4, t_keep, seed):
             alpha = (m - m_safe).exp_()
             l.mul_(alpha).add_(s.sum(-1, keepdim=True))  # softmax normaliser: before dropout
             if seed is not None:  # the 2^32/T rescale is applied once, at the end
-                s.mul_(block_keep(seed, rows, j0, nk, pl.s, t_keep, pl.cdt, ws).view(s.shape))
+                s.mul_(block_keep(seed, rows, j0, nk, t_keep, pl.cdt, ws).view(s.shape))
             acc.mul_(alpha).baddbmm_(s, vv[:, j0:j1])
             m = m_new
         # l == 0 exactly when the row saw nothing: out 0, lse -inf (no 0/0)
@@ -199,7 +199,7 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
             p = s.exp_()  # P = exp(S - lse), Algorithm 2 line 11
             dp = torch.bmm(dob, vv[:, j0:j1].transpose(1, 2), out=ws("dp", blk, cdt))
             if seed is not None:
-                keep = block_keep(seed, drop_rows, j0, nk, s_len, t_keep, cdt, ws).view(blk)
+                keep = block_keep(seed, drop_rows, j0, nk, t_keep, cdt, ws).view(blk)
                 pk = keep.mul_(p)  # P * keep, in the keep buffer (one block buffer fewer)
                 dv[:, j0:j1].baddbmm_(pk.transpose(1, 2), dob)
                 # dS = P * (keep * dP~ - D) = (P * keep) * dP~ - P * D, line 13 with dropout

@@ -45,7 +45,7 @@ from attnkit.functional._trace import tracing
 __all__ = ["available", "load", "native_attention", "supports"]
 
 _SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
-_ABI = 2
+_ABI = 3
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # Tuned at N=2048, H=8, D=64, dropout 0.1 (1 thread) over 32-256 query x 128-1024 key blocks,
