@@ -237,7 +237,11 @@ class MultiHeadAttention(nn.Module):
                 continue
             if ref is None:
                 raise ValueError("context_pos needs a key (or context)")
-            if torch.broadcast_shapes(p.shape, ref.shape) != ref.shape:
+            try:
+                ok = torch.broadcast_shapes(p.shape, ref.shape) == ref.shape
+            except RuntimeError:  # does not broadcast at all
+                ok = False
+            if not ok:
                 raise ValueError(
                     f"{name} of shape {tuple(p.shape)} does not broadcast to {tuple(ref.shape)}"
                 )
