@@ -266,3 +266,15 @@ def test_bad_inputs_name_the_argument_and_shapes():
     f = MultiHeadAttention(12, 2, v_head_dim=3)
     with pytest.raises(ValueError, match=r"value must have shape \(B=2, S=4, 12\)"):
         f(x, rand(2, 4, 12), rand(2, 5, 12))
+
+
+def test_kv_cached_decoding_with_dk_ne_dv_equals_full_recomputation():
+    from attnkit.models.decoding import CachedMultiHeadAttention, KVCache
+
+    torch.manual_seed(0)
+    m = CachedMultiHeadAttention(12, 3, num_kv_heads=1, v_head_dim=5).eval()
+    x = rand(2, 6, 12)
+    cache = KVCache()
+    steps = [m(x[:, i : i + 1], causal=True, cache=cache) for i in range(6)]
+    assert cache.entries[m][1].shape == (2, 1, 6, 5)  # (B, Hkv, S, Dv)
+    torch.testing.assert_close(torch.cat(steps, 1), m(x, causal=True), atol=1e-6, rtol=0)
