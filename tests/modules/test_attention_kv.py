@@ -181,6 +181,8 @@ def test_no_output_projection_returns_merged_heads():
     assert "out_proj=False" in repr(m) and "v_head_dim=5" in repr(m)
     lazy = MultiHeadAttention(None, 2, head_dim=3, out_proj=False)
     assert lazy(rand(1, 4, 5)).shape == (1, 4, 6)
+    lazy = MultiHeadAttention(None, 2, out_dim=8, out_proj=False)  # head_dim = out_dim / H
+    assert lazy(rand(1, 4, 5)).shape == (1, 4, 8) and lazy.head_dim == 4
 
 
 def _torch_mha(e, h, kdim, vdim, dtype, bias=True):
@@ -235,6 +237,7 @@ def test_parity_and_exact_round_trip_with_torch_kdim_vdim(dtype, tol, kdim, vdim
         (dict(context_dim=8, value_dim=5), "got value_dim=5"),
         (dict(out_proj=False, out_dim=12), r"out_dim=12 must equal num_heads·v_head_dim=8"),
         (dict(dim=None, value_dim=3, out_dim=12), "needs key_dim too"),
+        (dict(dim=None, head_dim=3), "needs out_dim to size the output projection"),
     ],
 )
 def test_bad_widths_at_construction_name_the_argument(kwargs, message):

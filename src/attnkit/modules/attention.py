@@ -125,8 +125,7 @@ class MultiHeadAttention(nn.Module):
         num_heads = positive_int("num_heads", num_heads)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        lazy_width = out_dim if out_proj else None
-        self.head_dim = _head_dim(dim, num_heads, num_kv_heads, head_dim, lazy_width)
+        self.head_dim = _head_dim(dim, num_heads, num_kv_heads, head_dim, out_dim)
         self.v_head_dim = positive_int("v_head_dim", v_head_dim, optional=True) or self.head_dim
         self.dim, self.key_dim, self.value_dim = dim, key_dim, value_dim
         q_width, k_width = num_heads * self.head_dim, num_kv_heads * self.head_dim
@@ -145,6 +144,8 @@ class MultiHeadAttention(nn.Module):
         merged = num_heads * self.v_head_dim  # H·Dv
         if out_proj:
             self.out_dim = dim if out_dim is None else out_dim
+            if self.out_dim is None:
+                raise ValueError("dim=None (lazy) needs out_dim to size the output projection")
             self.proj: nn.Linear | nn.Identity = nn.Linear(merged, self.out_dim, out_bias, **fk)
         else:
             if out_dim is not None and out_dim != merged:
