@@ -57,30 +57,54 @@ def allowed_mask(n: int, s: int, causal: bool, window: int | None) -> torch.Tens
     return keep
 
 
+# cost term -> the MirrorMHA submodule that computes it
+MIRROR_TERMS = {
+    "q_proj": "q", "k_proj": "k", "v_proj": "v", "scores (QKᵀ)": "scores",
+    "weights·V": "weights_v", "out_proj": "o",
+}  # fmt: skip
+
+
+class MatMul(nn.Module):
+    """a @ b as a module, so that FlopCounterMode reports it under its own name."""
+
+    def forward(self, a, b):
+        return torch.matmul(a, b)
+
+
 class MirrorMHA(nn.Module):
-    """Plain-torch multi-head attention with the constructor of attnkit.MultiHeadAttention."""
+    """Plain-torch multi-head attention with the constructor of attnkit.MultiHeadAttention.
+
+    Every matmul term of `attnkit.analysis.mha_cost` is one submodule (TERMS), so that
+    `FlopCounterMode.get_flop_counts()` measures the terms one by one (`MIRROR_TERMS`; the
+    SDPA path has no separate score and weights·V modules).
+    """
 
     def __init__(
-        self, dim, num_heads, *, out_dim=None, context_dim=None, num_kv_heads=None,
-        head_dim=None, qkv_bias=True, out_bias=True, out_proj=True,
+        self, dim, num_heads, *, out_dim=None, context_dim=None, key_dim=None, value_dim=None,
+        num_kv_heads=None, head_dim=None, v_head_dim=None, qkv_bias=True, out_bias=True,
+        out_proj=True,
     ):  # fmt: skip
         super().__init__()
         self.h = num_heads
         self.g = num_kv_heads or num_heads
         self.d = head_dim or dim // num_heads
-        cc = context_dim or dim
+        self.dv = v_head_dim or self.d
+        ck = key_dim or context_dim or dim
+        cv = value_dim or context_dim or ck
         self.q = nn.Linear(dim, self.h * self.d, bias=qkv_bias)
-        self.k = nn.Linear(cc, self.g * self.d, bias=qkv_bias)
-        self.v = nn.Linear(cc, self.g * self.d, bias=qkv_bias)
+        self.k = nn.Linear(ck, self.g * self.d, bias=qkv_bias)
+        self.v = nn.Linear(cv, self.g * self.dv, bias=qkv_bias)
+        self.scores, self.weights_v = MatMul(), MatMul()
         out_w = out_dim or dim
-        self.o = nn.Linear(self.h * self.d, out_w, bias=out_bias) if out_proj else nn.Identity()
+        self.o = nn.Linear(self.h * self.dv, out_w, bias=out_bias) if out_proj else nn.Identity()
 
-    def forward(self, x, context=None, *, causal=False, window=None, sdpa=False):
-        ctx = x if context is None else context
-        b, n, s = x.shape[0], x.shape[1], ctx.shape[1]
+    def forward(self, x, key=None, value=None, *, causal=False, window=None, sdpa=False):
+        key = x if key is None else key
+        value = key if value is None else value
+        b, n, s = x.shape[0], x.shape[1], key.shape[1]
         q = self.q(x).view(b, n, self.h, self.d).transpose(1, 2)  # (B, H, N, D)
-        k = self.k(ctx).view(b, s, self.g, self.d).transpose(1, 2)  # (B, G, S, D)
-        v = self.v(ctx).view(b, s, self.g, self.d).transpose(1, 2)  # (B, G, S, D)
+        k = self.k(key).view(b, s, self.g, self.d).transpose(1, 2)  # (B, G, S, D)
+        v = self.v(value).view(b, s, self.g, self.dv).transpose(1, 2)  # (B, G, S, Dv)
         keep = allowed_mask(n, s, causal, window) if causal or window else None
         if sdpa:
             out = F.scaled_dot_product_attention(
@@ -88,9 +112,16 @@ class MirrorMHA(nn.Module):
             )
         else:
             k = k.repeat_interleave(self.h // self.g, dim=1)  # (B, H, S, D)
-            v = v.repeat_interleave(self.h // self.g, dim=1)  # (B, H, S, D)
-            scores = torch.matmul(q, k.transpose(-2, -1)) * self.d**-0.5  # (B, H, N, S)
+            v = v.repeat_interleave(self.h // self.g, dim=1)  # (B, H, S, Dv)
+            scores = self.scores(q, k.transpose(-2, -1)) * self.d**-0.5  # (B, H, N, S)
             if keep is not None:
                 scores = scores.masked_fill(~keep, float("-inf"))
-            out = torch.matmul(torch.softmax(scores, dim=-1), v)  # (B, H, N, D)
-        return self.o(out.transpose(1, 2).reshape(b, n, self.h * self.d))  # (B, N, C_out)
+            out = self.weights_v(torch.softmax(scores, dim=-1), v)  # (B, H, N, Dv)
+        return self.o(out.transpose(1, 2).reshape(b, n, self.h * self.dv))  # (B, N, C_out)
+
+
+def flops_by_module(fn, *args, **kwargs) -> dict[str, int]:
+    """Matmul FLOPs per module path (``"MirrorMHA.q"``, ...) while `fn(*args, **kwargs)` runs."""
+    with counter() as fc:
+        fn(*args, **kwargs)
+    return {name: sum(ops.values()) for name, ops in fc.get_flop_counts().items()}

@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from attnkit.analysis import mha_cost, swin_window_cost, vit_cost
 from attnkit.cli import flops_plot
@@ -44,6 +46,20 @@ def test_table_for_vit_b16_attention(capsys):
             mha_cost(7, 12, 6, kv_heads=2, context_len=11, context_dim=5, out_dim=3,
                      head_dim=4, causal=True, batch=2),
         ),
+        (["--tokens", "9", "--dim", "12", "--heads", "4", "--no-out-proj"],
+         mha_cost(9, 12, 4, out_proj=False)),
+        (
+            ["--tokens", "7", "--dim", "12", "--heads", "6", "--kv-heads", "3", "--context",
+             "11", "--key-dim", "5", "--value-dim", "8", "--head-dim", "2", "--v-head-dim", "3",
+             "--out-dim", "4", "--causal", "--batch", "2"],
+            mha_cost(7, 12, 6, kv_heads=3, context_len=11, key_dim=5, value_dim=8, head_dim=2,
+                     v_head_dim=3, out_dim=4, causal=True, batch=2),
+        ),
+        (
+            ["--tokens", "5", "--dim", "8", "--heads", "2", "--context", "3", "--context-dim",
+             "6", "--v-head-dim", "5", "--no-out-proj"],
+            mha_cost(5, 8, 2, context_len=3, context_dim=6, v_head_dim=5, out_proj=False),
+        ),
         (["--grid", "56x56", "--window", "7", "--dim", "96", "--heads", "3", "--shifted"],
          swin_window_cost(56, 56, 96, 3, 7, shifted=True)),
         (["--grid", "10x9", "--window", "7", "--dim", "8", "--heads", "2"],
@@ -57,6 +73,60 @@ def test_json_equals_library(capsys, argv, cost):
     assert data["macs"] == cost.macs and data["flops"] == cost.flops == 2 * cost.macs
     assert data["params"] == cost.params and data["terms"] == cost.terms
     assert all(type(data[k]) is int for k in ("macs", "flops", "params", "score_matrix_bytes"))
+
+
+def test_self_attention_without_output_projection_prints_3nc2_plus_2n2c(capsys):
+    code, out, err = run(
+        capsys, "--tokens", "197", "--dim", "768", "--heads", "12", "--no-out-proj"
+    )
+    assert code == 0 and err == ""
+    assert "closed form: 3NC² + 2N²C = 3·197·768² + 2·197²·768 = 408,196,608 MACs" in out
+    assert "no W_O" in out.splitlines()[0]
+    assert not any(line.startswith("out_proj") for line in out.splitlines())
+    assert "params: 1,771,776" in out  # 3C² + 3C
+
+
+def test_general_closed_form_with_keys_and_values_apart(capsys):
+    argv = ["--tokens", "9", "--dim", "64", "--heads", "4", "--context", "20", "--key-dim", "32"]
+    code, out, _ = run(capsys, *argv, "--value-dim", "48", "--v-head-dim", "8")
+    assert code == 0
+    assert (
+        "N·C·Hd_k + S·C_k·Gd_k + S·C_v·Gd_v + H·N·S·(d_k + d_v) + N·Hd_v·C_out = 9·64·64 + "
+        "20·32·64 + 20·48·32 + 4·9·20·(16 + 8) + 9·32·64 = 144,256 MACs"
+    ) in out
+    assert (
+        mha_cost(9, 64, 4, context_len=20, key_dim=32, value_dim=48, v_head_dim=8).macs == 144_256
+    )
+
+
+def _evaluate(numbers: str) -> int:
+    """'3·197·768² + 2·197²·768' -> its integer value (digits and + · ² ( ) only)."""
+    assert set(numbers) <= set("0123456789+·²() ")
+    return eval(numbers.replace("·", "*").replace("²", "**2"))
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    heads=st.sampled_from([1, 2, 3]), d=st.sampled_from([None, 2, 5]),
+    dv=st.sampled_from([None, 1, 4]), ck=st.sampled_from([None, 3]),
+    cv=st.sampled_from([None, 7]), s=st.sampled_from([None, 6]), out_proj=st.booleans(),
+)  # fmt: skip
+def test_printed_closed_form_evaluates_to_the_formula(capsys, heads, d, dv, ck, cv, s, out_proj):
+    argv = ["--tokens", "5", "--dim", "6", "--heads", str(heads), "--json"]
+    for flag, value in (("--head-dim", d), ("--v-head-dim", dv), ("--key-dim", ck),
+                        ("--value-dim", cv), ("--context", s)):  # fmt: skip
+        argv += [] if value is None else [flag, str(value)]
+    argv += [] if out_proj else ["--no-out-proj"]
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    data = json.loads(out)
+    cost = mha_cost(5, 6, heads, head_dim=d, v_head_dim=dv, key_dim=ck, value_dim=cv,
+                    context_len=s, out_proj=out_proj)  # fmt: skip
+    assert data["macs"] == cost.macs and data["terms"] == cost.terms
+    assert _evaluate(data["closed_form"].split(" = ")[-1]) == cost.macs
+    assert ("out_proj" in data["terms"]) is out_proj
 
 
 def test_model_breakdowns(capsys):
@@ -81,6 +151,42 @@ def test_model_breakdowns(capsys):
         (["--tokens", "x", "--dim", "12", "--heads", "4"], "invalid int"),
         (["--tokens", "4", "--dim", "12", "--heads", "4", "--shifted"], "--shifted"),
         (["--model", "vit", "--heads", "7"], "must divide"),
+        (
+            ["--tokens", "5", "--dim", "12", "--heads", "4", "--no-out-proj", "--out-dim", "7"],
+            "--out-dim 7 must equal H·DV = 12 with --no-out-proj",
+        ),
+        (
+            [
+                "--tokens",
+                "5",
+                "--dim",
+                "12",
+                "--heads",
+                "4",
+                "--context-dim",
+                "5",
+                "--key-dim",
+                "6",
+            ],
+            "--context-dim 5 sets --key-dim and --value-dim; got --key-dim 6",
+        ),
+        (
+            ["--tokens", "5", "--dim", "12", "--heads", "4", "--value-dim", "0"],
+            "--value-dim must be at least 1",
+        ),
+        (
+            ["--tokens", "5", "--dim", "12", "--heads", "4", "--v-head-dim", "-3"],
+            "--v-head-dim must be at least 1",
+        ),
+        (["--model", "bert", "--no-out-proj"], "--model does not take --no-out-proj"),
+        (
+            ["--dim", "8", "--heads", "2", "--plot", "x.png", "--key-dim", "3"],
+            "--plot does not take --key-dim",
+        ),
+        (
+            ["--dim", "12", "--heads", "4", "--grid", "8x8", "--window", "4", "--no-out-proj"],
+            "--window (Swin) takes only",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):

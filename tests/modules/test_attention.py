@@ -89,8 +89,10 @@ def test_to_torch_refuses_what_torch_cannot_express():
         MultiHeadAttention(16, 4, num_kv_heads=2).to_torch()
     with pytest.raises(ValueError, match="out_dim"):
         MultiHeadAttention(16, 4, out_dim=8).to_torch()
-    with pytest.raises(ValueError, match="kdim=8 != vdim=6"):
-        MultiHeadAttention.from_torch(nn.MultiheadAttention(16, 2, kdim=8, vdim=6))
+    with pytest.raises(ValueError, match="v_head_dim=3 != head_dim=4"):
+        MultiHeadAttention(16, 4, v_head_dim=3).to_torch()
+    with pytest.raises(ValueError, match="no output projection"):
+        MultiHeadAttention(16, 4, out_proj=False).to_torch()
 
 
 def _float64_mha(m, x, ctx=None, pos=None, ctx_pos=None, mask=None):
@@ -182,13 +184,15 @@ def test_bad_construction(kwargs, message):
 
 def test_bad_forward_input():
     m = MultiHeadAttention(16, 2)
-    with pytest.raises(ValueError, match=r"x must have shape \(B, N, 16\), got \(2, 3, 8\)"):
+    with pytest.raises(ValueError, match=r"query must have shape \(B, N, 16\), got \(2, 3, 8\)"):
         m(rand(2, 3, 8))
-    with pytest.raises(ValueError, match=r"x must have shape \(B, N, C\)"):
+    with pytest.raises(ValueError, match=r"query must have shape \(B, N, C\)"):
         m(rand(3, 16))
-    with pytest.raises(ValueError, match=r"context must have shape \(B=2, S, 16\)"):
+    with pytest.raises(ValueError, match=r"key must have shape \(B=2, S, 16\)"):
         m(rand(2, 3, 16), rand(2, 4, 5))
-    with pytest.raises(ValueError, match="pass context"):
+    with pytest.raises(ValueError, match=r"key must have shape \(B=2, S, 16\)"):
+        m(rand(2, 3, 16), context=rand(2, 4, 5))
+    with pytest.raises(ValueError, match=r"pass key \(or context\)"):
         MultiHeadAttention(16, 2, context_dim=8)(rand(2, 3, 16))
     with pytest.raises(ValueError, match="does not broadcast"):
         m(rand(2, 3, 16), mask=torch.ones(5, 5, dtype=torch.bool))

@@ -1,9 +1,10 @@
 """Exact multiply-accumulate (MAC), FLOP and parameter counts of attention layers.
 
 Dimensions (the attnkit vocabulary): B batch, N query tokens, S key/value tokens,
-C input width, C' context width (cross-attention), H query heads, G key/value
-heads (G < H: grouped-query / multi-query attention), d head width, C_out output
-width.
+C input width, C' context width (cross-attention; C_k, C_v when keys and
+values have their own widths), H query heads, G key/value heads (G < H:
+grouped-query / multi-query attention), d head width (d_k, d_v when they
+differ), C_out output width.
 
 Counting rule. A product [a, c]·[c, b] costs a·b·c multiply-accumulates (MACs);
 one MAC is two floating-point operations, so **FLOPs = 2 × MACs** for every
@@ -22,6 +23,12 @@ weights·V products become H products of N·N·d, which sum to the same N²·C, 
 the count does not depend on H; the output projection W_o adds N·C²:
 
     4NC² + 2N²C                           (multi-head self-attention)
+
+Without W_o (`out_proj=False`) it is the single head's 3NC² + 2N²C again. With
+keys and values apart (widths C_k, C_v; head widths d_k, d_v, §3.2.2) each
+product keeps its own widths:
+
+    N·C·Hd_k + S·C_k·Gd_k + S·C_v·Gd_v + H·N·S·d_k + H·N·S·d_v [+ N·Hd_v·C_out]
 
 Swin windows (Liu et al. 2021, eq. 1-2) of M×M patches on an h×w grid:
 4hwC² + 2M²hwC.
@@ -194,6 +201,19 @@ def allowed_pairs(n: int, s: int, *, causal: bool = False, window: int | None = 
     return total
 
 
+def _widths(dim, context_dim, key_dim, value_dim) -> tuple[int, int]:
+    """(C_k, C_v): `context_dim` is shorthand for both, as in `MultiHeadAttention`."""
+    if context_dim is not None:
+        for name, width in (("key_dim", key_dim), ("value_dim", value_dim)):
+            if width is not None and width != context_dim:
+                raise ValueError(
+                    f"context_dim={context_dim} sets key_dim and value_dim; got {name}={width}"
+                )
+        return context_dim, context_dim
+    ck = dim if key_dim is None else key_dim
+    return ck, ck if value_dim is None else value_dim
+
+
 def _attention_cost(
     n: int,
     dim: int,
@@ -210,37 +230,48 @@ def _attention_cost(
     window: int | None,
     batch: int,
     out_proj: bool,
+    key_dim: int | None = None,
+    value_dim: int | None = None,
+    v_head_dim: int | None = None,
 ) -> Cost:
     """The one formula behind `mha_cost` and `single_head_cost`."""
     _check_positive(
         n=n, dim=dim, heads=heads, context_len=context_len, context_dim=context_dim,
-        kv_heads=kv_heads, head_dim=head_dim, out_dim=out_dim, window=window, batch=batch,
+        key_dim=key_dim, value_dim=value_dim, kv_heads=kv_heads, head_dim=head_dim,
+        v_head_dim=v_head_dim, out_dim=out_dim, window=window, batch=batch,
     )  # fmt: skip
     if head_dim is None:
         if dim % heads:
             raise ValueError(f"heads={heads} must divide dim={dim} (or give head_dim)")
         head_dim = dim // heads
+    dv = head_dim if v_head_dim is None else v_head_dim
     g = heads if kv_heads is None else kv_heads
     if heads % g:
         raise ValueError(f"kv_heads={g} must divide heads={heads}")
     s = n if context_len is None else context_len
-    cc = dim if context_dim is None else context_dim
+    ck, cv = _widths(dim, context_dim, key_dim, value_dim)
+    inner, k_inner, v_inner = heads * head_dim, g * head_dim, g * dv  # H·d_k, G·d_k, G·d_v
+    if not out_proj and out_dim is not None and out_dim != heads * dv:
+        raise ValueError(
+            f"out_dim={out_dim} must equal heads·v_head_dim={heads * dv} without an output "
+            "projection (out_proj=False)"
+        )
     c_out = dim if out_dim is None else out_dim
-    inner, kv_inner = heads * head_dim, g * head_dim  # H·d, G·d
 
     terms = {
-        Q_PROJ: n * dim * inner,  # [N, C]·[C, H·d]
-        K_PROJ: s * cc * kv_inner,  # [S, C']·[C', G·d]: G < H means fewer K/V MACs
-        V_PROJ: s * cc * kv_inner,
-        # every query head reads a K/V head (shared under GQA): H products [N, d]·[d, S]
+        Q_PROJ: n * dim * inner,  # [N, C]·[C, H·d_k]
+        K_PROJ: s * ck * k_inner,  # [S, C_k]·[C_k, G·d_k]: G < H means fewer K/V MACs
+        V_PROJ: s * cv * v_inner,  # [S, C_v]·[C_v, G·d_v]
+        # every query head reads a K/V head (shared under GQA): H products [N, d_k]·[d_k, S]
         SCORES: heads * n * s * head_dim,
-        WEIGHTS_V: heads * n * s * head_dim,  # H products [N, S]·[S, d]
+        WEIGHTS_V: heads * n * s * dv,  # H products [N, S]·[S, d_v]
     }
-    params = (dim * inner + cc * kv_inner * 2) + (inner + 2 * kv_inner if qkv_bias else 0)
-    bias_adds = inner * n + 2 * kv_inner * s if qkv_bias else 0
+    params = dim * inner + ck * k_inner + cv * v_inner
+    params += inner + k_inner + v_inner if qkv_bias else 0
+    bias_adds = inner * n + (k_inner + v_inner) * s if qkv_bias else 0
     if out_proj:
-        terms[OUT_PROJ] = n * inner * c_out  # [N, H·d]·[H·d, C_out]
-        params += inner * c_out + (c_out if out_bias else 0)
+        terms[OUT_PROJ] = n * heads * dv * c_out  # [N, H·d_v]·[H·d_v, C_out]
+        params += heads * dv * c_out + (c_out if out_bias else 0)
         bias_adds += n * c_out if out_bias else 0
 
     scores = heads * n * s
@@ -249,7 +280,7 @@ def _attention_cost(
         elementwise["mask"] = scores
     if bias_adds:
         elementwise["bias"] = bias_adds
-    masked = (n * s - allowed_pairs(n, s, causal=causal, window=window)) * heads * 2 * head_dim
+    masked = (n * s - allowed_pairs(n, s, causal=causal, window=window)) * heads * (head_dim + dv)
     return _batched(Cost(terms, params, elementwise, masked), batch)
 
 
@@ -266,9 +297,13 @@ def mha_cost(
     *,
     context_len: int | None = None,
     context_dim: int | None = None,
+    key_dim: int | None = None,
+    value_dim: int | None = None,
     kv_heads: int | None = None,
     head_dim: int | None = None,
+    v_head_dim: int | None = None,
     out_dim: int | None = None,
+    out_proj: bool = True,
     qkv_bias: bool = True,
     out_bias: bool = True,
     causal: bool = False,
@@ -282,13 +317,20 @@ def mha_cost(
         dim: input width C.
         heads: query heads H.
         context_len: key/value tokens S (cross-attention); default N.
-        context_dim: width C' of the context; default C.
+        context_dim: width C' of one context giving keys and values; default C.
+        key_dim, value_dim: widths C_k and C_v of the key and value inputs
+            when they differ (default C', and C_v defaults to C_k), as
+            `MultiHeadAttention(key_dim=, value_dim=)`.
         kv_heads: key/value heads G (GQA, MQA with G = 1): K and V projections
             shrink to C'·G·d, the score products do not (each query head still
             meets S keys).
-        head_dim: d; default C / H.
+        head_dim: d_k, the query/key head width; default C / H.
+        v_head_dim: d_v, the value head width; default d_k.
         out_dim: C_out of the output projection (T2T-ViT's token-to-token
             attention changes the width); default C.
+        out_proj: False counts no output projection W_O (the output is the
+            merged heads, H·d_v wide): 3NC² + 2N²C for self-attention with
+            H·d = C, the textbook single head.
         causal: query i sees keys j <= i + S - N (bottom-right, as attnkit).
             `macs` still counts all N·S products (dense kernels compute them);
             `masked_macs` holds the upper triangle, `unmasked_macs` what a
@@ -301,12 +343,14 @@ def mha_cost(
             counted like `causal`.
         batch: B; every count is linear in it (parameters are not).
 
-    With defaults: 4NC² + 2N²C MACs and 4C² + 4C parameters.
+    With defaults: 4NC² + 2N²C MACs and 4C² + 4C parameters. In general
+    N·C·Hd_k + S·C_k·Gd_k + S·C_v·Gd_v + H·N·S·(d_k + d_v) [+ N·Hd_v·C_out].
     """
     return _attention_cost(
         n, dim, heads, context_len=context_len, context_dim=context_dim, kv_heads=kv_heads,
         head_dim=head_dim, out_dim=out_dim, qkv_bias=qkv_bias, out_bias=out_bias,
-        causal=causal, window=window, batch=batch, out_proj=True,
+        causal=causal, window=window, batch=batch, out_proj=out_proj, key_dim=key_dim,
+        value_dim=value_dim, v_head_dim=v_head_dim,
     )  # fmt: skip
 
 

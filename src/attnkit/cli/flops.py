@@ -1,6 +1,8 @@
 """`attnkit flops`: MACs, FLOPs, parameters and memory of an attention layer or a model.
 
     attnkit flops --tokens 197 --dim 768 --heads 12
+    attnkit flops --tokens 197 --dim 768 --heads 1 --no-out-proj    # 3NC² + 2N²C
+    attnkit flops --tokens 9 --dim 64 --heads 4 --context 20 --key-dim 32 --value-dim 48
     attnkit flops --grid 56x56 --window 7 --dim 96 --heads 3
     attnkit flops --model vit --json
     attnkit flops --dim 384 --heads 6 --plot cost.png
@@ -39,9 +41,22 @@ def register(subparsers) -> None:
     layer.add_argument("--heads", type=int, metavar="H", help="query heads H")
     layer.add_argument("--context", type=int, metavar="S", help="key/value tokens S (cross)")
     layer.add_argument("--context-dim", type=int, metavar="C2", help="context width (cross)")
+    layer.add_argument(
+        "--key-dim", type=int, metavar="CK", help="key input width (default C2 or C)"
+    )
+    layer.add_argument("--value-dim", type=int, metavar="CV", help="value input width (default CK)")
     layer.add_argument("--kv-heads", type=int, metavar="G", help="key/value heads (GQA/MQA)")
-    layer.add_argument("--head-dim", type=int, metavar="D", help="head width (default C/H)")
+    layer.add_argument(
+        "--head-dim", type=int, metavar="D", help="query/key head width (default C/H)"
+    )
+    layer.add_argument("--v-head-dim", type=int, metavar="DV", help="value head width (default D)")
     layer.add_argument("--out-dim", type=int, metavar="C3", help="output width (default C)")
+    layer.add_argument(
+        "--no-out-proj",
+        dest="out_proj",
+        action="store_false",
+        help="no output projection W_O (self-attention: 3NC² + 2N²C)",
+    )
     layer.add_argument("--window", type=int, metavar="M", help="Swin window of M×M patches")
     layer.add_argument("--grid", metavar="HxW", help="token grid for --window, e.g. 56x56")
     layer.add_argument("--shifted", action="store_true", help="shifted windows (SW-MSA)")
@@ -66,9 +81,12 @@ def _one_line_error(message: str) -> None:
     raise SystemExit(2)
 
 
-SIZE_OPTIONS = ("tokens", "dim", "heads", "context", "context_dim", "kv_heads", "head_dim",
-                "out_dim", "window", "batch", "layers", "seq_len", "tgt_len", "ff", "image",
-                "patch")  # fmt: skip
+SIZE_OPTIONS = ("tokens", "dim", "heads", "context", "context_dim", "key_dim", "value_dim",
+                "kv_heads", "head_dim", "v_head_dim", "out_dim", "window", "batch", "layers",
+                "seq_len", "tgt_len", "ff", "image", "patch")  # fmt: skip
+# options of one multi-head attention layer that --window (Swin), --model and --plot do not take
+MHA_ONLY = ("context", "context_dim", "key_dim", "value_dim", "kv_heads", "head_dim",
+            "v_head_dim", "out_dim")  # fmt: skip
 
 
 def _check_sizes(args: argparse.Namespace) -> None:
@@ -82,6 +100,20 @@ def _check_sizes(args: argparse.Namespace) -> None:
         )
     if args.model != "transformer" and args.model and args.tgt_len is not None:
         raise ValueError("--tgt-len is for --model transformer only")
+    if args.model or args.plot:
+        kv = ("key_dim", "value_dim", "v_head_dim")
+        given = [f"--{f.replace('_', '-')}" for f in kv if getattr(args, f) is not None]
+        given += [] if args.out_proj else ["--no-out-proj"]
+        if given:
+            where = "--model" if args.model else "--plot"
+            raise ValueError(f"{where} does not take {', '.join(given)} (one layer's options)")
+    if args.context_dim is not None:
+        for flag, width in (("--key-dim", args.key_dim), ("--value-dim", args.value_dim)):
+            if width is not None and width != args.context_dim:
+                raise ValueError(
+                    f"--context-dim {args.context_dim} sets --key-dim and --value-dim; "
+                    f"got {flag} {width}"
+                )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,9 +164,17 @@ def _layer_report(args: argparse.Namespace) -> dict:
     if args.kv_heads is not None and args.heads % args.kv_heads:
         raise ValueError(f"--kv-heads {args.kv_heads} must divide --heads {args.heads}")
 
+    d = args.head_dim or args.dim // args.heads
+    dv = args.v_head_dim or d
+    if not args.out_proj and args.out_dim is not None and args.out_dim != args.heads * dv:
+        raise ValueError(
+            f"--out-dim {args.out_dim} must equal H·DV = {args.heads * dv} with --no-out-proj "
+            "(the output is the merged heads); drop --out-dim"
+        )
+
     if args.window is not None:
-        unsupported = ("context", "context_dim", "kv_heads", "head_dim", "out_dim")
-        if any(getattr(args, f) is not None for f in unsupported) or args.causal:
+        unsupported = any(getattr(args, f) is not None for f in MHA_ONLY)
+        if unsupported or args.causal or not args.out_proj:
             raise ValueError(
                 "--window (Swin) takes only --dim, --heads, --grid, --shifted, --batch"
             )
@@ -152,21 +192,23 @@ def _layer_report(args: argparse.Namespace) -> dict:
     else:
         cost = mha_cost(
             n, args.dim, args.heads, context_len=args.context, context_dim=args.context_dim,
-            kv_heads=args.kv_heads, head_dim=args.head_dim, out_dim=args.out_dim,
-            causal=args.causal, batch=args.batch,
+            key_dim=args.key_dim, value_dim=args.value_dim, kv_heads=args.kv_heads,
+            head_dim=args.head_dim, v_head_dim=args.v_head_dim, out_dim=args.out_dim,
+            out_proj=args.out_proj, causal=args.causal, batch=args.batch,
         )  # fmt: skip
         closed, value = _mha_closed_form(args, n)
         s, score_heads, score_n = args.context or n, args.heads, n
-        kind = "self" if args.context is None and args.context_dim is None else "cross"
+        cross = ("context", "context_dim", "key_dim", "value_dim")
+        kind = "cross" if any(getattr(args, f) is not None for f in cross) else "self"
         title = f"multi-head {kind}-attention  N={n}  S={s}  C={args.dim}  H={args.heads}"
+        title += "" if args.out_proj else "  no W_O"
     value *= args.batch
     if args.batch > 1:
         closed = f"B·({closed})"
     if value != cost.macs:  # the closed form is an independent check of the formula
         raise RuntimeError(f"closed form {value} != formula {cost.macs}: a bug in attnkit")
     scores = score_matrix_bytes(args.batch, score_heads, score_n, s)
-    d = args.head_dim or args.dim // args.heads
-    mem = attention_memory(args.batch, score_heads, score_n, s, d, kv_heads=args.kv_heads)
+    mem = attention_memory(args.batch, score_heads, score_n, s, d, kv_heads=args.kv_heads, v_dim=dv)
     lines = [f"{title}  B={args.batch}", "", *_term_table(cost), ""]
     lines.append(f"closed form: {closed} = {value:,} MACs")
     lines.append(f"params: {cost.params:,}")
@@ -187,18 +229,32 @@ def _layer_report(args: argparse.Namespace) -> dict:
 def _mha_closed_form(args: argparse.Namespace, n: int) -> tuple[str, int]:
     """The textbook expression when it applies, else the general one, with numbers."""
     c, h = args.dim, args.heads
-    plain = all(
-        getattr(args, f) is None for f in ("context", "context_dim", "kv_heads", "out_dim")
-    ) and (args.head_dim is None or args.head_dim * h == c)
-    if plain:
-        return f"4NC² + 2N²C = 4·{n}·{c}² + 2·{n}²·{c}", 4 * n * c * c + 2 * n * n * c
-    s, cc = args.context or n, args.context_dim or c
-    g, d, co = args.kv_heads or h, args.head_dim or c // h, args.out_dim or c
-    text = (
-        f"N·C·Hd + 2·S·C'·Gd + 2·H·N·S·d + N·Hd·C_out = {n}·{c}·{h * d} + 2·{s}·{cc}·{g * d}"
-        f" + 2·{h}·{n}·{s}·{d} + {n}·{h * d}·{co}"
-    )
-    return text, n * c * h * d + 2 * s * cc * g * d + 2 * h * n * s * d + n * h * d * co
+    d = args.head_dim or c // h
+    dv = args.v_head_dim or d
+    others = ("context", "context_dim", "key_dim", "value_dim", "kv_heads", "out_dim")
+    if all(getattr(args, f) is None for f in others) and h * d == c and dv == d:
+        if args.out_proj:
+            return f"4NC² + 2N²C = 4·{n}·{c}² + 2·{n}²·{c}", 4 * n * c * c + 2 * n * n * c
+        # no W_O: one head's count, whatever H (Vaswani et al. 2017, §3.2)
+        return f"3NC² + 2N²C = 3·{n}·{c}² + 2·{n}²·{c}", 3 * n * c * c + 2 * n * n * c
+    s, g, co = args.context or n, args.kv_heads or h, args.out_dim or c
+    ck = args.context_dim or args.key_dim or c
+    cv = args.context_dim or args.value_dim or ck
+    if ck == cv and dv == d:
+        text = "N·C·Hd + 2·S·C'·Gd + 2·H·N·S·d"
+        numbers = f"{n}·{c}·{h * d} + 2·{s}·{ck}·{g * d} + 2·{h}·{n}·{s}·{d}"
+        out = " + N·Hd·C_out"
+    else:
+        text = "N·C·Hd_k + S·C_k·Gd_k + S·C_v·Gd_v + H·N·S·(d_k + d_v)"
+        numbers = (
+            f"{n}·{c}·{h * d} + {s}·{ck}·{g * d} + {s}·{cv}·{g * dv} + {h}·{n}·{s}·({d} + {dv})"
+        )
+        out = " + N·Hd_v·C_out"
+    value = n * c * h * d + s * ck * g * d + s * cv * g * dv + h * n * s * (d + dv)
+    if args.out_proj:
+        text, numbers = text + out, numbers + f" + {n}·{h * dv}·{co}"
+        value += n * h * dv * co
+    return f"{text} = {numbers}", value
 
 
 # --------------------------------------------------------------------------- a model

@@ -1,28 +1,32 @@
 """Keras 3 attention layers <-> attnkit (any Keras backend; weights travel as numpy).
 
 `keras.layers.MultiHeadAttention` <-> `attnkit.MultiHeadAttention`
-(H heads, D = key_dim = value_dim, C query width, Cc key/value width, Co output width):
+(H heads, D = Keras key_dim = attnkit head_dim, Dv = Keras value_dim = attnkit
+v_head_dim, C query width, Ck key width, Cv value width, Co output width):
 
-| Keras MultiHeadAttention           | attnkit MultiHeadAttention (FusedQKV; [SplitQKV])   |
-| ---------------------------------- | --------------------------------------------------- |
-| query/kernel (C, H, D)             | in_proj.qkv.weight[:HD] (HD, C) = kernel.flatten(1).T |
-|                                    | [in_proj.q.weight]                                  |
-| key/kernel (Cc, H, D)              | in_proj.qkv.weight[HD:2HD] [in_proj.kv.weight[:HD]] |
-| value/kernel (Cc, H, D)            | in_proj.qkv.weight[2HD:]   [in_proj.kv.weight[HD:]] |
-| query/bias, key/bias, value/bias   | in_proj.qkv.bias (3HD,) = the three flattened, cat  |
-| (H, D) each                        | [in_proj.q.bias, in_proj.kv.bias]                   |
-| attention_output/kernel (H, D, Co) | proj.weight (Co, HD) = kernel.flatten(0, 1).T       |
-| attention_output/bias (Co,)        | proj.bias (Co,)                                     |
+| Keras MultiHeadAttention            | attnkit: FusedQKV [SplitQKV] {SeparateQKV}
+| ----------------------------------- | ------------------------------------------
+| query/kernel (C, H, D)              | in_proj.qkv.weight[:HD] (HD, C) = kernel.flatten(1).T
+|                                     | [in_proj.q.weight] {in_proj.q.weight}
+| key/kernel (Ck, H, D)               | in_proj.qkv.weight[HD:2HD] [in_proj.kv.weight[:HD]]
+|                                     | {in_proj.k.weight}
+| value/kernel (Cv, H, Dv)            | in_proj.qkv.weight[2HD:] [in_proj.kv.weight[HD:]]
+|                                     | {in_proj.v.weight}
+| query/bias, key/bias (H, D),        | the flattened biases of the same rows
+| value/bias (H, Dv)                  |
+| attention_output/kernel (H, Dv, Co) | proj.weight (Co, H·Dv) = kernel.flatten(0, 1).T
+| attention_output/bias (Co,)         | proj.bias (Co,)
 
-HD = H·D. Cc == C gives `FusedQKV`, otherwise `SplitQKV` (bracketed). Head h of
-Keras is rows h·D .. (h+1)·D - 1 of attnkit's projections, the order in which
-attnkit splits heads. Keras scales scores by 1/sqrt(key_dim), attnkit's default.
+HD = H·D. Ck == Cv == C gives `FusedQKV`, Ck == Cv != C `SplitQKV` (bracketed),
+Ck != Cv `SeparateQKV` (braced). Head h of Keras is rows h·D .. (h+1)·D - 1 of
+attnkit's projections, the order in which attnkit splits heads. Keras scales
+scores by 1/sqrt(key_dim), attnkit's default. Keras calls `layer(query, value,
+key)`; attnkit `mha(query, key, value)`.
 
-Refused, because attnkit's module cannot express them: value_dim != key_dim
-(one head width), key width != value width (attnkit projects keys and values
-from one context), `use_gate`, `sliding_window` (pass
-`attnkit.masks.sliding_window` as a mask instead), `attention_axes` other than
-the sequence axis, and `output_shape` with more than one dimension.
+Refused, because attnkit's module cannot express them: `use_gate`,
+`sliding_window` (pass `attnkit.masks.sliding_window` as a mask instead),
+`attention_axes` other than the sequence axis, and `output_shape` with more than
+one dimension; to Keras: GQA and a module without output projection.
 
 Masks. Keras's `attention_mask` is `(B, N, S)` with 1 = attend: convert with
 `attnkit.masks.from_keras_attention_mask`. Keras's `use_causal_mask` is aligned
@@ -61,7 +65,7 @@ from torch import Tensor
 from attnkit.convert._state import Shape, check_state, load_exact
 from attnkit.modules.additive import AdditiveAttention, LuongAttention
 from attnkit.modules.attention import MultiHeadAttention
-from attnkit.modules.projection import FusedQKV
+from attnkit.modules.projection import FusedQKV, SeparateQKV, SplitQKV
 
 __all__ = [
     "additive_from_keras",
@@ -116,23 +120,30 @@ def mha_keras_state(layer) -> dict[str, Tensor]:
 
 
 def _keras_shapes(ours: MultiHeadAttention) -> dict[str, Shape]:
-    h, d, co = ours.num_heads, ours.head_dim, ours.out_dim
-    c, cc = ours.dim, ours.in_proj.context_dim
+    h, d, dv, co = ours.num_heads, ours.head_dim, ours.v_head_dim, ours.out_dim
     wanted: dict[str, Shape] = {
-        "query/kernel": (c, h, d),
-        "key/kernel": (cc, h, d),
-        "value/kernel": (cc, h, d),
-        "attention_output/kernel": (h, d, co),
+        "query/kernel": (ours.dim, h, d),
+        "key/kernel": (ours.in_proj.key_dim, h, d),
+        "value/kernel": (ours.in_proj.value_dim, h, dv),
+        "attention_output/kernel": (h, dv, co),
     }
-    if _in_bias(ours) is not None:
-        wanted.update({f"{p}/bias": (h, d) for p in ("query", "key", "value")})
-    if ours.proj.bias is not None:
+    if _in_bias(ours):
+        wanted.update({"query/bias": (h, d), "key/bias": (h, d), "value/bias": (h, dv)})
+    if "proj.bias" in ours.state_dict():
         wanted["attention_output/bias"] = (co,)
     return dict(sorted(wanted.items()))
 
 
-def _in_bias(ours: MultiHeadAttention):
-    return (ours.in_proj.qkv if isinstance(ours.in_proj, FusedQKV) else ours.in_proj.q).bias
+# attnkit's packed input projections: which Keras parts each one holds, in row order
+_PACKED = {
+    FusedQKV: {"qkv": ("query", "key", "value")},
+    SplitQKV: {"q": ("query",), "kv": ("key", "value")},
+    SeparateQKV: {"q": ("query",), "k": ("key",), "v": ("value",)},
+}
+
+
+def _in_bias(ours: MultiHeadAttention) -> bool:
+    return any(k.startswith("in_proj.") and k.endswith(".bias") for k in ours.state_dict())
 
 
 def load_keras_mha_state(ours: MultiHeadAttention, state: dict[str, Tensor]) -> MultiHeadAttention:
@@ -140,6 +151,8 @@ def load_keras_mha_state(ours: MultiHeadAttention, state: dict[str, Tensor]) -> 
 
     Raises ValueError naming every missing, unexpected or mis-shaped key.
     """
+    if not isinstance(ours.proj, torch.nn.Linear):
+        raise ValueError("load_keras_mha_state: the module has no output projection (out_proj)")
     check_state(state, _keras_shapes(ours), source="load_keras_mha_state")
 
     def w(part: str) -> Tensor:  # (Cin, H, D) -> (H·D, Cin)
@@ -152,17 +165,11 @@ def load_keras_mha_state(ours: MultiHeadAttention, state: dict[str, Tensor]) -> 
     new: dict[str, Tensor] = {"proj.weight": state["attention_output/kernel"].flatten(0, 1).T}
     if ours.proj.bias is not None:
         new["proj.bias"] = state["attention_output/bias"]
-    bias = _in_bias(ours) is not None
-    if isinstance(ours.in_proj, FusedQKV):
-        new["in_proj.qkv.weight"] = torch.cat([w("query"), w("key"), w("value")])
+    bias = _in_bias(ours)
+    for name, parts in _PACKED[type(ours.in_proj)].items():
+        new[f"in_proj.{name}.weight"] = torch.cat([w(p) for p in parts])
         if bias:
-            new["in_proj.qkv.bias"] = torch.cat([b("query"), b("key"), b("value")])
-    else:
-        new["in_proj.q.weight"] = w("query")
-        new["in_proj.kv.weight"] = torch.cat([w("key"), w("value")])
-        if bias:
-            new["in_proj.q.bias"] = b("query")
-            new["in_proj.kv.bias"] = torch.cat([b("key"), b("value")])
+            new[f"in_proj.{name}.bias"] = torch.cat([b(p) for p in parts])
     new = {k: v.to(device=ref.device, dtype=ref.dtype) for k, v in new.items()}
     return load_exact(ours, new, source="load_keras_mha_state")
 
@@ -171,8 +178,6 @@ def mha_from_keras(layer) -> MultiHeadAttention:
     """An `attnkit.MultiHeadAttention` with exactly the weights of a built Keras layer."""
     _require(layer, "MultiHeadAttention", "from_keras")
     problems = []
-    if layer.value_dim != layer.key_dim:
-        problems.append(f"value_dim={layer.value_dim} != key_dim={layer.key_dim} (one head width)")
     if getattr(layer, "_use_gate", False):
         problems.append("use_gate=True")
     if getattr(layer, "_sliding_window", None) is not None:
@@ -183,12 +188,6 @@ def mha_from_keras(layer) -> MultiHeadAttention:
     if out_shape is not None and len(out_shape) != 1:
         problems.append(f"output_shape={out_shape} has more than one dimension")
     state = mha_keras_state(layer)
-    ck, cv = state["key/kernel"].shape[0], state["value/kernel"].shape[0]
-    if ck != cv:
-        problems.append(
-            f"key width {ck} != value width {cv} "
-            "(attnkit projects keys and values from one context)"
-        )
     if problems:
         raise ValueError(
             "from_keras: attnkit.MultiHeadAttention cannot express " + "; ".join(problems)
@@ -197,8 +196,10 @@ def mha_from_keras(layer) -> MultiHeadAttention:
         state["query/kernel"].shape[0],
         layer.num_heads,
         head_dim=layer.key_dim,
+        v_head_dim=state["value/kernel"].shape[-1],
         out_dim=state["attention_output/kernel"].shape[-1],
-        context_dim=ck,
+        key_dim=state["key/kernel"].shape[0],
+        value_dim=state["value/kernel"].shape[0],
         qkv_bias=layer.use_bias,
         out_bias=layer.use_bias,
         dropout=float(layer.dropout),
@@ -214,7 +215,9 @@ def mha_to_keras(ours: MultiHeadAttention):
         problems.append("dim is lazy (call the module once first)")
     if ours.num_kv_heads != ours.num_heads:
         problems.append(f"num_kv_heads={ours.num_kv_heads} != num_heads={ours.num_heads} (GQA)")
-    if (_in_bias(ours) is not None) != (ours.proj.bias is not None):
+    if not isinstance(ours.proj, torch.nn.Linear):
+        problems.append("no output projection (out_proj=False; Keras always has one)")
+    elif _in_bias(ours) != (ours.proj.bias is not None):
         problems.append("qkv_bias != out_bias (Keras has one use_bias)")
     if ours.attend.scale is not None and ours.attend.scale != ours.head_dim**-0.5:
         problems.append(f"scale={ours.attend.scale} is not 1/sqrt(head_dim)")
@@ -222,43 +225,38 @@ def mha_to_keras(ours: MultiHeadAttention):
         raise ValueError(
             "to_keras: keras.layers.MultiHeadAttention cannot express " + "; ".join(problems)
         )
-    h, d, c, cc, co = (
-        ours.num_heads,
-        ours.head_dim,
-        ours.dim,
-        ours.in_proj.context_dim,
-        ours.out_dim,
-    )
+    h, d, dv, c, co = ours.num_heads, ours.head_dim, ours.v_head_dim, ours.dim, ours.out_dim
     layer = keras.layers.MultiHeadAttention(
         num_heads=h,
         key_dim=d,
+        value_dim=dv,
         dropout=ours.attend.dropout,
         use_bias=ours.proj.bias is not None,
         output_shape=None if co == c else (co,),
         dtype=str(ours.proj.weight.dtype).removeprefix("torch."),
     )
-    layer.build((None, None, c), (None, None, cc))
+    # Keras builds (query, value, key)
+    layer.build(
+        (None, None, c), (None, None, ours.in_proj.value_dim), (None, None, ours.in_proj.key_dim)
+    )
     sd = {k: v.detach() for k, v in ours.state_dict().items()}
-    if isinstance(ours.in_proj, FusedQKV):
-        wq, wk, wv = sd["in_proj.qkv.weight"].split([h * d] * 3)
-        biases = sd["in_proj.qkv.bias"].split([h * d] * 3) if "in_proj.qkv.bias" in sd else None
-    else:
-        wq, (wk, wv) = sd["in_proj.q.weight"], sd["in_proj.kv.weight"].split([h * d] * 2)
-        biases = None
-        if "in_proj.q.bias" in sd:
-            biases = (sd["in_proj.q.bias"], *sd["in_proj.kv.bias"].split([h * d] * 2))
-    for part, weight, dense in zip(
-        _PARTS[:3],
-        (wq, wk, wv),
-        (layer.query_dense, layer.key_dense, layer.value_dense),
-        strict=True,
+    rows = {"query": h * d, "key": h * d, "value": h * dv}
+    weights, biases = {}, {}
+    for name, parts in _PACKED[type(ours.in_proj)].items():
+        sizes = [rows[p] for p in parts]
+        weights.update(zip(parts, sd[f"in_proj.{name}.weight"].split(sizes), strict=True))
+        if f"in_proj.{name}.bias" in sd:
+            biases.update(zip(parts, sd[f"in_proj.{name}.bias"].split(sizes), strict=True))
+    for part, dense in zip(
+        _PARTS[:3], (layer.query_dense, layer.key_dense, layer.value_dense), strict=True
     ):
-        _assign(dense.kernel, weight.T.reshape(-1, h, d))  # (H·D, Cin) -> (Cin, H, D)
-        if biases is not None:
-            _assign(dense.bias, biases[_PARTS.index(part)].reshape(h, d))
+        width = rows[part] // h
+        _assign(dense.kernel, weights[part].T.reshape(-1, h, width))  # (H·D, Cin) -> (Cin, H, D)
+        if biases:
+            _assign(dense.bias, biases[part].reshape(h, width))
     _assign(
-        layer.output_dense.kernel, sd["proj.weight"].T.reshape(h, d, co)
-    )  # (Co, H·D) -> (H, D, Co)
+        layer.output_dense.kernel, sd["proj.weight"].T.reshape(h, dv, co)
+    )  # (Co, H·Dv) -> (H, Dv, Co)
     if "proj.bias" in sd:
         _assign(layer.output_dense.bias, sd["proj.bias"])
     return layer

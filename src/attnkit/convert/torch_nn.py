@@ -1,16 +1,23 @@
 """`torch.nn.MultiheadAttention` <-> `attnkit.MultiHeadAttention`.
 
-| torch.nn.MultiheadAttention            | attnkit.MultiHeadAttention              |
-| -------------------------------------- | --------------------------------------- |
-| in_proj_weight (3E, E)                 | in_proj.qkv.weight (3E, E)  [FusedQKV]  |
-| in_proj_bias (3E,)                     | in_proj.qkv.bias (3E,)                  |
-| q_proj_weight (E, E)                   | in_proj.q.weight            [SplitQKV]  |
-| k_proj_weight, v_proj_weight (E, kdim) | in_proj.kv.weight (2E, kdim) (k rows, then v) |
-| out_proj.weight (E, E), out_proj.bias  | proj.weight, proj.bias                  |
+| torch.nn.MultiheadAttention            | attnkit.MultiHeadAttention                      |
+| -------------------------------------- | ----------------------------------------------- |
+| in_proj_weight (3E, E)                 | in_proj.qkv.weight (3E, E)           [FusedQKV] |
+| in_proj_bias (3E,)                     | in_proj.qkv.bias (3E,)                          |
+| q_proj_weight (E, E)                   | in_proj.q.weight                     [SplitQKV] |
+| k_proj_weight, v_proj_weight (E, kdim) | in_proj.kv.weight (2E, kdim) (k rows, then v)   |
+| in_proj_bias (3E,)                     | in_proj.q.bias (E,), in_proj.kv.bias (2E,)      |
+| q_proj_weight (E, E)                   | in_proj.q.weight                  [SeparateQKV] |
+| k_proj_weight (E, kdim)                | in_proj.k.weight (E, key_dim)                   |
+| v_proj_weight (E, vdim)                | in_proj.v.weight (E, value_dim)                 |
+| in_proj_bias (3E,)                     | in_proj.{q,k,v}.bias (E,) each                  |
+| out_proj.weight (E, E), out_proj.bias  | proj.weight, proj.bias                          |
 
 torch's module with `kdim == vdim == E` packs q, k, v in `in_proj_weight`;
-otherwise it keeps three weights. attnkit takes one context for keys and values,
-so `kdim != vdim` is refused, as are `add_bias_kv` and `add_zero_attn`.
+otherwise it keeps three weights: `kdim == vdim` becomes attnkit's `SplitQKV`
+(one context width), `kdim != vdim` its `SeparateQKV` (`key_dim`, `value_dim`).
+Refused: `add_bias_kv` and `add_zero_attn` (from torch); GQA, an output width
+or value head width of its own, no output projection (to torch).
 Masks: torch's boolean masks mean True = *ignore*; convert them with
 `attnkit.masks.from_torch_key_padding_mask` / `from_torch_attn_mask`.
 """
@@ -18,10 +25,10 @@ Masks: torch's boolean masks mean True = *ignore*; convert them with
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from attnkit.modules.attention import MultiHeadAttention
-from attnkit.modules.projection import FusedQKV
+from attnkit.modules.projection import FusedQKV, SeparateQKV, SplitQKV
 
 
 @torch.no_grad()
@@ -36,29 +43,24 @@ def mha_from_torch(m: nn.MultiheadAttention) -> MultiHeadAttention:
         raise ValueError(f"expected torch.nn.MultiheadAttention, got {type(m).__name__}")
     if m.bias_k is not None or m.add_zero_attn:
         raise ValueError("from_torch: add_bias_kv / add_zero_attn have no attnkit equivalent")
-    if m.kdim != m.vdim:
-        raise ValueError(
-            f"from_torch: kdim={m.kdim} != vdim={m.vdim}; attnkit projects keys and values "
-            "from one context"
-        )
     e, bias = m.embed_dim, m.in_proj_bias is not None
     ours = MultiHeadAttention(
-        e, m.num_heads, context_dim=m.kdim, qkv_bias=bias, out_bias=bias, dropout=m.dropout
-    ).to(device=m.out_proj.weight.device, dtype=m.out_proj.weight.dtype)
-    if m._qkv_same_embed_dim:
-        ours.in_proj.qkv.weight.copy_(m.in_proj_weight)
-    else:
-        ours.in_proj.q.weight.copy_(m.q_proj_weight)
-        ours.in_proj.kv.weight.copy_(torch.cat([m.k_proj_weight, m.v_proj_weight]))
+        e, m.num_heads, key_dim=m.kdim, value_dim=m.vdim, qkv_bias=bias, out_bias=bias,
+        dropout=m.dropout,
+    ).to(device=m.out_proj.weight.device, dtype=m.out_proj.weight.dtype)  # fmt: skip
+    new = {"proj.weight": m.out_proj.weight}
     if bias:
-        target = ours.in_proj.qkv if m._qkv_same_embed_dim else None
-        if target is not None:
-            target.bias.copy_(m.in_proj_bias)
-        else:
-            ours.in_proj.q.bias.copy_(m.in_proj_bias[:e])
-            ours.in_proj.kv.bias.copy_(m.in_proj_bias[e:])
-        ours.proj.bias.copy_(m.out_proj.bias)
-    ours.proj.weight.copy_(m.out_proj.weight)
+        new["proj.bias"] = m.out_proj.bias
+    names = _PACKED[type(ours.in_proj)]
+    if m._qkv_same_embed_dim:
+        weights = m.in_proj_weight.split(e)  # (E, E) each: q, k, v rows
+    else:
+        weights = (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
+    for name, parts in names.items():
+        new[f"in_proj.{name}.weight"] = torch.cat([weights[i] for i in parts])
+        if bias:
+            new[f"in_proj.{name}.bias"] = torch.cat([m.in_proj_bias.split(e)[i] for i in parts])
+    ours.load_state_dict(new, strict=True)
     # read by mha_to_torch only; the module itself never looks at it
     ours._torch_batch_first = bool(m.batch_first)
     return ours
@@ -84,11 +86,15 @@ def mha_to_torch(
         problems.append(f"num_kv_heads={ours.num_kv_heads} != num_heads={h} (GQA)")
     if e is not None and ours.head_dim * h != e:
         problems.append(f"head_dim·heads={ours.head_dim * h} != dim={e}")
-    if ours.out_dim != e:
+    if not isinstance(ours.proj, nn.Linear):
+        problems.append("no output projection (out_proj=False; torch always has one)")
+    elif ours.out_dim != e:
         problems.append(f"out_dim={ours.out_dim} != dim={e}")
-    bias = ours.proj.bias is not None
-    in_bias = (ours.in_proj.qkv if isinstance(ours.in_proj, FusedQKV) else ours.in_proj.q).bias
-    if (in_bias is not None) != bias:
+    if ours.v_head_dim != ours.head_dim:
+        problems.append(f"v_head_dim={ours.v_head_dim} != head_dim={ours.head_dim}")
+    sd = ours.state_dict()
+    bias = "proj.bias" in sd
+    if any(k.startswith("in_proj.") and k.endswith(".bias") for k in sd) != bias:
         problems.append("qkv_bias != out_bias (torch has one bias flag)")
     if ours.attend.scale is not None and ours.attend.scale != ours.head_dim**-0.5:
         problems.append(f"scale={ours.attend.scale} is not 1/sqrt(head_dim)")
@@ -96,22 +102,40 @@ def mha_to_torch(
         raise ValueError(
             "to_torch: torch.nn.MultiheadAttention cannot express " + "; ".join(problems)
         )
-    kdim = ours.in_proj.context_dim
-    w = ours.proj.weight
+    w = sd["proj.weight"]
     m = nn.MultiheadAttention(
-        e, h, dropout=ours.attend.dropout, bias=bias, kdim=kdim, vdim=kdim, batch_first=batch_first
-    ).to(device=w.device, dtype=w.dtype)
+        e, h, dropout=ours.attend.dropout, bias=bias, kdim=ours.in_proj.key_dim,
+        vdim=ours.in_proj.value_dim, batch_first=batch_first,
+    ).to(device=w.device, dtype=w.dtype)  # fmt: skip
+    # torch's q, k, v weights (E, E|kdim|vdim) and biases (E,), in that order
+    weights, biases = _unpack(sd, "weight", ours.in_proj, e), _unpack(sd, "bias", ours.in_proj, e)
     if m._qkv_same_embed_dim:
-        m.in_proj_weight.copy_(ours.in_proj.qkv.weight)
-        if bias:
-            m.in_proj_bias.copy_(ours.in_proj.qkv.bias)
+        m.in_proj_weight.copy_(torch.cat(weights))
     else:
-        m.q_proj_weight.copy_(ours.in_proj.q.weight)
-        m.k_proj_weight.copy_(ours.in_proj.kv.weight[:e])
-        m.v_proj_weight.copy_(ours.in_proj.kv.weight[e:])
-        if bias:
-            m.in_proj_bias.copy_(torch.cat([ours.in_proj.q.bias, ours.in_proj.kv.bias]))
+        for target, t in zip(
+            (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight), weights, strict=True
+        ):
+            target.copy_(t)
     m.out_proj.weight.copy_(w)
     if bias:
-        m.out_proj.bias.copy_(ours.proj.bias)
+        m.in_proj_bias.copy_(torch.cat(biases))
+        m.out_proj.bias.copy_(sd["proj.bias"])
     return m
+
+
+# attnkit's packed projections: which of torch's q, k, v (0, 1, 2) each one holds, in row order
+_PACKED = {
+    FusedQKV: {"qkv": (0, 1, 2)},
+    SplitQKV: {"q": (0,), "kv": (1, 2)},
+    SeparateQKV: {"q": (0,), "k": (1,), "v": (2,)},
+}
+
+
+def _unpack(sd: dict[str, Tensor], kind: str, in_proj: nn.Module, e: int) -> list[Tensor]:
+    """torch's [q, k, v] `kind` ("weight" or "bias") from attnkit's packed projections."""
+    out: dict[int, Tensor] = {}
+    for name, parts in _PACKED[type(in_proj)].items():
+        key = f"in_proj.{name}.{kind}"
+        if key in sd:
+            out.update(zip(parts, sd[key].split(e), strict=True))  # (E, ...) rows each
+    return [out[i] for i in sorted(out)]

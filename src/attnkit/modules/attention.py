@@ -1,7 +1,8 @@
 """Multi-head attention as a module: project, split heads, attend, merge, project.
 
-Dimensions: B batch, N query length, S key/context length, C model width,
-Cc context width, H heads, Hkv key/value heads, Dh head width, Co output width.
+Dimensions: B batch, N query length, S key/value length, C query width, Ck key
+width, Cv value width (Cc when one context gives both), H heads, Hkv key/value
+heads, Dk query/key head width, Dv value head width, Co output width.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from torch import Tensor, nn
 
 from attnkit.functional.attention import AttentionOutput, attention
 from attnkit.modules._checks import positive_int, probability
-from attnkit.modules.projection import FusedQKV, SplitQKV
+from attnkit.modules.projection import FusedQKV, SeparateQKV, SplitQKV
 
 __all__ = ["Attend", "MultiHeadAttention"]
 
@@ -61,23 +62,38 @@ class Attend(nn.Module):
 class MultiHeadAttention(nn.Module):
     """Multi-head self- or cross-attention, batch first.
 
+    Shapes: query (B, N, C); key (B, S, Ck); value (B, S, Cv); output (B, N, Co).
+    Queries and keys meet in heads of width Dk (`head_dim`), values are carried
+    in heads of width Dv (`v_head_dim`): Vaswani et al. 2017, §3.2.2 allow
+    d_v != d_k, and keys and values may come from different tensors.
+
     Args:
-        dim: input width C (None: inferred on first call, like LazyLinear).
+        dim: query width C (None: inferred on first call, like LazyLinear).
         num_heads: H.
         out_dim: output width Co (default C). T2T-ViT maps width 49 to 64.
-        context_dim: width Cc of the context in cross-attention (default C).
-            When it differs from C the module is cross-attention only.
+        context_dim: width Cc of one context that gives both keys and values
+            (shorthand for key_dim = value_dim = Cc; default C). When it
+            differs from C the module is cross-attention only.
+        key_dim: width Ck of the key input (default `context_dim`, else C);
+            torch's `kdim`. Not Keras' `key_dim`, which is our `head_dim`.
+        value_dim: width Cv of the value input (default Ck); torch's `vdim`.
+            Ck != Cv needs key and value passed apart.
         num_kv_heads: Hkv < H gives grouped-query (Hkv > 1) or multi-query
             (Hkv = 1) attention: fewer key/value projections.
-        head_dim: Dh (default C // H, or Co // H when dim is None).
+        head_dim: Dk, head width of queries and keys (default C // H, or
+            Co // H when dim is None).
+        v_head_dim: Dv, head width of values (default Dk); Keras' `value_dim`.
+        out_proj: False builds no output projection W_O: the output is the
+            merged heads, width Co = H·Dv (out_dim, if given, must equal it).
         qkv_bias, out_bias: biases of the input and output projections.
-        scale: scores multiplier (default 1/sqrt(Dh)).
+        scale: scores multiplier (default 1/sqrt(Dk)).
         dropout: dropout on the attention probabilities while training.
         backend: the `attnkit.attention` backend ("auto" by default).
         device, dtype: of the parameters, as for `torch.nn.Linear`.
 
     Sizes must be positive integers; a bad one raises ValueError naming it.
-    Parameters: `in_proj` (`FusedQKV` or `SplitQKV`), `proj` (H·Dh -> Co).
+    Parameters: `in_proj` (`FusedQKV`, `SplitQKV`, or `SeparateQKV` when
+    Ck != Cv), `proj` (H·Dv -> Co; `nn.Identity` without an output projection).
     """
 
     def __init__(
@@ -87,8 +103,12 @@ class MultiHeadAttention(nn.Module):
         *,
         out_dim: int | None = None,
         context_dim: int | None = None,
+        key_dim: int | None = None,
+        value_dim: int | None = None,
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
+        v_head_dim: int | None = None,
+        out_proj: bool = True,
         qkv_bias: bool = True,
         out_bias: bool = True,
         scale: float | None = None,
@@ -101,89 +121,128 @@ class MultiHeadAttention(nn.Module):
         fk = {"device": device, "dtype": dtype}
         dim = positive_int("dim", dim, optional=True)
         out_dim = positive_int("out_dim", out_dim, optional=True)
-        context_dim = positive_int("context_dim", context_dim, optional=True)
+        key_dim, value_dim = _kv_dims(dim, context_dim, key_dim, value_dim)
         num_heads = positive_int("num_heads", num_heads)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim = _head_dim(dim, num_heads, num_kv_heads, head_dim, out_dim)
-        self.dim = dim
-        self.out_dim = dim if out_dim is None else out_dim
-        q_width, kv_width = num_heads * self.head_dim, num_kv_heads * self.head_dim
-        if context_dim is None or context_dim == dim:
-            self.in_proj: FusedQKV | SplitQKV = FusedQKV(dim, q_width, kv_width, qkv_bias, **fk)
+        self.v_head_dim = positive_int("v_head_dim", v_head_dim, optional=True) or self.head_dim
+        self.dim, self.key_dim, self.value_dim = dim, key_dim, value_dim
+        q_width, k_width = num_heads * self.head_dim, num_kv_heads * self.head_dim
+        v_width = num_kv_heads * self.v_head_dim
+        if key_dim == value_dim == dim:  # also dim = None (lazy) with no key/value widths
+            self.in_proj: FusedQKV | SplitQKV | SeparateQKV = FusedQKV(
+                dim, q_width, k_width, qkv_bias, v_width=v_width, **fk
+            )
+        elif key_dim == value_dim:
+            self.in_proj = SplitQKV(dim, key_dim, q_width, k_width, qkv_bias, v_width=v_width, **fk)
         else:
-            self.in_proj = SplitQKV(dim, context_dim, q_width, kv_width, qkv_bias, **fk)
+            self.in_proj = SeparateQKV(
+                dim, key_dim, value_dim, q_width, k_width, v_width, qkv_bias, **fk
+            )
         self.attend = Attend(scale=scale, dropout=dropout, backend=backend)
-        self.proj = nn.Linear(q_width, self.out_dim, bias=out_bias, **fk)
+        merged = num_heads * self.v_head_dim  # H·Dv
+        if out_proj:
+            self.out_dim = dim if out_dim is None else out_dim
+            if self.out_dim is None:
+                raise ValueError("dim=None (lazy) needs out_dim to size the output projection")
+            self.proj: nn.Linear | nn.Identity = nn.Linear(merged, self.out_dim, out_bias, **fk)
+        else:
+            if out_dim is not None and out_dim != merged:
+                raise ValueError(
+                    f"out_dim={out_dim} must equal num_heads·v_head_dim={merged} without an "
+                    "output projection (out_proj=False); leave out_dim unset"
+                )
+            self.out_dim, self.proj = merged, nn.Identity()
 
     def heads_qkv(
         self,
-        x: Tensor,
-        context: Tensor | None = None,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
         *,
         pos: Tensor | None = None,
         context_pos: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Project and split heads: q (B, H, N, Dh), k and v (B, Hkv, S, Dh)."""
-        self._check(x, context, pos, context_pos)
-        q, k, v = self.in_proj(x, context, pos, context_pos)
-        q = q.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)  # (B, H, N, Dh)
-        k = k.unflatten(-1, (self.num_kv_heads, -1)).transpose(1, 2)  # (B, Hkv, S, Dh)
-        v = v.unflatten(-1, (self.num_kv_heads, -1)).transpose(1, 2)  # (B, Hkv, S, Dh)
+        """Project and split heads: q (B, H, N, Dk), k (B, Hkv, S, Dk), v (B, Hkv, S, Dv)."""
+        self._check(query, key, value, pos, context_pos)
+        q, k, v = self.in_proj(query, key, value, pos, context_pos)
+        q = q.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)  # (B, H, N, Dk)
+        k = k.unflatten(-1, (self.num_kv_heads, -1)).transpose(1, 2)  # (B, Hkv, S, Dk)
+        v = v.unflatten(-1, (self.num_kv_heads, -1)).transpose(1, 2)  # (B, Hkv, S, Dv)
         return q, k, v
 
     @staticmethod
     def merge_heads(o: Tensor) -> Tensor:
-        """(B, H, N, Dh) -> (B, N, H·Dh)."""
+        """(B, H, N, Dv) -> (B, N, H·Dv)."""
         return o.transpose(1, 2).flatten(2)
 
     def forward(
         self,
-        x: Tensor,
-        context: Tensor | None = None,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
         *,
+        context: Tensor | None = None,
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         causal: bool = False,
         pos: Tensor | None = None,
         context_pos: Tensor | None = None,
     ) -> Tensor:
-        """x (B, N, C), context (B, S, Cc) or None (self-attention) -> (B, N, Co).
+        """query (B, N, C), key (B, S, Ck), value (B, S, Cv) -> (B, N, Co).
 
+        key None: self-attention (keys and values from `query`). value None:
+        values from `key`. `context` (B, S, Cc) is the one-tensor spelling,
+        key = value = context (pass it or key/value, not both).
         mask: boolean, True = may attend, broadcastable to (B, H, N, S) — a
             key-padding mask is (B, 1, 1, S) (see `attnkit.masks.padding`).
         bias: additive scores broadcastable to (B, H, N, S).
         causal: query i sees keys j <= i + S - N (bottom-right aligned).
-        pos, context_pos: positions (B, N, C) / (B, S, Cc) added to the query
+        pos, context_pos: positions (B, N, C) / (B, S, Ck) added to the query
             and key inputs only, not to the values (DETR style). In
             self-attention `pos` is added to both q and k inputs.
 
         Queries whose mask row is all False get output `proj(0)` = the output
         bias (attention output 0), never NaN.
         """
-        q, k, v = self.heads_qkv(x, context, pos=pos, context_pos=context_pos)
-        o = self.attend(q, k, v, mask=mask, bias=bias, causal=causal).out  # (B, H, N, Dh)
+        if context is not None:
+            if key is not None or value is not None:
+                raise ValueError("pass context= (key = value = context) or key/value, not both")
+            key = context
+        q, k, v = self.heads_qkv(query, key, value, pos=pos, context_pos=context_pos)
+        o = self.attend(q, k, v, mask=mask, bias=bias, causal=causal).out  # (B, H, N, Dv)
         return self.proj(self.merge_heads(o))
 
-    def _check(self, x, context, pos, context_pos) -> None:
-        if not isinstance(x, Tensor) or x.dim() != 3:
-            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"x must have shape (B, N, C), got {got}")
-        if self.dim is not None and x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape (B, N, {self.dim}), got {tuple(x.shape)}")
-        if context is not None:
-            want = self.in_proj.context_dim if self.dim is not None else x.shape[-1]
-            if context.dim() != 3 or context.shape[0] != x.shape[0] or context.shape[-1] != want:
+    def _check(self, query, key, value, pos, context_pos) -> None:
+        _check_input("query", query, None, self.dim)
+        b = query.shape[0]
+        if key is None:
+            if value is not None:
+                raise ValueError("value needs key (self-attention takes neither)")
+        else:
+            lazy = self.dim is None and isinstance(self.in_proj, FusedQKV)
+            kd, vd = (
+                (query.shape[-1],) * 2 if lazy else (self.in_proj.key_dim, self.in_proj.value_dim)
+            )
+            _check_input("key", key, b, kd)
+            if value is None and vd != kd:
                 raise ValueError(
-                    f"context must have shape (B={x.shape[0]}, S, {want}), "
-                    f"got {tuple(context.shape)}"
+                    f"this attention reads values of width {vd} apart from keys of width {kd}: "
+                    f"pass value=(B, S, {vd})"
                 )
-        for name, p, ref in (("pos", pos, x), ("context_pos", context_pos, context)):
+            if value is not None:
+                _check_input("value", value, b, vd, seq=key.shape[1])
+        for name, p, ref in (("pos", pos, query), ("context_pos", context_pos, key)):
             if p is None:
                 continue
             if ref is None:
-                raise ValueError("context_pos needs a context")
-            if torch.broadcast_shapes(p.shape, ref.shape) != ref.shape:
+                raise ValueError("context_pos needs a key (or context)")
+            try:
+                ok = torch.broadcast_shapes(p.shape, ref.shape) == ref.shape
+            except RuntimeError:  # does not broadcast at all
+                ok = False
+            if not ok:
                 raise ValueError(
                     f"{name} of shape {tuple(p.shape)} does not broadcast to {tuple(ref.shape)}"
                 )
@@ -215,10 +274,51 @@ class MultiHeadAttention(nn.Module):
         return mha_to_keras(self)
 
     def extra_repr(self) -> str:
-        return (
+        text = (
             f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, out_dim={self.out_dim}"
         )
+        if self.key_dim != self.dim or self.value_dim != self.dim:
+            text += f", key_dim={self.key_dim}, value_dim={self.value_dim}"
+        if self.v_head_dim != self.head_dim:
+            text += f", v_head_dim={self.v_head_dim}"
+        return text if isinstance(self.proj, nn.Linear) else text + ", out_proj=False"
+
+
+def _check_input(name, t, batch, width, *, seq=None) -> None:
+    """t must be (B, S, width): batch and seq when given, width when known (not lazy)."""
+    if not isinstance(t, Tensor) or t.dim() != 3:
+        got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+        raise ValueError(
+            f"{name} must have shape (B, {'N' if batch is None else 'S'}, C), got {got}"
+        )
+    ok = (batch is None or t.shape[0] == batch) and (seq is None or t.shape[1] == seq)
+    if not ok or (width is not None and t.shape[-1] != width):
+        want = (
+            f"({'B' if batch is None else f'B={batch}'}, "
+            f"{'N' if batch is None else 'S' if seq is None else f'S={seq}'}, "
+            f"{'C' if width is None else width})"
+        )
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+
+
+def _kv_dims(dim, context_dim, key_dim, value_dim) -> tuple[int | None, int | None]:
+    """Widths (Ck, Cv) of the key and value inputs; `context_dim` sets both."""
+    context_dim = positive_int("context_dim", context_dim, optional=True)
+    key_dim = positive_int("key_dim", key_dim, optional=True)
+    value_dim = positive_int("value_dim", value_dim, optional=True)
+    if context_dim is not None:
+        for name, width in (("key_dim", key_dim), ("value_dim", value_dim)):
+            if width is not None and width != context_dim:
+                raise ValueError(
+                    f"context_dim={context_dim} sets key_dim and value_dim; got {name}={width} "
+                    "(pass key_dim and value_dim alone)"
+                )
+        return context_dim, context_dim
+    if dim is None and key_dim is None and value_dim is not None:
+        raise ValueError("dim=None (lazy) with value_dim needs key_dim too")
+    key_dim = dim if key_dim is None else key_dim
+    return key_dim, key_dim if value_dim is None else value_dim
 
 
 def _head_dim(dim, num_heads, num_kv_heads, head_dim, out_dim) -> int:
