@@ -74,6 +74,8 @@ class MultiHeadAttention(nn.Module):
         scale: scores multiplier (default 1/sqrt(Dh)).
         dropout: dropout on the attention probabilities while training.
         backend: the `attnkit.attention` backend ("auto" by default).
+        rotary: a `attnkit.modules.RotaryEmbedding` (RoPE) applied to q and k
+            after the projection, before attention (self-attention only).
         device, dtype: of the parameters, as for `torch.nn.Linear`.
 
     Sizes must be positive integers; a bad one raises ValueError naming it.
@@ -94,6 +96,7 @@ class MultiHeadAttention(nn.Module):
         scale: float | None = None,
         dropout: float = 0.0,
         backend: str = "auto",
+        rotary: nn.Module | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -115,6 +118,9 @@ class MultiHeadAttention(nn.Module):
             self.in_proj = SplitQKV(dim, context_dim, q_width, kv_width, qkv_bias, **fk)
         self.attend = Attend(scale=scale, dropout=dropout, backend=backend)
         self.proj = nn.Linear(q_width, self.out_dim, bias=out_bias, **fk)
+        if rotary is not None and getattr(rotary, "dim", 0) > self.head_dim:
+            raise ValueError(f"rotary.dim={rotary.dim} exceeds head_dim={self.head_dim}")
+        self.rotary = rotary
 
     def heads_qkv(
         self,
@@ -131,6 +137,16 @@ class MultiHeadAttention(nn.Module):
         k = k.unflatten(-1, (self.num_kv_heads, -1)).transpose(1, 2)  # (B, Hkv, S, Dh)
         v = v.unflatten(-1, (self.num_kv_heads, -1)).transpose(1, 2)  # (B, Hkv, S, Dh)
         return q, k, v
+
+    def rotate(
+        self, q: Tensor, k: Tensor, context: Tensor | None = None, offset: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """Apply `rotary` (if any) to q (B, H, N, Dh) and k (B, Hkv, N, Dh) at positions offset.."""
+        if self.rotary is None:
+            return q, k
+        if context is not None:
+            raise ValueError("rotary positions are for self-attention: got a context")
+        return self.rotary(q, k, offset=offset)
 
     @staticmethod
     def merge_heads(o: Tensor) -> Tensor:
@@ -162,6 +178,7 @@ class MultiHeadAttention(nn.Module):
         bias (attention output 0), never NaN.
         """
         q, k, v = self.heads_qkv(x, context, pos=pos, context_pos=context_pos)
+        q, k = self.rotate(q, k, context)
         o = self.attend(q, k, v, mask=mask, bias=bias, causal=causal).out  # (B, H, N, Dh)
         return self.proj(self.merge_heads(o))
 
