@@ -131,14 +131,12 @@ def relative_position_bucket(
     max_exact = num_buckets // 2
     if max_exact < 1 or max_distance <= max_exact:
         raise ValueError(
-            f"max_distance={max_distance} must exceed the exact range num_buckets/"
-            f"{4 if bidirectional else 2} = {max_exact} (num_buckets too small or max_distance too small)"
+            f"num_buckets and max_distance: the exact range num_buckets/"
+            f"{4 if bidirectional else 2} = {max_exact} must be >= 1 and < "
+            f"max_distance={max_distance}"
         )
     # clamp_min(1) only keeps log() finite where the exact branch is taken anyway
-    large = max_exact + (
-        torch.log(rel.clamp_min(1).float() / max_exact)
-        / math.log(max_distance / max_exact)
-        * (num_buckets - max_exact)
-    ).long()
+    log_ratio = torch.log(rel.clamp_min(1).float() / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).long()
     large = large.clamp_max(num_buckets - 1)
     return buckets + torch.where(rel < max_exact, rel, large)

@@ -45,7 +45,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", torch.empty(0, dim // 2), persistent=False)
         self.register_buffer("sin", torch.empty(0, dim // 2), persistent=False)
 
-    def tables(self, n: int, offset: int = 0, *, like: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def tables(
+        self, n: int, offset: int = 0, *, like: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """cos, sin (N, R/2) for positions offset .. offset + N - 1.
 
         float64 when `like` is float64 (so float64 checks are exact), else float32
