@@ -93,11 +93,11 @@ def alibi_bias(
             raise ValueError(f"positions must have shape (B, S={s}), got {got}")
         pos = positions.to(device=device or positions.device, dtype=torch.float64)  # (B, S)
         slopes = slopes.to(pos.device)
-    dist = pos[:, s - n :, None] - pos[:, None, :]  # (B or 1, N, S): p_i - p_j
+    rel = pos[:, None, :] - pos[:, s - n :, None]  # (B or 1, N, S): p_j - p_i
     if symmetric:
-        dist = dist.abs()
-    # 0 - m·d rather than -m·d: no -0.0 on the diagonal
-    return (0.0 - slopes[None, :, None, None] * dist[:, None]).to(dtype)  # (B or 1, H, N, S)
+        rel = -rel.abs()
+    # m·(p_j - p_i) = -m·(p_i - p_j), with +0.0 (not -0.0) on the diagonal
+    return (slopes[None, :, None, None] * rel[:, None]).to(dtype)  # (B or 1, H, N, S)
 
 
 def relative_position_bucket(
