@@ -131,3 +131,30 @@ def test_rotary_is_refused_with_a_context_and_when_wider_than_a_head():
         c(rand(1, 3, 16), rand(1, 4, 16), cache=KVCache())
     with pytest.raises(ValueError, match=r"rotary\.dim=10 exceeds head_dim=8"):
         MultiHeadAttention(16, 2, rotary=RotaryEmbedding(10))
+
+
+def test_built_on_meta_used_then_materialised_rebuilds_the_tables():
+    from attnkit.modules import reset_parameters
+
+    rope = RotaryEmbedding(8, device="meta")
+    rope.rotate(torch.zeros(1, 1, 100, 8, device="meta"))  # tables grown on meta
+    rope.to_empty(device="cpu")
+    reset_parameters(rope)  # drops the uninitialised tables
+    x = rand(1, 2, 5, 8)
+    torch.testing.assert_close(rope.rotate(x, 3), RotaryEmbedding(8).rotate(x, 3))
+
+
+def test_alibi_module_follows_to_and_reset():
+    alibi = AlibiBias(5).double()
+    assert alibi(3, 4).dtype == torch.float64 and alibi.state_dict() == {}
+    torch.testing.assert_close(alibi(3, 4, positions=torch.arange(4)[None]), alibi(3, 4))
+
+
+def test_rotary_mha_compiles_with_fullgraph():
+    torch.manual_seed(0)
+    m = MultiHeadAttention(16, 2, rotary=RotaryEmbedding(8)).eval()
+    x = rand(2, 7, 16)
+    with torch.no_grad():
+        want = m(x, causal=True)
+        got = torch.compile(copy.deepcopy(m), fullgraph=True)(x, causal=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnkit.functional.relative import alibi_bias, relative_position_bucket
+from attnkit.functional.relative import alibi_bias, alibi_slopes, relative_position_bucket
 from attnkit.functional.rotary import apply_rotary, rotary_tables
 from attnkit.modules._checks import positive_int
 
@@ -36,14 +36,29 @@ class RotaryEmbedding(nn.Module):
     not in the state dict.
     """
 
-    def __init__(self, dim: int, *, base: float = 10000.0, interleaved: bool = False) -> None:
+    def __init__(
+        self,
+        dim: int,
+        *,
+        base: float = 10000.0,
+        interleaved: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.dim = positive_int("dim", dim)
         if dim % 2:
             raise ValueError(f"dim (the rotary width) must be even, got {dim}")
+        if not base > 0:
+            raise ValueError(f"base must be > 0, got {base!r}")
         self.base, self.interleaved = float(base), bool(interleaved)
-        self.register_buffer("cos", torch.empty(0, dim // 2), persistent=False)
-        self.register_buffer("sin", torch.empty(0, dim // 2), persistent=False)
+        fk = {"device": device, "dtype": dtype}
+        self.register_buffer("cos", torch.empty(0, dim // 2, **fk), persistent=False)
+        self.register_buffer("sin", torch.empty(0, dim // 2, **fk), persistent=False)
+
+    def reset_parameters(self) -> None:
+        """Drop the cached tables (e.g. garbage after `to_empty`); they are rebuilt on use."""
+        self.cos, self.sin = self.cos[:0], self.sin[:0]
 
     def tables(
         self, n: int, offset: int = 0, *, like: Tensor | None = None
@@ -88,27 +103,34 @@ class RotaryEmbedding(nn.Module):
 class AlibiBias(nn.Module):
     """ALiBi (Press et al. 2022) as a module: `bias = alibi(n, s)` -> (1, H, N, S).
 
-    No parameters; `symmetric` uses -m·|i - j| for encoders (see
-    `attnkit.functional.relative.alibi_bias`, which this calls).
+    No parameters: a non-persistent buffer `slopes` (H,) carries the device and
+    dtype of the bias (so `.to()` moves it). `symmetric` uses -m·|i - j| for
+    encoders (see `attnkit.functional.relative.alibi_bias`, which this calls).
     """
 
-    def __init__(self, num_heads: int, *, symmetric: bool = False) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        symmetric: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads, self.symmetric = positive_int("num_heads", num_heads), bool(symmetric)
+        slopes = alibi_slopes(num_heads, dtype=dtype or torch.get_default_dtype(), device=device)
+        self.register_buffer("slopes", slopes, persistent=False)
 
-    def forward(
-        self,
-        n: int,
-        s: int | None = None,
-        *,
-        positions: Tensor | None = None,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-    ) -> Tensor:
+    def reset_parameters(self) -> None:
+        """Recompute the slopes in place (after `to_empty`)."""
+        with torch.no_grad():
+            self.slopes.copy_(alibi_slopes(self.num_heads, dtype=self.slopes.dtype))
+
+    def forward(self, n: int, s: int | None = None, *, positions: Tensor | None = None) -> Tensor:
         """(1, H, N, S) bias, or (B, H, N, S) with (B, S) key `positions`."""
         return alibi_bias(
             self.num_heads, n, s, positions=positions, symmetric=self.symmetric,
-            dtype=dtype, device=device,
+            dtype=self.slopes.dtype, device=self.slopes.device,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
