@@ -34,6 +34,7 @@ from attnkit.models import (
 )
 from attnkit.modules import (
     AdditiveAttention,
+    AlibiBias,
     Attend,
     AttentionPooling,
     EncoderBlock,
@@ -43,6 +44,8 @@ from attnkit.modules import (
     MultiHeadAttention,
     PostNormResidual,
     PreNormResidual,
+    RelativePositionBias,
+    RotaryEmbedding,
     SinusoidalPositionalEncoding,
     T2TAttention,
     bert_self_attention,
@@ -126,6 +129,14 @@ def _qkv(d, t, padded):
     return (q, k, v), _key_mask(N, d, padded)
 
 
+def _qk(d, t, padded):
+    return _qkv(d, t, padded)[0][:2], {}
+
+
+def _lengths(d, t, padded):
+    return (N,), {}
+
+
 def _tokens(vocab: int, n: int, d, padded: bool) -> Tensor:
     """(B, n) ids in [1, vocab); padded: id 0 (pad_id) at the end of row 1."""
     ids = torch.randint(1, vocab, (B, n), device=d)
@@ -185,6 +196,10 @@ CASES: list[Case] = [
     Case("cached-mha", CachedMultiHeadAttention, lambda **fk: CachedMultiHeadAttention(C, 2, **fk), _self(), (B, N, C), True),
     Case("paper-attention", MultiHeadAttention, lambda **fk: paper_attention(C, 2, **fk), _self(), (B, N, C), True),
     Case("bert-self-attention", PostNormResidual, lambda **fk: bert_self_attention(C, 2, **fk), _self(), (B, N, C), True),
+    Case("mha-rotary", MultiHeadAttention, lambda **fk: MultiHeadAttention(C, 2, rotary=RotaryEmbedding(2, **fk), **fk), _self(), (B, N, C), True),
+    Case("rotary", RotaryEmbedding, lambda **fk: RotaryEmbedding(4, interleaved=True, **fk), _qk, (B, 2, N, 4), output=lambda o: o[0]),
+    Case("alibi", AlibiBias, lambda **fk: AlibiBias(2, **fk), _lengths, (1, 2, N, N)),
+    Case("t5-bias", RelativePositionBias, lambda **fk: RelativePositionBias(2, **fk), _lengths, (1, 2, N, N)),
     Case("attend", Attend, lambda **fk: Attend(), _qkv, (B, 2, N, 4), True, output=lambda o: o.out),
     Case("encoder-block", EncoderBlock, lambda **fk: EncoderBlock(C, 2, 16, **fk), _self(), (B, N, C), True),
     Case("feed-forward", FeedForward, _ff, _x(B, N, C), (B, N, C)),

@@ -8,18 +8,22 @@ from attnkit.analysis.cost import Cost, allowed_pairs, mha_cost, single_head_cos
 from attnkit.analysis.heads import HeadStats, grid_positions, head_stats, token_positions
 from attnkit.analysis.memory import Memory, attention_memory, score_matrix_bytes
 from attnkit.analysis.models_cost import ModelCost, bert_cost, transformer_cost, vit_cost
+from attnkit.analysis.positions_cost import alibi_cost, relative_bias_cost, rotary_cost
 
 __all__ = [
     "Cost",
     "HeadStats",
     "Memory",
     "ModelCost",
+    "alibi_cost",
     "allowed_pairs",
     "attention_memory",
     "bert_cost",
     "grid_positions",
     "head_stats",
     "mha_cost",
+    "relative_bias_cost",
+    "rotary_cost",
     "score_matrix_bytes",
     "single_head_cost",
     "swin_window_cost",

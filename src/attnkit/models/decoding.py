@@ -65,6 +65,11 @@ class CachedMultiHeadAttention(MultiHeadAttention):
 
     mask: boolean, True = may attend, broadcastable to (B, H, N, S) — for
     cross-attention the source padding mask (B, 1, 1, S).
+    bias: additive (B, H, N, S) over all S cached + new keys, e.g. ALiBi or T5
+    bias for the last N of S positions (`attnkit.modules.AlibiBias(n, s)`).
+    With a `rotary` embedding the new queries and keys are rotated at positions
+    S_past .. S_past + N - 1, S_past the cached length (= `cache.length` when
+    every step goes through this module).
     """
 
     def forward(
@@ -73,27 +78,31 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         context: Tensor | None = None,
         *,
         mask: Tensor | None = None,
+        bias: Tensor | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
     ) -> Tensor:
         """x (B, N, C), context (B, S, Cc) or None -> (B, N, Co)."""
         if cache is None:
-            return super().forward(x, context, mask=mask, causal=causal)
+            return super().forward(x, context, mask=mask, bias=bias, causal=causal)
         cached = cache.entries.get(self)
         if context is None:
             q, k, v = self.heads_qkv(x)  # (B, H, N, Dh), (B, Hkv, N, Dh) x2
+            # RoPE: the new tokens sit after the cached ones (cached keys are already rotated).
+            q, k = self.rotate(q, k, offset=0 if cached is None else cached[0].shape[2])
             if cached is not None:
                 k = torch.cat([cached[0], k], dim=2)  # (B, Hkv, S_past + N, Dh)
                 v = torch.cat([cached[1], v], dim=2)  # (B, Hkv, S_past + N, Dh)
             cache.entries[self] = (k, v)
         elif cached is None:
             q, k, v = self.heads_qkv(x, context)
+            q, k = self.rotate(q, k, context)  # refuses a rotary cross-attention
             cache.entries[self] = (k, v)
         else:
             # An empty context projects only the queries; the keys/values are cached.
             q, _, _ = self.heads_qkv(x, context[:, :0])  # (B, H, N, Dh)
             k, v = cached
-        o = self.attend(q, k, v, mask=mask, causal=causal).out  # (B, H, N, Dh)
+        o = self.attend(q, k, v, mask=mask, bias=bias, causal=causal).out  # (B, H, N, Dh)
         return self.proj(self.merge_heads(o))
 
 

@@ -11,10 +11,12 @@ from attnkit.modules.blocks import (
 )
 from attnkit.modules.classic import T2TAttention, bert_self_attention, paper_attention
 from attnkit.modules.embed import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from attnkit.modules.positions import AlibiBias, RelativePositionBias, RotaryEmbedding
 from attnkit.modules.reset import reset_parameters
 
 __all__ = [
     "AdditiveAttention",
+    "AlibiBias",
     "Attend",
     "AttentionPooling",
     "EncoderBlock",
@@ -24,6 +26,8 @@ __all__ = [
     "MultiHeadAttention",
     "PostNormResidual",
     "PreNormResidual",
+    "RelativePositionBias",
+    "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "T2TAttention",
     "bert_self_attention",

@@ -89,6 +89,8 @@ class MultiHeadAttention(nn.Module):
         scale: scores multiplier (default 1/sqrt(Dk)).
         dropout: dropout on the attention probabilities while training.
         backend: the `attnkit.attention` backend ("auto" by default).
+        rotary: a `attnkit.modules.RotaryEmbedding` (RoPE) applied to q and k
+            after the projection, before attention (self-attention only).
         device, dtype: of the parameters, as for `torch.nn.Linear`.
 
     Sizes must be positive integers; a bad one raises ValueError naming it.
@@ -114,6 +116,7 @@ class MultiHeadAttention(nn.Module):
         scale: float | None = None,
         dropout: float = 0.0,
         backend: str = "auto",
+        rotary: nn.Module | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -154,6 +157,9 @@ class MultiHeadAttention(nn.Module):
                     "output projection (out_proj=False); leave out_dim unset"
                 )
             self.out_dim, self.proj = merged, nn.Identity()
+        if rotary is not None and getattr(rotary, "dim", 0) > self.head_dim:
+            raise ValueError(f"rotary.dim={rotary.dim} exceeds head_dim={self.head_dim}")
+        self.rotary = rotary
 
     def heads_qkv(
         self,
@@ -171,6 +177,16 @@ class MultiHeadAttention(nn.Module):
         k = k.unflatten(-1, (self.num_kv_heads, -1)).transpose(1, 2)  # (B, Hkv, S, Dk)
         v = v.unflatten(-1, (self.num_kv_heads, -1)).transpose(1, 2)  # (B, Hkv, S, Dv)
         return q, k, v
+
+    def rotate(
+        self, q: Tensor, k: Tensor, context: Tensor | None = None, offset: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """Apply `rotary` (if any) to q (B, H, N, Dk) and k (B, Hkv, N, Dk) at positions offset.."""
+        if self.rotary is None:
+            return q, k
+        if context is not None:
+            raise ValueError("rotary positions are for self-attention: got a context")
+        return self.rotary(q, k, offset=offset)
 
     @staticmethod
     def merge_heads(o: Tensor) -> Tensor:
@@ -211,6 +227,7 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("pass context= (key = value = context) or key/value, not both")
             key = context
         q, k, v = self.heads_qkv(query, key, value, pos=pos, context_pos=context_pos)
+        q, k = self.rotate(q, k, key)
         o = self.attend(q, k, v, mask=mask, bias=bias, causal=causal).out  # (B, H, N, Dv)
         return self.proj(self.merge_heads(o))
 
