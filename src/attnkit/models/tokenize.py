@@ -196,6 +196,11 @@ class Tokenizer:
             raise ValueError(f"cannot tokenize with max_length={self.max_length}: {e}") from e
         for i, e in enumerate(encoded):
             if self.max_length is not None and len(e.ids) > self.max_length:
+                if self.truncation:  # cut as far as it goes: [CLS]/[SEP] are never cut
+                    raise ValueError(
+                        f"max_length={self.max_length} cannot hold text {i} even cut "
+                        f"({len(e.ids)} tokens remain): [CLS]/[SEP] alone take 2 (3 with a pair)"
+                    )
                 raise TextTooLong(i, len(e.ids), self.max_length, self.limit_source)
         n = max(len(e.ids) for e in encoded)
         ids = torch.full((len(encoded), n), self.pad_id, dtype=torch.long)  # (B, N)
