@@ -28,6 +28,21 @@ __all__ = ["PROBLEM_TYPES", "BertClassifier"]
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 
 
+class ClassifierHead(nn.Linear):
+    """nn.Linear started as transformers starts heads: weight N(0, std^2), bias 0.
+
+    Its own `reset_parameters` keeps that init under `attnkit.reset_parameters`
+    (building on `meta`, then `to_empty`)."""
+
+    def __init__(self, in_features: int, out_features: int, std: float, **fk) -> None:
+        self.std = std  # before nn.Linear.__init__, which calls reset_parameters
+        super().__init__(in_features, out_features, **fk)
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, 0.0, self.std)
+        nn.init.zeros_(self.bias)
+
+
 class BertClassifier(nn.Module):
     """BERT encoder + pooler + dropout + linear classifier: ids (B, N) -> logits (B, K).
 
@@ -61,21 +76,15 @@ class BertClassifier(nn.Module):
         self.bert = BertEncoder(config, gradient_checkpointing=gradient_checkpointing, **fk)
         p = config.classifier_dropout
         self.drop = nn.Dropout(config.hidden_dropout_prob if p is None else p)
-        self.classifier = nn.Linear(config.hidden_size, num_labels, **fk)
+        c, std = config.hidden_size, config.initializer_range
+        self.classifier = ClassifierHead(c, num_labels, std, **fk)  # (B, C) -> (B, K)
         self.num_labels = num_labels
         self.problem_type = problem_type
         self.id2label = id2label or {i: f"LABEL_{i}" for i in range(num_labels)}
-        self.reset_head()
 
     @property
     def config(self) -> BertConfig:
         return self.bert.config
-
-    @torch.no_grad()
-    def reset_head(self) -> None:
-        """Classifier weights ~ N(0, initializer_range^2), bias 0 (transformers' init)."""
-        self.classifier.weight.normal_(0.0, self.config.initializer_range)
-        self.classifier.bias.zero_()
 
     def forward(
         self,
