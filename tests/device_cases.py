@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.models import (
+    BertClassifier,
     BertConfig,
     BertEncoder,
     CachedMultiHeadAttention,
@@ -213,6 +214,7 @@ CASES: list[Case] = [
     Case("luong", LuongAttention, lambda **fk: LuongAttention(C, key_dim=6, **fk), _scored(6), (B, 3, 7), True),
     Case("attention-pooling", AttentionPooling, lambda **fk: AttentionPooling(C, 6, **fk), _pool, (B, C), True),
     Case("bert", BertEncoder, lambda **fk: BertEncoder(BERT, **fk), _bert_inputs, (B, N, C), True, output=lambda o: o.last_hidden_state),
+    Case("bert-classifier", BertClassifier, lambda **fk: BertClassifier(BERT, 3, **fk), _bert_inputs, (B, 3), True),
     Case("transformer", Transformer, lambda **fk: Transformer(SEQ, **fk), lambda d, t, p: ((_tokens(11, N, d, p), _tokens(13, 4, d, p)), {}), (B, 4, 13), True),
     Case("causal-lm", CausalLM, lambda **fk: CausalLM(LM, **fk), lambda d, t, p: ((_tokens(11, N, d, p),), {}), (B, N, 11), True),
     Case("decoder-block", DecoderBlock, lambda **fk: DecoderBlock(SEQ, **fk), _decoder_inputs, (B, 4, C), True),

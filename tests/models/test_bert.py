@@ -133,7 +133,7 @@ def test_tokenizer_pair_and_length_limit(ckpt):
     enc = tok.encode("it was tired", pair="the animal")
     assert enc.tokens[0].count("[SEP]") == 2
     assert enc.token_type_ids[0].tolist() == [0] * 5 + [1] * 3
-    with pytest.raises(ValueError, match=r"has 602 tokens .* at most 512"):
+    with pytest.raises(ValueError, match=r"has 602 tokens .* limit is 256 \(max_seq_length in"):
         tok.encode("word " * 600)
     with pytest.raises(ValueError, match="empty"):
         tok.encode("   ")

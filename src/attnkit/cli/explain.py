@@ -135,7 +135,7 @@ def _open(folder: Path | None):
         name = "all-MiniLM-L6-v2 (embedded)" if folder is None else str(folder)
         folder = default_checkpoint() if folder is None else folder
         config = BertConfig.from_json(checkpoint_files(folder)[0])
-        tokenizer = Tokenizer.from_pretrained(folder, max_length=config.max_position_embeddings)
+        tokenizer = Tokenizer.from_pretrained(folder)  # the checkpoint's own length limit
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(f"{e}; {CHECKPOINT_HINT}") from None
     return folder, name, config, tokenizer
@@ -267,10 +267,17 @@ def run(args: argparse.Namespace) -> int:
     from attnkit.viz.record import record_attention
 
     folder, name, config, tokenizer = _open(args.checkpoint)
+    from attnkit.models import TextTooLong
+
+    what = "TEXT with --pair" if args.pair else "TEXT"
     try:
         encoding = tokenizer.encode(args.text, args.pair)
+    except TextTooLong as e:
+        raise UsageError(
+            f"{what} has {e.count} tokens ([CLS]/[SEP] included) but {name} takes at most "
+            f"{e.limit} (its {e.source}): shorten it"
+        ) from None
     except ValueError as e:
-        what = "TEXT with --pair" if args.pair else "TEXT"
         raise UsageError(str(e).replace("text 0", what)) from None
     tokens = encoding.tokens[0]
     focus = find_focus(tokens, args.focus, tokenizer.tokenize)

@@ -3,9 +3,16 @@ the encoder-decoder Transformer with cached decoding, a decoder-only causal LM, 
 ViT / T2T-ViT / a small CNN with CBAM for images (presets in `attnkit.models.vit.PRESETS`)."""
 
 from attnkit.models.bert import BertConfig, BertEncoder, BertOutput
+from attnkit.models.bert_heads import BertClassifier
 from attnkit.models.checkpoint import default_checkpoint
 from attnkit.models.decoding import CachedMultiHeadAttention, KVCache, beam_search, greedy
-from attnkit.models.tokenize import Encoding, Tokenizer, mean_pool, sentence_embedding
+from attnkit.models.tokenize import (
+    Encoding,
+    TextTooLong,
+    Tokenizer,
+    mean_pool,
+    sentence_embedding,
+)
 from attnkit.models.transformer import (
     PRESETS,
     CausalLM,
@@ -19,6 +26,7 @@ from attnkit.models.vit import CNNConfig, PatchEmbed, SmallCNN, T2TEmbed, ViT, V
 
 __all__ = [
     "PRESETS",
+    "BertClassifier",
     "BertConfig",
     "BertEncoder",
     "BertOutput",
@@ -31,6 +39,7 @@ __all__ = [
     "PatchEmbed",
     "SmallCNN",
     "T2TEmbed",
+    "TextTooLong",
     "Tokenizer",
     "Transformer",
     "TransformerConfig",

@@ -29,17 +29,20 @@ encoder.layer.{i}.output.LayerNorm.*                   layers.{i}.ff.norm.*
 pooler.dense.*                                         pooler.dense.*
 =====================================================  =============================================
 
-``embeddings.position_ids`` and task heads (``cls.*``, ``classifier.*``) are ignored.
+``embeddings.position_ids`` and task heads (``cls.*``, ``classifier.*``) are ignored
+(`attnkit.models.BertClassifier` reads ``classifier.*``). `BertEncoder.save_pretrained`
+writes the same names back (`attnkit.models.bert_save`), so transformers loads the folder.
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from attnkit.functional import masks
 from attnkit.models import checkpoint as ckpt
@@ -63,6 +66,17 @@ HF_ACTIVATIONS = {
 
 QKV = ("query", "key", "value")
 
+# Config fields `from_pretrained(dir, **overrides)` may change: none of them sets a tensor
+# shape, so the saved weights still fit.
+OVERRIDABLE = (
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "classifier_dropout",
+    "layer_norm_eps",
+    "hidden_act",
+    "initializer_range",
+)
+
 
 @dataclass(frozen=True)
 class BertConfig:
@@ -82,6 +96,8 @@ class BertConfig:
     pad_token_id: int = 0
     model_type: str = "bert"  # one of checkpoint.SUPPORTED_MODEL_TYPES
     position_embedding_type: str = "absolute"  # only "absolute" is supported
+    initializer_range: float = 0.02  # std of new weights (heads, resized embeddings)
+    classifier_dropout: float | None = None  # BertClassifier's; None: hidden_dropout_prob
 
     def __post_init__(self) -> None:
         if self.model_type not in ckpt.SUPPORTED_MODEL_TYPES:
@@ -105,6 +121,8 @@ class BertConfig:
             positive_int(name, getattr(self, name))
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             probability(name, getattr(self, name))
+        if self.classifier_dropout is not None:
+            probability("classifier_dropout", self.classifier_dropout)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by "
@@ -130,6 +148,20 @@ class BertConfig:
     def from_json(cls, path: str | Path) -> BertConfig:
         """Read a ``config.json``."""
         return cls.from_dict(ckpt.read_config_json(Path(path)), source=str(path))
+
+    def with_overrides(self, **overrides) -> BertConfig:
+        """A copy with some of the `OVERRIDABLE` fields changed (dropout, eps, ...);
+        ValueError naming an unknown or shape-setting field and the known ones."""
+        for name in overrides:
+            if name not in OVERRIDABLE:
+                why = "sets the shape of saved weights" if name in _FIELDS else "is unknown"
+                raise ValueError(
+                    f"override {name!r} {why}: known overrides are {', '.join(OVERRIDABLE)}"
+                )
+        return replace(self, **overrides)
+
+
+_FIELDS = {f.name for f in fields(BertConfig)}
 
 
 @dataclass
@@ -207,6 +239,10 @@ class BertPooler(nn.Module):
 class BertEncoder(nn.Module):
     """The BERT encoder: embeddings, `num_hidden_layers` `BertLayer`s, an optional pooler.
 
+    `gradient_checkpointing`: in training, keep only each layer's input and recompute
+    the layer in the backward pass (`torch.utils.checkpoint`, non-reentrant, dropout
+    replayed with the same random numbers): less activation memory for about one more
+    forward; the gradients are those of the plain run. A plain attribute, settable later.
     `device`, `dtype`: of the parameters, as for `torch.nn.Linear`.
     """
 
@@ -215,12 +251,15 @@ class BertEncoder(nn.Module):
         config: BertConfig,
         *,
         pooler: bool = True,
+        gradient_checkpointing: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         fk = {"device": device, "dtype": dtype}
         self.config = config
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        self.source_folder: Path | None = None  # set by from_pretrained; save copies its tokenizer
         self.embeddings = BertEmbeddings(config, **fk)
         self.layers = nn.ModuleList(
             BertLayer(config, **fk) for _ in range(config.num_hidden_layers)
@@ -256,8 +295,9 @@ class BertEncoder(nn.Module):
         mask = None if attention_mask is None else masks.from_hf_attention_mask(attention_mask)
         x = self.embeddings(input_ids, token_type_ids)  # (B, N, C)
         states = [x]
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:
-            x = layer(x, mask)
+            x = checkpoint(layer, x, mask, use_reentrant=False) if recompute else layer(x, mask)
             states.append(x)
         pooled = None if self.pooler is None else self.pooler(x)
         return BertOutput(x, tuple(states), pooled)
@@ -268,30 +308,66 @@ class BertEncoder(nn.Module):
         directory: str | Path,
         *,
         pooler: bool | None = None,
+        gradient_checkpointing: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **overrides,
     ) -> BertEncoder:
         """Load a Hugging Face BERT folder (config.json + model.safetensors or pytorch_model.bin).
 
         `pooler=None` keeps the pooler when the checkpoint has one. The weights
         are put on `device` (default: the default device) in `dtype` (default:
-        the default dtype). Raises
-        FileNotFoundError for a missing folder or file, ValueError for an
-        unsupported config or a missing / mis-shaped tensor (naming the key).
+        the default dtype). `overrides` change config fields that set no shape
+        (`OVERRIDABLE`: dropout rates, ``layer_norm_eps``, ...), e.g.
+        ``hidden_dropout_prob=0.0``. Raises FileNotFoundError for a missing
+        folder or file, ValueError for an unsupported config, an unknown
+        override or a missing / mis-shaped tensor (naming the key). The model
+        is returned in eval mode.
         """
         config_path, weights_path = ckpt.checkpoint_files(directory)
-        config = BertConfig.from_json(config_path)
+        config = BertConfig.from_json(config_path).with_overrides(**overrides)
         state = ckpt.strip_prefix(ckpt.load_weights(weights_path))
-        if pooler is None:
-            pooler = "pooler.dense.weight" in state
-        # no random init: every parameter is loaded below
-        model = cls(config, pooler=pooler, device="meta")
-        dtype = torch.get_default_dtype() if dtype is None else dtype
-        device = torch.empty(0, device=device).device  # None: the default device
-        ours = _from_hf(state, model, str(weights_path))
-        ours = {k: v.to(device, dtype).contiguous() for k, v in ours.items()}
-        model.load_state_dict(ours, strict=True, assign=True)
+        model = load_encoder(cls, config, state, str(weights_path), pooler, device, dtype)
+        model.gradient_checkpointing = bool(gradient_checkpointing)
+        model.source_folder = Path(directory)
         return model.eval()
+
+    def save_pretrained(self, directory: str | Path, *, tokenizer=None) -> Path:
+        """Write a transformers ``BertModel`` folder that this class and
+        ``transformers.AutoModel.from_pretrained`` both load: config.json,
+        model.safetensors (in the parameters' dtype) and the tokenizer files (`tokenizer`'s,
+        else copied from the folder this model was loaded from, else none). All or nothing:
+        see `attnkit.models.checkpoint.write_folder`. Returns the folder."""
+        from attnkit.models import bert_save
+
+        return bert_save.save(self, directory, tokenizer=tokenizer)
+
+    def resize_token_embeddings(self, num_tokens: int, *, mean_resizing: bool = True) -> None:
+        """Give the word embedding `num_tokens` rows (`config.vocab_size` follows).
+
+        Old rows are kept (the first `num_tokens` of them when shrinking). New rows
+        are, as in transformers: with `mean_resizing` the mean of the old rows (its
+        default; transformers adds noise of covariance 1e-9 x theirs, negligible and
+        left out), else drawn from N(0, initializer_range^2). There is no tied
+        output head in attnkit's BERT, so nothing else changes.
+        """
+        from attnkit.models import bert_save
+
+        bert_save.resize_token_embeddings(self, num_tokens, mean_resizing=mean_resizing)
+
+
+def load_encoder(cls, config, state, source, pooler, device, dtype) -> BertEncoder:
+    """An encoder of class `cls` holding `state` (HF names, no ``bert.`` prefix)."""
+    if pooler is None:
+        pooler = "pooler.dense.weight" in state
+    # no random init: every parameter is loaded below
+    model = cls(config, pooler=pooler, device="meta")
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    device = torch.empty(0, device=device).device  # None: the default device
+    ours = _from_hf(state, model, source)
+    ours = {k: v.to(device, dtype).contiguous() for k, v in ours.items()}
+    model.load_state_dict(ours, strict=True, assign=True)
+    return model
 
 
 def _from_hf(state: dict[str, Tensor], model: BertEncoder, source: str) -> dict[str, Tensor]:
@@ -303,24 +379,7 @@ def _from_hf(state: dict[str, Tensor], model: BertEncoder, source: str) -> dict[
             f"{source} holds weights for {max(layers) + 1} layers, but config.json says "
             f"num_hidden_layers={len(model.layers)}: fix the config (nothing is dropped silently)"
         )
-    pairs = {
-        "embeddings.word.weight": "embeddings.word_embeddings.weight",
-        "embeddings.position.weight": "embeddings.position_embeddings.weight",
-        "embeddings.token_type.weight": "embeddings.token_type_embeddings.weight",
-        "embeddings.norm.weight": "embeddings.LayerNorm.weight",
-        "embeddings.norm.bias": "embeddings.LayerNorm.bias",
-    }
-    for i in range(len(model.layers)):
-        hf, at = f"encoder.layer.{i}.", f"layers.{i}."
-        for p in ("weight", "bias"):
-            pairs[f"{at}attn.fn.proj.{p}"] = f"{hf}attention.output.dense.{p}"
-            pairs[f"{at}attn.norm.{p}"] = f"{hf}attention.output.LayerNorm.{p}"
-            pairs[f"{at}ff.fn.fc1.{p}"] = f"{hf}intermediate.dense.{p}"
-            pairs[f"{at}ff.fn.fc2.{p}"] = f"{hf}output.dense.{p}"
-            pairs[f"{at}ff.norm.{p}"] = f"{hf}output.LayerNorm.{p}"
-    if model.pooler is not None:
-        pairs["pooler.dense.weight"] = "pooler.dense.weight"
-        pairs["pooler.dense.bias"] = "pooler.dense.bias"
+    pairs = ckpt.hf_names(len(model.layers), model.pooler is not None)
     out = {ours: ckpt.take(state, hf, wanted[ours], source) for ours, hf in pairs.items()}
     c = model.config.hidden_size
     for i in range(len(model.layers)):

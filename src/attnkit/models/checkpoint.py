@@ -2,28 +2,34 @@
 
 A checkpoint folder holds ``config.json`` and ``model.safetensors`` (preferred)
 or ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``). Names
-are mapped to attnkit's modules by `bert_state_dict`; the table is in
-`attnkit.models.bert`. Every error names the file, key or field, what it got
-and what it wanted.
+are mapped to attnkit's modules by `hf_names` (the table is in
+`attnkit.models.bert`); `write_folder` writes a checkpoint folder atomically.
+Every error names the file, key or field, what it got and what it wanted.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from attnkit._io import atomic_write_bytes
 from attnkit._optional import MODEL_PACKAGE_HINT, require
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "checkpoint_files",
     "default_checkpoint",
+    "hf_names",
     "load_weights",
     "read_config_json",
+    "write_folder",
 ]
 
 # Checkpoints whose tensors follow BertModel's names and layout exactly. RoBERTa,
@@ -126,3 +132,57 @@ def strip_prefix(state: Mapping[str, Tensor], prefix: str = "bert.") -> dict[str
             key = key[: -len("beta")] + "bias"
         out[key] = t
     return out
+
+
+def hf_names(num_layers: int, pooler: bool) -> dict[str, str]:
+    """attnkit `BertEncoder` name -> Hugging Face ``BertModel`` name, for every tensor but
+    the fused q/k/v projections (one of ours is three of theirs: see `attnkit.models.bert`)."""
+    pairs = {
+        "embeddings.word.weight": "embeddings.word_embeddings.weight",
+        "embeddings.position.weight": "embeddings.position_embeddings.weight",
+        "embeddings.token_type.weight": "embeddings.token_type_embeddings.weight",
+        "embeddings.norm.weight": "embeddings.LayerNorm.weight",
+        "embeddings.norm.bias": "embeddings.LayerNorm.bias",
+    }
+    for i in range(num_layers):
+        hf, at = f"encoder.layer.{i}.", f"layers.{i}."
+        for p in ("weight", "bias"):
+            pairs[f"{at}attn.fn.proj.{p}"] = f"{hf}attention.output.dense.{p}"
+            pairs[f"{at}attn.norm.{p}"] = f"{hf}attention.output.LayerNorm.{p}"
+            pairs[f"{at}ff.fn.fc1.{p}"] = f"{hf}intermediate.dense.{p}"
+            pairs[f"{at}ff.fn.fc2.{p}"] = f"{hf}output.dense.{p}"
+            pairs[f"{at}ff.norm.{p}"] = f"{hf}output.LayerNorm.{p}"
+    if pooler:
+        pairs["pooler.dense.weight"] = "pooler.dense.weight"
+        pairs["pooler.dense.bias"] = "pooler.dense.bias"
+    return pairs
+
+
+def write_folder(directory: str | Path, files: Mapping[str, bytes]) -> Path:
+    """Write `files` (name -> bytes) into the folder `directory`, all or nothing.
+
+    Every file is first written completely into a hidden staging folder beside
+    `directory`. A new folder then appears with one rename, so it is complete or
+    absent. Into an existing folder the files move one ``os.replace`` each (each
+    atomic; other files there are kept), after all the slow work is done. On any
+    failure before that, `directory` is untouched and the staging folder removed.
+    """
+    target = Path(directory)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"directory {str(target)!r} is a file: wanted a folder to save into")
+    bad = [n for n in files if not n or Path(n).name != n]
+    if bad:
+        raise ValueError(f"files: wanted plain file names, got {bad[0]!r}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        for name, data in files.items():
+            atomic_write_bytes(staging / name, data)
+        if not target.exists():
+            os.replace(staging, target)
+        else:
+            for name in files:
+                os.replace(staging / name, target / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

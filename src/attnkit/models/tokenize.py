@@ -1,10 +1,26 @@
 """WordPiece tokenization for BERT checkpoints (the `tokenizers` library, no `transformers`).
 
 Dimensions: B batch, N tokens (after padding to the longest text), C width.
+
+The length limit comes from the checkpoint folder, the strictest of:
+
+- ``max_seq_length`` in ``sentence_bert_config.json`` (sentence-transformers cuts its
+  input there: all-MiniLM-L6-v2 says 256, so its embeddings of longer texts come from
+  the first 256 tokens; to equal them we must cut, or refuse, at the same place),
+- ``model_max_length`` in ``tokenizer_config.json`` (transformers' tokenizer limit; its
+  "no limit" placeholder, a number near 1e30, is ignored),
+- ``max_position_embeddings`` in ``config.json`` (the model has no positions beyond it).
+
+Too long is an error (`TextTooLong`, a ValueError giving the token count, the limit, the
+file and field it came from, and the option) unless the tokenizer was made with
+``truncation=True``, which keeps the first tokens as transformers' ``longest_first`` does.
+Pass ``max_length=`` to use another limit (e.g. up to ``max_position_embeddings`` for
+attention maps of a text longer than sentence-transformers would embed).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +31,48 @@ from torch import Tensor
 
 from attnkit._optional import require
 from attnkit.models import checkpoint as ckpt
+from attnkit.modules._checks import positive_int
 
-__all__ = ["Encoding", "Tokenizer", "mean_pool", "sentence_embedding"]
+__all__ = ["Encoding", "TextTooLong", "Tokenizer", "checkpoint_max_length", "mean_pool",
+           "sentence_embedding"]  # fmt: skip
 
 SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[PAD]")
+
+# transformers writes int(1e30) as model_max_length when a tokenizer has no limit
+NO_LIMIT = 10**12
+
+
+class TextTooLong(ValueError):
+    """A text with more tokens than the tokenizer's limit (and ``truncation=False``).
+
+    index: which text of the batch; count: its tokens, [CLS]/[SEP] included;
+    limit: the most allowed; source: where the limit came from (file and field).
+    """
+
+    def __init__(self, index: int, count: int, limit: int, source: str) -> None:
+        self.index, self.count, self.limit, self.source = index, count, limit, source
+        super().__init__(
+            f"text {index} has {count} tokens ([CLS]/[SEP] included) but the limit is "
+            f"{limit} ({source}): shorten it, or make the Tokenizer with truncation=True "
+            f"to keep the first {limit}"
+        )
+
+
+def checkpoint_max_length(directory: str | Path) -> tuple[int, str] | None:
+    """(limit, where it came from) for a checkpoint folder: the strictest of the limits in
+    the module docstring, or None if the folder states none."""
+    folder = Path(directory)
+    found = []
+    for file, key in (
+        ("sentence_bert_config.json", "max_seq_length"),
+        ("tokenizer_config.json", "model_max_length"),
+        ("config.json", "max_position_embeddings"),
+    ):
+        if (folder / file).is_file():
+            value = ckpt.read_config_json(folder / file).get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and 0 < value < NO_LIMIT:
+                found.append((value, f"{key} in {file}"))
+    return min(found, key=lambda f: f[0]) if found else None
 
 
 @dataclass(frozen=True)
@@ -46,37 +100,63 @@ class Encoding:
 
 
 class Tokenizer:
-    """A BERT WordPiece tokenizer that adds [CLS]/[SEP] and refuses over-long input.
+    """A BERT WordPiece tokenizer that adds [CLS]/[SEP] and refuses (or, with
+    `truncation`, cuts) input longer than `max_length` tokens, [CLS]/[SEP] included.
 
     Use `Tokenizer.from_pretrained(folder)`; it reads ``tokenizer.json``, or
-    falls back to ``vocab.txt`` (lower-casing per ``tokenizer_config.json``).
+    falls back to ``vocab.txt`` (lower-casing per ``tokenizer_config.json``), and
+    takes its limit from the folder (module docstring). `limit_source` names where
+    `max_length` came from, for error messages.
     """
 
-    def __init__(self, backend, *, max_length: int | None = None) -> None:
-        backend.no_truncation()  # too long is an error here, never silently cut
+    def __init__(
+        self,
+        backend,
+        *,
+        max_length: int | None = None,
+        truncation: bool = False,
+        limit_source: str = "the max_length argument",
+    ) -> None:
+        if max_length is not None:
+            positive_int("max_length", max_length)
+        if truncation and max_length is None:
+            raise ValueError("truncation=True needs a max_length to cut to, got None")
         backend.no_padding()
+        if truncation:
+            # transformers' default strategy: drop tokens from the longer of a pair first
+            backend.enable_truncation(max_length, strategy="longest_first")
+        else:
+            backend.no_truncation()  # too long is an error here, never silently cut
         self._backend = backend
         self.max_length = max_length
+        self.truncation = bool(truncation)
+        self.limit_source = limit_source
+        self.source_folder: Path | None = None  # set by from_pretrained; files() copies from it
         pad = backend.token_to_id("[PAD]")
         self.pad_id = 0 if pad is None else pad
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, *, max_length: int | None = None) -> Tokenizer:
-        """Load from a checkpoint folder; `max_length` defaults to the config's
-        ``max_position_embeddings``."""
+    def from_pretrained(
+        cls, directory: str | Path, *, max_length: int | None = None, truncation: bool = False
+    ) -> Tokenizer:
+        """Load from a checkpoint folder; `max_length` defaults to the folder's limit
+        (`checkpoint_max_length`); `truncation=True` cuts longer texts to it."""
         folder = Path(directory)
         if not folder.is_dir():
             raise FileNotFoundError(f"tokenizer folder {str(folder)!r} does not exist")
-        if max_length is None and (folder / "config.json").is_file():
-            max_length = ckpt.read_config_json(folder / "config.json").get(
-                "max_position_embeddings"
-            )
+        source = "the max_length argument"
+        if max_length is None:
+            max_length, source = checkpoint_max_length(folder) or (None, source)
+        options = {"max_length": max_length, "truncation": truncation, "limit_source": source}
+        tokenizer = cls._load(folder, options)
+        tokenizer.source_folder = folder
+        return tokenizer
+
+    @classmethod
+    def _load(cls, folder: Path, options: dict) -> Tokenizer:
         if (folder / "tokenizer.json").is_file():
             tokenizers = require("tokenizers", "model", "reading tokenizer.json")
-            return cls(
-                tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")),
-                max_length=max_length,
-            )
+            return cls(tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")), **options)
         if (folder / "vocab.txt").is_file():
             impl = require("tokenizers.implementations", "model", "reading vocab.txt")
             BertWordPieceTokenizer = impl.BertWordPieceTokenizer
@@ -86,7 +166,7 @@ class Tokenizer:
             if settings.is_file():
                 lower = bool(ckpt.read_config_json(settings).get("do_lower_case", True))
             backend = BertWordPieceTokenizer(str(folder / "vocab.txt"), lowercase=lower)
-            return cls(backend, max_length=max_length)
+            return cls(backend, **options)
         raise FileNotFoundError(
             f"tokenizer folder {str(folder)!r} has neither tokenizer.json nor vocab.txt"
         )
@@ -110,13 +190,18 @@ class Tokenizer:
                 which = f"texts[{i}]" if i < len(texts) else f"pairs[{i - len(texts)}]"
                 raise ValueError(f"{which} is empty: wanted some text to tokenize")
         inputs = list(texts) if pairs is None else list(zip(texts, pairs, strict=True))
-        encoded = self._backend.encode_batch(inputs)
+        try:
+            encoded = self._backend.encode_batch(inputs)
+        except Exception as e:  # tokenizers raises its own types, e.g. a pair it cannot cut
+            raise ValueError(f"cannot tokenize with max_length={self.max_length}: {e}") from e
         for i, e in enumerate(encoded):
             if self.max_length is not None and len(e.ids) > self.max_length:
-                raise ValueError(
-                    f"text {i} has {len(e.ids)} tokens ([CLS]/[SEP] included) but the model "
-                    f"takes at most {self.max_length} (max_position_embeddings): shorten it"
-                )
+                if self.truncation:  # cut as far as it goes: [CLS]/[SEP] are never cut
+                    raise ValueError(
+                        f"max_length={self.max_length} cannot hold text {i} even cut "
+                        f"({len(e.ids)} tokens remain): [CLS]/[SEP] alone take 2 (3 with a pair)"
+                    )
+                raise TextTooLong(i, len(e.ids), self.max_length, self.limit_source)
         n = max(len(e.ids) for e in encoded)
         ids = torch.full((len(encoded), n), self.pad_id, dtype=torch.long)  # (B, N)
         keep = torch.zeros((len(encoded), n), dtype=torch.long)  # (B, N)
@@ -129,6 +214,32 @@ class Tokenizer:
             types[i, :m] = torch.tensor(e.type_ids)
             tokens.append(list(e.tokens) + ["[PAD]"] * (n - m))
         return Encoding(ids, keep, types, tokens)
+
+    def files(self) -> dict[str, bytes]:
+        """The files of a transformers tokenizer folder (name -> bytes): tokenizer.json
+        from this tokenizer, vocab.txt and special_tokens_map.json copied from the folder
+        it was loaded from, tokenizer_config.json with ``model_max_length`` = `max_length`
+        (so a reload, here or in transformers, keeps the limit this tokenizer enforces)."""
+        backend = getattr(self._backend, "_tokenizer", self._backend)  # vocab.txt fallback wraps
+        saved = json.loads(backend.to_str())
+        saved["truncation"] = saved["padding"] = None  # both are per-use settings, not the vocab
+        out = {"tokenizer.json": json.dumps(saved, ensure_ascii=False).encode()}
+        settings = {"tokenizer_class": "BertTokenizer", "do_lower_case": True}
+        src = self.source_folder
+        if src is not None:
+            for name in ("vocab.txt", "special_tokens_map.json"):
+                if (src / name).is_file():
+                    out[name] = (src / name).read_bytes()
+            if (src / "tokenizer_config.json").is_file():
+                settings = ckpt.read_config_json(src / "tokenizer_config.json")
+        if self.max_length is not None:
+            settings["model_max_length"] = self.max_length
+        out["tokenizer_config.json"] = (json.dumps(settings, indent=2) + "\n").encode()
+        return out
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write `files` into `directory`, all or nothing (`checkpoint.write_folder`)."""
+        return ckpt.write_folder(directory, self.files())
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
