@@ -104,7 +104,13 @@ def _add_train(p: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         p.add_argument(flag, type=kind, default=d[name], help=f"{what} (default {d[name]})")
     p.add_argument("--seed", type=int, default=d["seed"], help="model init and window order")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="torch CPU threads (default 1: a small model; on a shared CPU more threads mostly "
+        "wait on each other)",
+    )
     p.set_defaults(run=run_train)
 
 
