@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.models import (
+    GPT,
     BertClassifier,
     BertConfig,
     BertEncoder,
@@ -25,6 +26,8 @@ from attnkit.models import (
     CausalLM,
     CNNConfig,
     DecoderBlock,
+    GPTBlock,
+    GPTConfig,
     PatchEmbed,
     SmallCNN,
     T2TEmbed,
@@ -151,6 +154,11 @@ def _bert_inputs(d, t, padded):
     return (ids,), ({"attention_mask": _keep(N, d).long()} if padded else {})
 
 
+def _gpt_inputs(d, t, padded):
+    ids = torch.randint(0, 11, (B, N), device=d)  # every id is a real token
+    return (ids,), ({"attention_mask": _keep(N, d)} if padded else {})
+
+
 def _decoder_inputs(d, t, padded):
     x, memory = torch.randn(B, 4, C, device=d, dtype=t), torch.randn(B, N, C, device=d, dtype=t)
     return (x, memory), ({"memory_mask": _keep(N, d)[:, None, None, :]} if padded else {})
@@ -177,6 +185,7 @@ LM = TransformerConfig(
     src_vocab=11, tgt_vocab=11, d_model=C, num_heads=2, d_ff=16, decoder_layers=2, max_len=16,
     positions="learned", norm_first=True,
 )  # fmt: skip
+GPT_CFG = GPTConfig(vocab_size=11, n_layer=2, n_head=2, d_model=C, context=16)
 VIT = ViTConfig(image_size=8, patch_size=2, dim=16, depth=1, num_heads=2)
 SWIN = SwinConfig(
     image_size=16, patch_size=2, embed_dim=C, depths=(2, 2), num_heads=(2, 2), window_size=4,
@@ -217,6 +226,8 @@ CASES: list[Case] = [
     Case("bert-classifier", BertClassifier, lambda **fk: BertClassifier(BERT, 3, **fk), _bert_inputs, (B, 3), True),
     Case("transformer", Transformer, lambda **fk: Transformer(SEQ, **fk), lambda d, t, p: ((_tokens(11, N, d, p), _tokens(13, 4, d, p)), {}), (B, 4, 13), True),
     Case("causal-lm", CausalLM, lambda **fk: CausalLM(LM, **fk), lambda d, t, p: ((_tokens(11, N, d, p),), {}), (B, N, 11), True),
+    Case("gpt", GPT, lambda **fk: GPT(GPT_CFG, **fk), _gpt_inputs, (B, N, 11), True),
+    Case("gpt-block", GPTBlock, lambda **fk: GPTBlock(GPT_CFG, **fk), _self(), (B, N, C), True),
     Case("decoder-block", DecoderBlock, lambda **fk: DecoderBlock(SEQ, **fk), _decoder_inputs, (B, 4, C), True),
     Case("patch-embed", PatchEmbed, lambda **fk: PatchEmbed(8, 2, 1, 16, **fk), _x(B, 1, 8, 8), (B, 16, 16)),
     Case("t2t-embed", T2TEmbed, lambda **fk: T2TEmbed(8, 1, 16, ((3, 1), (3, 2)), 8, **fk), _x(B, 1, 8, 8), (B, 16, 16)),

@@ -46,6 +46,12 @@ def test_tiny_run_writes_json_and_markdown(tmp_path, capsys):
     assert set(overhead) == {"auto", "sdpa", "chunked"} | (
         kernel_rows if result["meta"]["chunked_kernel"] == "compiled" else set()
     )
+    decode = [r for r in result["rows"] if r["kind"] == "decode"]
+    assert [r["batch"] for r in decode] == [1, 8] and all(r["same_tokens"] for r in decode)
+    assert (
+        "[bench] decode batch 8: attnkit" in err
+        and "| decode (greedy, cached) |" in (o / "bench.md").read_text()
+    )
     assert [t["name"] for t in result["targets"]] == list("abcdef")
     for t in result["targets"]:
         assert t["status"] in ("met", "not met", "not measured") and t["detail"]

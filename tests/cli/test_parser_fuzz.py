@@ -13,11 +13,12 @@ from hypothesis import strategies as st
 
 from attnkit.cli.main import build_parser
 
-COMMANDS = ["explain", "explain-image", "train", "eval", "seq2seq", "flops", "bench", "nope"]
+COMMANDS = ["explain", "explain-image", "train", "eval", "seq2seq", "lm", "flops", "bench", "nope"]
 WORDS = [
     "--out", "--force", "--json", "--quiet", "--layers", "--heads", "--focus", "--top",
     "--checkpoint", "--tokens", "--dim", "--kv-heads", "--model", "--ff", "--epochs", "--lr",
     "--resume", "--max-len", "--task", "--sizes", "--threads", "--no-memory", "--quick",
+    "--text", "--prompt", "--top-p", "--temperature", "sample",
     "train", "decode", "vit", "cnn", "bert", "reverse", "0", "-1", "3-5", "0,11", "5-3", "1e400",
     "nan", "", " ", "x" * 300, "☂", "--", "-", "--unknown",
 ]  # fmt: skip

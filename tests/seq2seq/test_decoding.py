@@ -18,6 +18,7 @@ def make(norm_first: bool, positions: str = "sinusoidal") -> Transformer:
         norm_first=norm_first,
         positions=positions,
         dropout=0.1,  # eval mode: must not matter
+        pad_id=PAD,
     )
     return Transformer(cfg).eval()
 

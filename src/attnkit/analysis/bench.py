@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit._cpu import cpu_name
+from attnkit.analysis.bench_decode import DecodeShape, decode_rows
 from attnkit.analysis.bench_modules import module_rows
 from attnkit.functional import native
 from attnkit.functional.attention import _choose_backend, _mask_elems, attention
@@ -42,6 +43,7 @@ KERNEL_IMPLS = ("auto", "reference", "fused", "chunked", "sdpa", "plain")
 # Implementations that build the (B, H, N, S) scores (SDPA does with dropout: its math path);
 # skipped when those would exceed this many bytes as float32.
 DENSE_LIMIT_BYTES = 1 << 30
+DEFAULT_DECODE = DecodeShape()  # frozen: one shared default is safe
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ class Plan:
     module_shape: tuple[int, int, int, int] = (8, 512, 512, 8)  # B, N, C, heads of targets c, f
     sgemm_size: int = 4096
     bf16_max_n: int = 1024  # bfloat16 rows only up to this N (no native bf16 units on the CPU)
+    # cached GPT generation against plain PyTorch (None: skip)
+    decode: DecodeShape | None = DEFAULT_DECODE
 
 
 def make_inputs(case: Case, grad: bool, seed: int = 0):
@@ -298,7 +302,8 @@ def planned_steps(plan: Plan) -> int:
         for impl in (plan.memory_impls if case.n in plan.memory_sizes else ("auto",))
     )
     large = 2 if plan.large_mask_size else 0
-    return 3 + kernel + target_b + memory + large  # sgemm, overhead, modules
+    decode = 1 if plan.decode else 0
+    return 3 + kernel + target_b + memory + large + decode  # sgemm, overhead, modules
 
 
 def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
@@ -338,6 +343,9 @@ def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
             rows.append(kernel_row(case, backward, plan.repeats, ("auto", "chunked", "sdpa")))
     log(f"modules {plan.module_shape}")
     rows.extend(module_rows(plan.module_shape, plan.repeats, time_interleaved))
+    if plan.decode:
+        log(f"decode {plan.decode.batches}")
+        rows.extend(decode_rows(plan.decode, plan.repeats, time_interleaved))
     mem_cases = [Case(n, m, p) for n in plan.memory_sizes for m in MASKS for p in (0.0, 0.1)]
     if plan.memory_impls:  # an empty tuple (--no-memory) runs no memory subprocess at all
         mem_cases.append(Case(plan.target_size, "none", 0.1))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from attnkit.analysis.bench import KERNEL_IMPLS
+from attnkit.analysis.bench_decode import markdown_lines as decode_markdown
 
 __all__ = ["evaluate_targets", "markdown", "readme_section"]
 
@@ -194,6 +195,7 @@ def markdown(result: dict) -> str:
     for r in (r for r in result["rows"] if r["kind"] == "module"):
         ms = ", ".join(f"{k} {v:.1f}" for k, v in r["ms"].items())
         lines.append(f"| {r['what']} | {r['shape']} | {ms} |")
+    lines += decode_markdown(result["rows"])
     lines += ["", "| target | goal | status | ratio | measured |", "|---|---|---|---|---|"]
     for t in result.get("targets", []):
         ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"

@@ -38,6 +38,7 @@ def register(subparsers) -> None:
 
 def plan_from_args(args):
     from attnkit.analysis.bench import Plan
+    from attnkit.analysis.bench_decode import DecodeShape
 
     for name in ("threads", "repeats"):
         value = getattr(args, name)
@@ -48,7 +49,8 @@ def plan_from_args(args):
     if args.quick:
         # one memory subprocess (target b's case): each costs a torch import
         plan = Plan(sizes=(128, 256), repeats=2, target_size=256, large_mask_size=0,
-                    module_shape=(2, 128, 128, 4), sgemm_size=1024)  # fmt: skip
+                    module_shape=(2, 128, 128, 4), sgemm_size=1024,
+                    decode=DecodeShape(2, 2, 64, 64, prompt=8, new_tokens=16))  # fmt: skip
     else:
         plan = Plan(sizes=(256, 1024, 4096), memory_sizes=(2048,), repeats=3)
     changes = {"sizes": tuple(args.sizes)} if args.sizes else {}
@@ -106,6 +108,14 @@ def _run(args, plan) -> int:
         print(json.dumps({"command": "bench", "files": files, "targets": targets}))
         return 0
     if not args.quiet:
+        for r in (r for r in result["rows"] if r["kind"] == "decode"):
+            tps, mib = r["tokens_per_s"], r["cache_mib"]
+            print(
+                f"[bench] decode batch {r['batch']}: attnkit {tps['attnkit']:.0f} tokens/s, "
+                f"plain PyTorch {tps['plain']:.0f} tokens/s; cache {mib['attnkit']:.2f} MiB "
+                f"vs {mib['plain']:.2f} MiB",
+                file=sys.stderr,
+            )
         for t in targets:
             ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
             print(

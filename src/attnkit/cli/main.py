@@ -11,13 +11,13 @@ import os
 import sys
 
 from attnkit._version import __version__
-from attnkit.cli import bench, explain, explain_image, flops, seq2seq, train
+from attnkit.cli import bench, explain, explain_image, flops, lm, seq2seq, train
 from attnkit.cli._common import EXIT_FAILURE, EXIT_INTERRUPTED, Parser
 from attnkit.cli._errors import EXIT_USAGE, UsageError
 
 # Each subcommand module exposes register(subparsers), which adds its parser and
 # sets `run`. Add new subcommands to this tuple.
-SUBCOMMANDS = (explain, explain_image, train, seq2seq, flops, bench)
+SUBCOMMANDS = (explain, explain_image, train, seq2seq, lm, flops, bench)
 
 EPILOG = """exit codes: 0 done, 1 failed, 2 bad usage, 130 interrupted (Ctrl-C).
 examples:

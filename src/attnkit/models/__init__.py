@@ -1,11 +1,14 @@
 """Models built from attnkit modules: a BERT encoder that loads Hugging Face checkpoints,
-the encoder-decoder Transformer with cached decoding, a decoder-only causal LM, and
-ViT / T2T-ViT / a small CNN with CBAM for images (presets in `attnkit.models.vit.PRESETS`)."""
+the encoder-decoder Transformer with cached decoding, a GPT and a decoder-only causal LM
+that `generate` continues (greedy or sampled), and ViT / T2T-ViT / a small CNN with CBAM
+for images (presets in `attnkit.models.vit.PRESETS`)."""
 
 from attnkit.models.bert import BertConfig, BertEncoder, BertOutput
 from attnkit.models.bert_heads import BertClassifier
 from attnkit.models.checkpoint import default_checkpoint
 from attnkit.models.decoding import CachedMultiHeadAttention, KVCache, beam_search, greedy
+from attnkit.models.generate import generate
+from attnkit.models.gpt import GPT, GPTBlock, GPTConfig
 from attnkit.models.tokenize import (
     Encoding,
     TextTooLong,
@@ -25,6 +28,7 @@ from attnkit.models.transformer import (
 from attnkit.models.vit import CNNConfig, PatchEmbed, SmallCNN, T2TEmbed, ViT, ViTConfig
 
 __all__ = [
+    "GPT",
     "PRESETS",
     "BertClassifier",
     "BertConfig",
@@ -35,6 +39,8 @@ __all__ = [
     "CausalLM",
     "DecoderBlock",
     "Encoding",
+    "GPTBlock",
+    "GPTConfig",
     "KVCache",
     "PatchEmbed",
     "SmallCNN",
@@ -47,6 +53,7 @@ __all__ = [
     "ViTConfig",
     "beam_search",
     "default_checkpoint",
+    "generate",
     "greedy",
     "mean_pool",
     "pad_mask",

@@ -37,18 +37,67 @@ class KVCache:
     by the new positions of each step; for cross-attention S is the source length.
     `length` is the number of target positions decoded so far, i.e. the
     positional offset of the next token (advanced by the model's `decode`).
+
+    capacity: None (default) grows each self-attention entry with `torch.cat`,
+    which copies the whole cache at every step. With ``capacity=S_max`` the
+    first `append` of a module allocates (B, Hkv, S_max, Dh) buffers and later
+    steps write the new keys in place; `entries` then holds views of the filled
+    part. This is what fast decoders do (one copy of one token per step), but
+    the in-place writes make it an inference cache: backpropagating through
+    an earlier step's output after a later append raises autograd's
+    "modified by an inplace operation" error.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
+        if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
+            raise ValueError(f"capacity must be None or an integer >= 1, got {capacity!r}")
+        self.capacity = capacity
         self.entries: dict[nn.Module, tuple[Tensor, Tensor]] = {}
+        self.buffers: dict[nn.Module, tuple[Tensor, Tensor]] = {}  # (B, Hkv, S_max, Dh) x2
         self.length = 0
+
+    def append(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add `module`'s new keys/values (B, Hkv, N, Dh); return all of them (B, Hkv, S, Dh)."""
+        past = self.entries.get(module)
+        start = 0 if past is None else past[0].shape[2]
+        if self.capacity is None:
+            if past is not None:
+                k = torch.cat([past[0], k], dim=2)  # (B, Hkv, S_past + N, Dh)
+                v = torch.cat([past[1], v], dim=2)  # (B, Hkv, S_past + N, Dh)
+        else:
+            end = start + k.shape[2]
+            if end > self.capacity:
+                raise ValueError(
+                    f"KVCache(capacity={self.capacity}) is full: {start} keys cached, "
+                    f"{k.shape[2]} new; start a new cache (or slide the window)"
+                )
+            if module not in self.buffers:
+                shape = (*k.shape[:2], self.capacity, k.shape[3])  # (B, Hkv, S_max, Dh)
+                self.buffers[module] = (k.new_empty(shape), v.new_empty(*shape[:3], v.shape[3]))
+            kb, vb = self.buffers[module]
+            kb[:, :, start:end] = k
+            vb[:, :, start:end] = v
+            k, v = kb[:, :, :end], vb[:, :, :end]  # (B, Hkv, S, Dh) views
+        self.entries[module] = (k, v)
+        return k, v
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (M,) of every entry, in that order (beam search)."""
+        self.buffers = {
+            m: (k.index_select(0, index), v.index_select(0, index))
+            for m, (k, v) in self.buffers.items()
+        }
         self.entries = {
             m: (k.index_select(0, index), v.index_select(0, index))
+            if m not in self.buffers
+            else tuple(b[:, :, : k.shape[2]] for b in self.buffers[m])
             for m, (k, v) in self.entries.items()
         }
+
+    def nbytes(self) -> int:
+        """Bytes held by the cached keys and values (the buffers' full size when preallocated)."""
+        held = {**self.entries, **self.buffers}
+        return sum(t.numel() * t.element_size() for kv in held.values() for t in kv)
 
 
 class CachedMultiHeadAttention(MultiHeadAttention):
@@ -59,7 +108,8 @@ class CachedMultiHeadAttention(MultiHeadAttention):
     * self-attention (``context=None``): the keys/values of the N new positions
       are appended to this module's entry; the new queries attend to all of
       them. Pass ``causal=True`` for a decoder: the mask is aligned bottom-right,
-      so query i of the N new ones sees the S - N cached keys and new keys <= i.
+      so query i of the N new ones sees the S - N cached keys and new keys <= i
+      (for N = 1 that is every key, so no causal mask is built).
     * cross-attention: the context's keys/values are projected at the first
       call and reused afterwards (the context must not change between calls).
 
@@ -90,10 +140,10 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             q, k, v = self.heads_qkv(x)  # (B, H, N, Dh), (B, Hkv, N, Dh) x2
             # RoPE: the new tokens sit after the cached ones (cached keys are already rotated).
             q, k = self.rotate(q, k, offset=0 if cached is None else cached[0].shape[2])
-            if cached is not None:
-                k = torch.cat([cached[0], k], dim=2)  # (B, Hkv, S_past + N, Dh)
-                v = torch.cat([cached[1], v], dim=2)  # (B, Hkv, S_past + N, Dh)
-            cache.entries[self] = (k, v)
+            k, v = cache.append(self, k, v)  # (B, Hkv, S_past + N, Dh) x2
+            # One new query sees every cached key: the bottom-right causal mask is all
+            # True, so skip it (attention then needs no mask work at all).
+            causal = causal and q.shape[2] > 1
         elif cached is None:
             q, k, v = self.heads_qkv(x, context)
             q, k = self.rotate(q, k, context)  # refuses a rotary cross-attention

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.models.decoding import CachedMultiHeadAttention, KVCache
+from attnkit.models.generate import generate
 from attnkit.modules._checks import nonnegative_int, positive_int, probability
 from attnkit.modules.blocks import EncoderBlock, FeedForward, residual
 from attnkit.modules.embed import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -57,7 +58,7 @@ class TransformerConfig:
     activation: str = "relu"  # feed-forward activation (the paper: ReLU)
     norm_eps: float = 1e-5  # LayerNorm epsilon
     label_smoothing: float = 0.1  # ε_ls of the loss (§5.4)
-    pad_id: int = 0  # padding token: masked as a key, ignored by the loss
+    pad_id: int | None = None  # padding token: masked as a key, ignored by the loss (None: none)
 
     def __post_init__(self) -> None:
         for name in ("src_vocab", "tgt_vocab", "d_model", "num_heads", "d_ff", "max_len"):
@@ -77,8 +78,10 @@ class TransformerConfig:
                 f"share_embeddings needs src_vocab == tgt_vocab, "
                 f"got {self.src_vocab} and {self.tgt_vocab}"
             )
-        if not 0 <= self.pad_id < min(self.src_vocab, self.tgt_vocab):
-            raise ValueError(f"pad_id must be a token id of both vocabularies, got {self.pad_id}")
+        if self.pad_id is not None and not 0 <= self.pad_id < min(self.src_vocab, self.tgt_vocab):
+            raise ValueError(
+                f"pad_id must be None or a token id of both vocabularies, got {self.pad_id}"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -114,8 +117,11 @@ def preset(name: str, **overrides) -> TransformerConfig:
     return TransformerConfig(**{**PRESETS[name], **overrides})
 
 
-def pad_mask(tokens: Tensor, pad_id: int) -> Tensor:
-    """Key-padding mask (B, 1, 1, S) from token ids (B, S): True = may attend (not `pad_id`)."""
+def pad_mask(tokens: Tensor, pad_id: int | None) -> Tensor | None:
+    """Key-padding mask (B, 1, 1, S) from token ids (B, S): True = may attend (not `pad_id`);
+    None (no mask) when `pad_id` is None."""
+    if pad_id is None:
+        return None
     return (tokens != pad_id)[:, None, None, :]  # (B, 1, 1, S)
 
 
@@ -276,12 +282,24 @@ class _TiedModule(nn.Module):
 
 def _lm_loss(logits: Tensor, labels: Tensor, cfg: TransformerConfig) -> Tensor:
     """Cross-entropy with label smoothing; `pad_id` labels are ignored. (B, T, V), (B, T)."""
-    return F.cross_entropy(
+    return lm_loss(logits, labels, cfg.pad_id, cfg.label_smoothing)
+
+
+def lm_loss(
+    logits: Tensor, labels: Tensor, ignore_id: int | None = None, label_smoothing: float = 0.0
+) -> Tensor:
+    """Mean cross-entropy of logits (B, T, V) against labels (B, T) over the labels that are
+    not `ignore_id`; 0 when there are none (`F.cross_entropy`'s mean gives NaN: 0 / 0)."""
+    labels = labels.flatten()  # (B·T,)
+    ignore = -100 if ignore_id is None else ignore_id  # -100: F.cross_entropy's "none"
+    total = F.cross_entropy(
         logits.flatten(0, 1),  # (B·T, V)
-        labels.flatten(),  # (B·T,)
-        ignore_index=cfg.pad_id,
-        label_smoothing=cfg.label_smoothing,
+        labels,
+        ignore_index=ignore,
+        label_smoothing=label_smoothing,
+        reduction="sum",
     )
+    return total / (labels != ignore).sum().clamp(min=1)
 
 
 class Transformer(_TiedModule):
@@ -364,7 +382,9 @@ class CausalLM(_TiedModule):
 
     Uses `cfg.src_vocab` as the vocabulary and `cfg.decoder_layers` blocks.
     forward(tokens (B, T), cache=None) -> logits (B, T, V); with a cache,
-    tokens are the N new ones only. `device`, `dtype`: as for `Transformer`.
+    tokens are the N new ones only. Every id is a real token unless `cfg.pad_id`
+    is set; cached and full forwards then agree for any vocabulary. `device`,
+    `dtype`: as for `Transformer`.
     """
 
     def __init__(
@@ -402,15 +422,37 @@ class CausalLM(_TiedModule):
         """Next-token loss over tokens (B, T); `pad_id` labels are ignored."""
         return _lm_loss(self(tokens[:, :-1]), tokens[:, 1:], self.cfg)
 
-    @torch.no_grad()
-    def generate(self, prompt: Tensor, max_new: int) -> Tensor:
-        """Greedy continuation with a cache: prompt (B, P) -> (B, P + max_new)."""
-        cache = KVCache()
-        out, new = [prompt], prompt
-        for _ in range(max_new):
-            new = self(new, cache=cache)[:, -1].argmax(-1, keepdim=True)  # (B, 1)
-            out.append(new)
-        return torch.cat(out, dim=1)
+    @property
+    def context(self) -> int:
+        """The most tokens the model sees at once (`generate` slides its window past it)."""
+        return self.cfg.max_len
+
+    def generate(
+        self,
+        ids: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Continue ids (B, P) -> (B, P + T), T <= max_new_tokens; greedy by default.
+
+        See `attnkit.models.generate.generate` (prompts of different lengths need `GPT`:
+        this model's positions cannot skip left padding).
+        """
+        return generate(
+            self,
+            ids,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_id=eos_id,
+            generator=generator,
+        )
 
 
 def config_from_dict(d: dict) -> TransformerConfig:

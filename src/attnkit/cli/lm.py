@@ -1,0 +1,251 @@
+"""`attnkit lm train|sample`: a character-level GPT, trained and sampled from the command line.
+
+    attnkit lm train                                  # on Python's own standard library
+    attnkit lm train --text book.txt --out runs/book
+    attnkit lm sample --checkpoint attnkit-out/lm --prompt "def main(" --temperature 0.8
+
+The default corpus is the standard library's .py files (sysconfig's "stdlib" folder, no
+site-packages), read in sorted order up to --max-chars characters: every machine has it and
+the same Python gives the same text. The last 10% of the text is held out; its loss is
+printed each epoch. The checkpoint (checkpoint.pt: weights, config, vocabulary, history) is
+written atomically at the end of each epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from attnkit.cli._common import add_out_options, add_report_options, positive_int, prepare_out
+from attnkit.cli._errors import EXIT_USAGE, UsageError
+
+__all__ = ["load_lm", "read_corpus", "register"]
+
+FORMAT = "attnkit-lm-v1"  # the checkpoint's marker
+FILES = ("checkpoint.pt", "history.json")
+TRAIN_DEFAULTS = {
+    "epochs": 4,
+    "steps_per_epoch": 100,
+    "batch_size": 32,
+    "context": 128,
+    "layers": 2,
+    "heads": 4,
+    "d_model": 128,
+    "lr": 3e-3,
+    "max_chars": 1_000_000,
+    "seed": 0,
+}
+HELD_OUT = 0.1  # fraction of the text, at its end
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "lm",
+        help="train a character-level GPT, sample from it",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(run=lambda args: _help(parser))
+    sub = parser.add_subparsers(dest="lm_command", metavar="COMMAND")
+    _add_train(sub.add_parser("train", help="train a character-level GPT"))
+    _add_sample(sub.add_parser("sample", help="continue a prompt with a trained GPT"))
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = _positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _add_train(p: argparse.ArgumentParser) -> None:
+    d = TRAIN_DEFAULTS
+    p.add_argument("--text", type=Path, metavar="FILE", help="UTF-8 text to train on "
+                   "(default: the Python standard library's .py files)")  # fmt: skip
+    add_out_options(p, "lm", "checkpoint.pt and history.json")
+    add_report_options(p)
+    for name, kind, what in (
+        ("epochs", positive_int, "passes of --steps-per-epoch steps"),
+        ("steps_per_epoch", positive_int, "training steps between held-out evaluations"),
+        ("batch_size", positive_int, "windows per step"),
+        ("context", positive_int, "characters the model sees at once"),
+        ("layers", positive_int, "GPT blocks"),
+        ("heads", positive_int, "attention heads"),
+        ("d_model", positive_int, "model width (a multiple of --heads)"),
+        ("lr", _positive_float, "peak AdamW learning rate (cosine decay, short warm-up)"),
+        ("max_chars", positive_int, "read at most this many characters of the corpus"),
+    ):
+        flag = "--" + name.replace("_", "-")
+        p.add_argument(flag, type=kind, default=d[name], help=f"{what} (default {d[name]})")
+    p.add_argument("--seed", type=int, default=d["seed"], help="model init and window order")
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="torch CPU threads (default 1: a small model; on a shared CPU more threads mostly "
+        "wait on each other)",
+    )
+    p.set_defaults(run=run_train)
+
+
+def _add_sample(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", type=Path, required=True, metavar="DIR",
+                   help="the --out folder of `attnkit lm train`")  # fmt: skip
+    p.add_argument(
+        "--prompt", required=True, help="text to continue (characters it was trained on)"
+    )
+    p.add_argument("--max-new-tokens", type=positive_int, default=200, help="characters to add")
+    p.add_argument("--temperature", type=_nonnegative_float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=positive_int, default=None, help="sample among the k likeliest")
+    p.add_argument("--top-p", type=_probability, default=None, help="nucleus sampling mass")
+    p.add_argument("--seed", type=int, default=0, help="the sampling generator's seed")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run_sample)
+
+
+def read_corpus(text: Path | None, max_chars: int) -> tuple[str, str]:
+    """The training text and a one-line description of where it came from."""
+    if text is not None:
+        if not text.is_file():
+            raise UsageError(f"--text {str(text)!r}: no such file")
+        try:
+            body = text.read_text(encoding="utf-8")[:max_chars]
+        except UnicodeDecodeError as e:
+            raise UsageError(f"--text {str(text)!r} is not UTF-8 text ({e.reason})") from None
+        source = str(text)
+    else:
+        import sysconfig
+
+        root = Path(sysconfig.get_paths()["stdlib"])
+        files = sorted(
+            p for p in root.rglob("*.py")
+            if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)
+        )  # fmt: skip
+        parts, size = [], 0
+        for path in files:
+            if size >= max_chars:
+                break
+            try:
+                parts.append(path.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, OSError):
+                continue  # a few test files are deliberately not UTF-8
+            size += len(parts[-1])
+        body = "".join(parts)[:max_chars]
+        source = f"the Python standard library ({root}, {len(parts)} files)"
+    if len(body.strip()) == 0:
+        raise UsageError(f"--text {source!r} is empty: give a file with some text")
+    return body, source
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import json
+
+    if args.d_model % args.heads:
+        raise UsageError(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
+    text, source = read_corpus(args.text, args.max_chars)
+    split = int(len(text) * (1 - HELD_OUT))
+    if min(split, len(text) - split) < args.context + 1:
+        raise UsageError(
+            f"--text has {len(text)} characters: too few for --context {args.context} "
+            f"(need {10 * (args.context + 1)}: 90% to train, 10% held out)"
+        )
+    prepare_out(args.out, FILES, force=args.force)
+    from attnkit.cli._lm_train import train
+
+    summary = train(args, text, source, split, FORMAT, FILES)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"attnkit lm train: held-out loss {summary['held_out_loss']:.3f} after "
+            f"{summary['epochs']} epochs in {summary['seconds']:.0f}s; wrote "
+            f"{args.out / FILES[0]} and {args.out / FILES[1]}"
+        )
+    return 0
+
+
+def load_lm(directory: Path):
+    """(GPT in eval mode, vocabulary string) of an `attnkit lm train` folder; UsageError."""
+    import pickle
+
+    import torch
+
+    from attnkit.models import GPT, GPTConfig
+
+    if directory.is_file():
+        raise UsageError(f"--checkpoint {str(directory)!r} is a file: give the --out folder")
+    path = directory / FILES[0]
+    if not path.is_file():
+        raise UsageError(f"--checkpoint: no {FILES[0]} in {directory}; run `attnkit lm train`")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError) as e:
+        reason = " ".join(str(e).split())[:100]
+        raise UsageError(
+            f"--checkpoint: {path} is not readable ({type(e).__name__}: {reason})"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UsageError(f"--checkpoint: {path} is not an `attnkit lm` checkpoint (no {FORMAT!r})")
+    try:
+        model = GPT(GPTConfig(**state["config"]))
+        model.load_state_dict(state["model"])
+        vocab = str(state["vocab"])
+    except (KeyError, TypeError, RuntimeError, ValueError) as e:
+        reason = " ".join(str(e).split())[:100]
+        raise UsageError(
+            f"--checkpoint: {path} does not hold a GPT attnkit can build ({reason})"
+        ) from None
+    return model.eval(), vocab
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    model, vocab = load_lm(args.checkpoint)
+    index = {ch: i for i, ch in enumerate(vocab)}
+    unknown = sorted({ch for ch in args.prompt if ch not in index})
+    if not args.prompt:
+        raise UsageError("--prompt is empty: give some text to continue")
+    if unknown:
+        shown = "".join(unknown)[:20]
+        raise UsageError(f"--prompt has characters the model never saw: {shown!r}")
+    ids = torch.tensor([[index[ch] for ch in args.prompt]])  # (1, P)
+    out = model.generate(
+        ids,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    text = "".join(vocab[i] for i in out[0].tolist())
+    print(json.dumps({"command": "lm sample", "text": text}) if args.json else text)
+    return 0

@@ -1,0 +1,90 @@
+"""`attnkit lm train|sample` through `main([...])` on tiny sizes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnkit.cli.lm import load_lm, read_corpus
+from attnkit.cli.main import main
+
+TINY = ["--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "4", "--context", "16",
+        "--layers", "1", "--heads", "2", "--d-model", "16", "--threads", "1"]  # fmt: skip
+TEXT = "the cat sat on the mat. the dog sat on the log. " * 20
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm")
+    (root / "t.txt").write_text(TEXT)
+    code = main(["lm", "train", "--text", str(root / "t.txt"), "--out", str(root / "run"), *TINY])
+    assert code == 0
+    return root
+
+
+def test_train_writes_a_checkpoint_and_held_out_loss_per_epoch(trained):
+    history = json.loads((trained / "run" / "history.json").read_text())
+    assert [h["epoch"] for h in history["history"]] == [1, 2]
+    assert history["vocab_size"] == len(set(TEXT)) and history["chars"] == len(TEXT)
+    for h in history["history"]:
+        assert 0 < h["held_out_loss"] < 10 and 0 < h["train_loss"] < 10
+    model, vocab = load_lm(trained / "run")
+    assert vocab == "".join(sorted(set(TEXT))) and model.cfg.context == 16
+    assert not model.training
+
+
+def test_train_output_progress_and_json(tmp_path, capsys):
+    (tmp_path / "t.txt").write_text(TEXT)
+    out = tmp_path / "run"
+    assert main(["lm", "train", "--text", str(tmp_path / "t.txt"), "--out", str(out), *TINY]) == 0
+    captured = capsys.readouterr()
+    assert "lm train: 100%" in captured.err and "[lm] epoch 2/2:" in captured.err
+    assert "held-out loss" in captured.err
+    last = captured.out.strip().splitlines()[-1]
+    assert (
+        last.startswith("attnkit lm train: held-out loss ") and str(out / "checkpoint.pt") in last
+    )
+    # the folder holds results now: refused without --force, one line, exit 2
+    argv = ["lm", "train", "--text", str(tmp_path / "t.txt"), "--out", str(out), *TINY]
+    assert main(argv) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main([*argv, "--force", "--json", "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["command"] == "lm train" and summary["epochs"] == 2
+    assert summary["held_out_loss"] > 0 and summary["files"][0].endswith("checkpoint.pt")
+
+
+def test_sample_continues_the_prompt_reproducibly(trained, capsys):
+    argv = ["lm", "sample", "--checkpoint", str(trained / "run"), "--prompt", "the ca",
+            "--max-new-tokens", "12", "--seed", "3"]  # fmt: skip
+    assert main(argv) == 0
+    first = capsys.readouterr().out.rstrip("\n")
+    assert main(argv) == 0
+    assert capsys.readouterr().out.rstrip("\n") == first
+    assert first.startswith("the ca") and len(first) == 6 + 12
+
+
+def test_greedy_sample_is_the_models_greedy_generation(trained, capsys):
+    argv = ["lm", "sample", "--checkpoint", str(trained / "run"), "--prompt", "the dog",
+            "--max-new-tokens", "10", "--temperature", "0", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    text = json.loads(capsys.readouterr().out)["text"]
+    model, vocab = load_lm(trained / "run")
+    ids = torch.tensor([[vocab.index(c) for c in "the dog"]])
+    assert text == "".join(vocab[i] for i in model.generate(ids, 10)[0].tolist())
+
+
+def test_prompt_with_unknown_characters_is_one_line_exit_2(trained, capsys):
+    argv = ["lm", "sample", "--checkpoint", str(trained / "run"), "--prompt", "Zebra ☃"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--prompt" in err and "Z" in err and "☃" in err
+
+
+def test_default_corpus_is_the_standard_library_read_deterministically():
+    a, source = read_corpus(None, 20_000)
+    b, _ = read_corpus(None, 20_000)
+    assert a == b and len(a) == 20_000
+    assert "standard library" in source and "import" in a
