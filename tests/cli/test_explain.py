@@ -187,3 +187,21 @@ def test_readme_example_with_ranges_and_json(capsys, tmp_path):
     assert capsys.readouterr().out.strip().splitlines() == [
         f"attnkit explain: wrote {', '.join(FILES)} to {out}/"
     ]
+
+
+def test_default_run_imports_only_what_it_needs(tmp_path):
+    """The slow imports `attnkit explain` used to pay for nothing: matplotlib (its PNGs are
+    drawn with Pillow), sympy (pulled in by torch's symbolic shape checks), torch._dynamo
+    (pulled in by initialising weights on the meta device) and transformers (BERT runs on
+    attnkit's own encoder)."""
+    code = f"""
+import sys
+from attnkit.cli.main import main
+assert main(["explain", "--out", {str(tmp_path / "out")!r}, "--quiet"]) == 0
+heavy = ("matplotlib", "sympy", "torch._dynamo", "transformers")
+print("heavy:" + ",".join(m for m in heavy if m in sys.modules))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "heavy:"
+    assert {p.name for p in (tmp_path / "out").iterdir()} == set(FILES)
