@@ -49,6 +49,12 @@ def viridis(values: np.ndarray) -> np.ndarray:
     return np.rint(_VIRIDIS[lo] * (1 - frac) + _VIRIDIS[lo + 1] * frac).astype(np.uint8)
 
 
+def _require_pillow() -> None:
+    from attnkit._optional import require
+
+    require("PIL.Image", "viz", "drawing PNG pictures")
+
+
 @functools.lru_cache(maxsize=32)
 def _font(size: int):
     """DejaVu Sans (matplotlib's font file, found without importing matplotlib), else
@@ -91,6 +97,7 @@ def model_view_png(
 ) -> bytes:
     """PNG of maps (L, H, n, s) as an L × H grid of heatmaps on one colour scale
     (0 to the largest weight), query labels left, key labels below, a colour bar right."""
+    _require_pillow()
     from PIL import Image, ImageDraw
 
     data = maps.detach().float().numpy()
@@ -155,6 +162,7 @@ def head_distance_png(
 ) -> bytes:
     """PNG: mean attention distance (L, H) per head against layer, coloured by entropy
     (L, H), with the mean over heads as a grey line (the ViT paper's Fig. 7)."""
+    _require_pillow()
     from PIL import Image, ImageDraw
 
     dist, ent = distance.float().numpy(), entropy.float().numpy()
