@@ -61,7 +61,10 @@ def run(args, text_files: tuple[str, ...]) -> int:
     if not args.image.is_file():
         raise UsageError(f"--image {str(args.image)!r} does not exist: give a PNG or JPEG file")
     hf = require_transformers(folder)
-    config = hf._config(folder)
+    try:
+        config = hf._config(folder)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     images, gray = _pixels(args.image, config, folder)
     prepare_out(args.out, FILES + text_files, force=args.force)
 
