@@ -4,8 +4,9 @@
     PYTHONPATH=src python benchmarks/bench_cli.py [--runs 5] [--explain-runs 3]
 
 Writes benchmarks/results/cli.json and cli.md. Also times `python -c "import torch"`, the
-floor under any command that computes something, so the numbers read as ratios on a loaded
-machine.
+floor under any command that computes something, and the imports `attnkit explain` needs
+(torch, attnkit's BERT, tokenizers, Pillow), so the numbers read as ratios on a loaded
+machine. The goal (issue 16): explain with its defaults in <= 3 s on a quiet 2-core CPU.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ def main() -> None:
         "attnkit --version": ([*cli, "--version"], 0, args.runs),
         "usage error (flops --dim x)": ([*cli, "flops", "--dim", "x"], 2, args.runs),
         "python -c 'import torch'": ([PY, "-c", "import torch"], 0, args.runs),
+        # torch plus attnkit's BERT, attention and tokenizer code: the floor under explain
+        "import what explain needs": (
+            [PY, "-c", "import attnkit.models, attnkit.viz.record, tokenizers, PIL.Image"],
+            0,
+            args.runs,
+        ),
         "attnkit explain (defaults)": (
             [*cli, "explain", "--out", str(out_dir), "--force"], 0, args.explain_runs,
         ),

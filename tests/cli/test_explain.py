@@ -80,12 +80,14 @@ def test_checkpoint_without_weights(capsys, tmp_path, tiny):
     _fails(capsys, ["--checkpoint", str(folder)], "has no weights", "model.safetensors")
 
 
-def test_unsupported_model_type(capsys, tmp_path, tiny):
-    folder = tmp_path / "roberta"
+def test_unknown_model_type(capsys, tmp_path, tiny):
+    """Not BERT: read through transformers, which knows no such model (RoBERTa, GPT-2, ...
+    are tested in test_explain_checkpoints.py)."""
+    folder = tmp_path / "mystery"
     shutil.copytree(tiny, folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}))
-    _fails(capsys, ["--checkpoint", str(folder)], "model_type 'roberta' is not supported")
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "mystery-net"}))
+    _fails(capsys, ["--checkpoint", str(folder)], "cannot load", "mystery")
 
 
 def test_text_longer_than_max_positions(capsys, tmp_path, tiny):
@@ -185,3 +187,21 @@ def test_readme_example_with_ranges_and_json(capsys, tmp_path):
     assert capsys.readouterr().out.strip().splitlines() == [
         f"attnkit explain: wrote {', '.join(FILES)} to {out}/"
     ]
+
+
+def test_default_run_imports_only_what_it_needs(tmp_path):
+    """The slow imports `attnkit explain` used to pay for nothing: matplotlib (its PNGs are
+    drawn with Pillow), sympy (pulled in by torch's symbolic shape checks), torch._dynamo
+    (pulled in by initialising weights on the meta device) and transformers (BERT runs on
+    attnkit's own encoder)."""
+    code = f"""
+import sys
+from attnkit.cli.main import main
+assert main(["explain", "--out", {str(tmp_path / "out")!r}, "--quiet"]) == 0
+heavy = ("matplotlib", "sympy", "torch._dynamo", "transformers")
+print("heavy:" + ",".join(m for m in heavy if m in sys.modules))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "heavy:"
+    assert {p.name for p in (tmp_path / "out").iterdir()} == set(FILES)

@@ -66,3 +66,46 @@ def test_decoder_head_view_draws_no_line_to_a_future_token(tmp_path):
                     assert any(q == 0 and k == 0 for q, k, _ in lines)  # token 0 sees itself
         finally:
             browser.close()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_explain_cli_decoder_head_view_is_causal_in_the_browser(family, tmp_path, capsys):
+    """`attnkit explain --checkpoint DIR` on a saved decoder: its head_view.html draws no line
+    from a token to a later one, for every layer and head, and the mean."""
+    from attnkit.cli.main import main
+    from tests.integrations.checkpoints import save_text_checkpoint
+
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="the playwright python package is not installed"
+    )
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium executable on PATH (Debian package 'chromium')")
+    folder = save_text_checkpoint(family, tmp_path / family)
+    out = tmp_path / "out"
+    argv = ["explain", "the cat sat because it was tired", "--checkpoint", str(folder)]
+    assert main([*argv, "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=ARGS)
+        try:
+            pg = browser.new_page(viewport={"width": 1000, "height": 700})
+            errors: list[str] = []
+            pg.on("pageerror", lambda e: errors.append(str(e)))
+            pg.goto((out / "head_view.html").as_uri())
+            pg.wait_for_selector("body[data-ready='1']", timeout=10_000)
+            assert errors == []
+            heads = pg.evaluate(
+                "() => Array.from(document.querySelectorAll('#ak-head option'), o => o.value)"
+            )
+            assert heads == ["4", "0", "1", "2", "3"]  # "4": the mean of the 4 heads
+            for layer in ("0", "1"):
+                for head in heads:
+                    pg.select_option("#ak-layer", layer)
+                    pg.select_option("#ak-head", head)
+                    lines = pg.evaluate(VISIBLE_LINES)
+                    assert lines, (layer, head)
+                    assert all(k <= q for q, k, _ in lines), (layer, head)  # causal picture
+                    assert any(k < q for q, k, _ in lines)  # and it looks back
+        finally:
+            browser.close()

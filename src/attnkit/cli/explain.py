@@ -1,11 +1,14 @@
-"""`attnkit explain`: run a pretrained BERT on a sentence and show where one token looks.
+"""`attnkit explain`: run a pretrained model on a sentence and show where one token looks.
 
-Dimensions: L layers, H heads, N tokens ([CLS] and [SEP] included).
+Dimensions: L layers, H heads, N tokens (special tokens included).
 
-The model is attnkit's `BertEncoder` (no `transformers`); the maps come from
-`attnkit.record_attention`. Prints a table per layer (mean over heads) and per
-head of the last layer, then writes a head view (HTML), a model view (PNG) and
-the maps (JSON) into --out, each atomically, after everything has been computed.
+A BERT checkpoint (and the embedded all-MiniLM-L6-v2) runs on attnkit's own `BertEncoder`
+(no `transformers`); other local Hugging Face checkpoints (RoBERTa, DistilBERT, GPT-2,
+Llama-style decoders) run on transformers with ``attn_implementation="attnkit"``
+(`attnkit.cli._explain_hf`), a ViT on an --image (`attnkit.cli._explain_vit`). The maps come
+from `attnkit.record_attention`. Prints a table per layer (mean over heads) and per head of
+the last layer, then writes a head view (HTML), a model view (PNG), the head distances (PNG)
+and the maps (JSON) into --out, each atomically, after everything has been computed.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = ["DEFAULT_TEXT", "find_focus", "ranked", "register", "run"]
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired"
 DEFAULT_FOCUS = "it"
 SPECIAL = frozenset({"[CLS]", "[SEP]", "[PAD]"})
+UNKNOWN = frozenset({"[UNK]", "<unk>"})
 CHECKPOINT_HINT = (
     "pass --checkpoint DIR with a Hugging Face BERT folder (config.json, model.safetensors)"
 )
@@ -67,7 +71,9 @@ def register(subparsers) -> None:
         "--checkpoint",
         metavar="DIR",
         type=Path,
-        help="Hugging Face BERT folder (default: embedded all-MiniLM-L6-v2)",
+        help="a local Hugging Face checkpoint folder: BERT (read by attnkit itself), "
+        "RoBERTa, DistilBERT, GPT-2, Llama-style or ViT (read by transformers, the [hf] "
+        "extra) (default: embedded all-MiniLM-L6-v2)",
     )
     p.add_argument(
         "--layers",
@@ -78,6 +84,12 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--heads", nargs="+", type=int_list, metavar="H", help="heads, e.g. 0,11 (default: all)"
+    )
+    p.add_argument(
+        "--image",
+        metavar="FILE",
+        type=Path,
+        help="picture to explain when --checkpoint is an image model (ViT)",
     )
     add_out_options(p, "explain", "head_view.html, model_view.png, attention.json")
     add_report_options(p)
@@ -202,13 +214,25 @@ def _cells(items: list[tuple[str, float]]) -> str:
     return "  ".join(f"{t} {w:.2f}" for t, w in items)
 
 
-def report(maps, tokens: list[str], focus: int, layers: list[int], heads: list[int], k: int):
-    """The table (a list of lines) for maps (L', H', N, N) of the selected layers and heads."""
-    skip = sorted({i for i, t in enumerate(tokens) if t in SPECIAL} | {focus})
+def report(
+    maps,
+    tokens: list[str],
+    focus: int,
+    layers: list[int],
+    heads: list[int],
+    k: int,
+    special: Sequence[bool] | None = None,
+):
+    """The table (a list of lines) for maps (L', H', N, N) of the selected layers and heads.
+    `special`: N flags of tokens left out of the top words (default: [CLS]/[SEP]/[PAD]);
+    the focus token and unknown-token pieces are left out too."""
+    special = [t in SPECIAL for t in tokens] if special is None else special
+    unk = {i for i, t in enumerate(tokens) if t in UNKNOWN}
+    skip = sorted({i for i, s in enumerate(special) if s} | unk | {focus})
     rows = maps[:, :, focus]  # (L', H', N): the focus token's attention
     name = tokens[focus]
     lines = [f"where {name!r} (token {focus}) attends; mean over heads {_span(heads)}", ""]
-    lines.append(f"{'layer':>5}  {'top tokens':<40}  top words (no [CLS]/[SEP]/itself)")
+    lines.append(f"{'layer':>5}  {'top tokens':<40}  top words (no special tokens/itself)")
     for li, layer in enumerate(layers):
         mean = rows[li].mean(0)  # (N,)
         raw, words = ranked(mean, tokens, k), ranked(mean, tokens, k, skip)
@@ -257,14 +281,9 @@ def _span(indices: list[int]) -> str:
     return ",".join(map(str, indices))
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the command; UsageError for bad input (the caller prints it and exits 2)."""
-    _check_args(args)
-    import torch
-
-    from attnkit.analysis.heads import head_stats
-    from attnkit.cli import _render
-    from attnkit.viz.record import record_attention
+def _prepare_bert(args: argparse.Namespace):
+    """`Prepared` for attnkit's own BERT encoder (the embedded model or a BERT folder)."""
+    from attnkit.cli._explain_hf import Prepared
 
     folder, name, config, tokenizer = _open(args.checkpoint)
     from attnkit.models import TextTooLong
@@ -281,34 +300,94 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e).replace("text 0", what)) from None
     tokens = encoding.tokens[0]
     focus = find_focus(tokens, args.focus, tokenizer.tokenize)
-    layers = _indices("--layers", args.layers, config.num_hidden_layers, "layers")
-    heads = _indices("--heads", args.heads, config.num_attention_heads, "heads")
-    prepare_out(args.out, FILES, force=args.force)
-    model = _load_model(folder, name)  # every input is checked before the slow part
 
-    with torch.inference_mode(), record_attention(model) as rec:
-        model(**encoding.model_inputs())
-    maps = rec.stack()[:, 0]  # (L, 1, H, N, N) -> (L, H, N, N)
-    maps = maps[layers][:, heads]  # (L', H', N, N)
+    def compute():
+        import torch
+
+        from attnkit.viz.record import record_attention
+
+        model = _load_model(folder, name)
+        with torch.inference_mode(), record_attention(model) as rec:
+            model(**encoding.model_inputs())
+        return rec.stack()[:, 0]  # (L, 1, H, N, N) -> (L, H, N, N)
+
+    return Prepared(
+        name=name,
+        tokens=tokens,
+        special=[t in SPECIAL for t in tokens],
+        focus=focus,
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        compute=compute,
+        unknown=unknown_pieces(
+            [args.text] + ([args.pair] if args.pair else []), tokenizer.tokenize
+        ),
+    )
+
+
+def unknown_pieces(texts: Sequence[str], pieces_of: Callable[[str], list[str]]) -> list[str]:
+    """What of `texts` the WordPiece vocabulary reads as [UNK]: the characters that are
+    unknown on their own, else the whole (whitespace-separated) word."""
+    found: list[str] = []
+    for word in (w for text in texts for w in text.split()):
+        if "[UNK]" not in pieces_of(word):
+            continue
+        chars = [c for c in dict.fromkeys(word) if "[UNK]" in pieces_of(c)]
+        found += [c for c in (chars or [word]) if c not in found]
+    return found
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command; UsageError for bad input (the caller prints it and exits 2)."""
+    _check_args(args)
+    from attnkit.cli import _explain_hf
+
+    kind = _explain_hf.checkpoint_kind(args.checkpoint)
+    if args.image is not None and kind != "vision":
+        raise UsageError(
+            "--image is for image checkpoints (ViT): leave it out to explain TEXT, or pass "
+            "--checkpoint with a ViT folder"
+        )
+    if kind == "vision":
+        from attnkit.cli import _explain_vit
+
+        return _explain_vit.run(args, FILES)
+    prep = _explain_hf.prepare(args, _step) if kind == "hf" else _prepare_bert(args)
+    layers = _indices("--layers", args.layers, prep.num_layers, "layers")
+    heads = _indices("--heads", args.heads, prep.num_heads, "heads")
+    prepare_out(args.out, FILES, force=args.force)
+    # every input is checked before the slow part
+    import torch
+
+    from attnkit.analysis.heads import head_stats
+    from attnkit.cli import _render
+
+    maps = prep.compute()[layers][:, heads]  # (L, H, N, N) -> (L', H', N, N)
+    tokens, focus = prep.tokens, prep.focus
     layer_names = [f"layer {i}" for i in layers]
 
     show = not (args.quiet or args.json)  # --json: stdout is the JSON summary, nothing else
     say = print if show else (lambda *a, **k: None)
-    say(f"{name}: {config.num_hidden_layers} layers x {config.num_attention_heads} heads")
-    say("\n".join(report(maps, tokens, focus, layers, heads, args.top)))
+    kind_note = " (decoder: each token attends to itself and earlier tokens)" * prep.decoder
+    say(f"{prep.name}: {prep.num_layers} layers x {prep.num_heads} heads{kind_note}")
+    if prep.unknown:
+        say(_unknown_note(prep.unknown))
+    say("\n".join(report(maps, tokens, focus, layers, heads, args.top, special=prep.special)))
 
-    special = torch.tensor([t in SPECIAL for t in tokens])  # (N,)
+    special = torch.tensor(prep.special)  # (N,)
     stats = head_stats(maps[:, None], special=special)  # (L', B=1, H', N, N)
-    say("\nwhat the heads do (distance in tokens, entropy, weight on [CLS]/[SEP]):")
+    say("\nwhat the heads do (distance in tokens, entropy, weight on special tokens):")
     say("\n".join("  " + line for line in stats.summary(layer_names=layer_names)))
 
     meta = {
         "text": args.text,
         "pair": args.pair,
         "focus": {"token": tokens[focus], "index": focus},
-        "checkpoint": name,
+        "checkpoint": prep.name,
         "layers": layers,
         "heads": heads,
+        "decoder": prep.decoder,
+        "unknown": prep.unknown,
     }
     with _step("rendering"):
         written = _render.write_all(args.out, tokens, maps, layer_names, meta, stats)
@@ -319,3 +398,11 @@ def run(args: argparse.Namespace) -> int:
         say()
         print(f"attnkit explain: wrote {', '.join(p.name for p in written)} to {args.out}/")
     return 0
+
+
+def _unknown_note(unknown: Sequence[str]) -> str:
+    shown = ", ".join(repr(u) for u in unknown)
+    return (
+        f"note: the tokenizer cannot represent {shown}: read as its unknown token, which "
+        "carries no meaning (left out of the top words below)"
+    )

@@ -82,7 +82,7 @@ def validate(q, k, v, mask, bias, dropout_p, scale) -> None:
         if t.device != q.device:
             raise ValueError(f"{name} must be on {q.device}, got {t.device}")
         try:
-            ok = t.dim() <= 4 and torch.broadcast_shapes(t.shape, full) == torch.Size(full)
+            ok = t.dim() <= 4 and _broadcasts_to(t.shape, full)
         except RuntimeError:
             ok = False
         if not ok:
@@ -96,3 +96,15 @@ def validate(q, k, v, mask, bias, dropout_p, scale) -> None:
         float(scale) == float(scale) and abs(float(scale)) < float("inf")
     ):
         raise ValueError(f"scale must be a finite number, got {scale}")
+
+
+def _broadcasts_to(shape: tuple, full: tuple) -> bool:
+    """True if `shape` broadcasts to `full` (and the result is `full`). Plain ints are
+    compared here: torch.broadcast_shapes imports sympy on its first call (~0.7 s of a CLI
+    start); symbolic sizes (tracing) still go through it."""
+    sizes = (*shape, *full)
+    if all(type(d) is int for d in sizes):
+        return len(shape) <= len(full) and all(
+            d in (1, f) for d, f in zip(reversed(shape), reversed(full), strict=False)
+        )
+    return torch.broadcast_shapes(shape, full) == torch.Size(full)

@@ -33,7 +33,6 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from attnkit._cpu import has_native_bf16
 from attnkit.functional import masks as _masks
@@ -274,7 +273,7 @@ def _choose_backend(
     # on (PERF-NOTES: ~12x slower at N=2048); the chunked kernel draws its
     # dropout bits cheaply and keeps O(N) memory. A mask size only known symbolically
     # (export with dynamic shapes) keeps fused rather than guard on the size.
-    if dropout or statically_known_true(mask_elems >= _MASK_ELEMS_CHUNKED):
+    if dropout or _surely_at_least(mask_elems, _MASK_ELEMS_CHUNKED):
         return "chunked"
     # SDPA's bfloat16 backward on a CPU without bf16 units (AVX2 EPYC) is ~4x slower than
     # chunked, which computes in float32: fwd+bwd N=1024 (B=1, H=8, D=64, 1 thread) 618 ms vs
@@ -428,3 +427,14 @@ def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:
     if dead is not None:
         out = out.masked_fill(dead, 0.0)
     return AttentionOutput(out)
+
+
+def _surely_at_least(value, bound: int) -> bool:
+    """``value >= bound`` for an int; for a symbolic size (export with dynamic shapes), True
+    only if known statically. The symbolic check is imported here, not at module level:
+    torch.fx.experimental.symbolic_shapes pulls in sympy, ~0.7 s of every CLI start."""
+    if isinstance(value, int):
+        return value >= bound
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(value >= bound)

@@ -50,9 +50,16 @@ from attnkit.viz import record as _record
 __all__ = [
     "NAME",
     "TextAttention",
+    "TextEncoding",
     "attnkit_attention_forward",
     "attnkit_mask",
+    "encode_text",
+    "is_decoder",
     "load_checkpoint",
+    "load_model",
+    "load_tokenizer",
+    "piece_text",
+    "run_text",
     "text_attention",
 ]
 
@@ -179,6 +186,38 @@ def _claims(model: nn.Module) -> bool:
 
 # --- A local checkpoint folder of any supported family, for `attnkit explain --checkpoint` ---
 
+# Word-start / continuation marks of the sub-word families: WordPiece continues a word with
+# "##", byte-level BPE (GPT-2, RoBERTa) starts one with "Ġ", SentencePiece (Llama) with "▁".
+_MARKS = ("##", "Ġ", "▁")
+
+
+def piece_text(token: str) -> str:
+    """A token without its sub-word mark: "##ing" -> "ing", "Ġcat" -> "cat", "▁it" -> "it"."""
+    for mark in _MARKS:
+        if token.startswith(mark) and len(token) > len(mark):
+            return token[len(mark) :]
+    return token
+
+
+@dataclass(frozen=True)
+class TextEncoding:
+    """One text (and optional pair) as the tokenizer of a checkpoint sees it.
+
+    input_ids:  (1, N) token ids; attention_mask (1, N) ones (one text, no padding).
+    tokens:     the N token strings, special tokens included.
+    special:    N flags, True for the tokenizer's special tokens (<s>, [CLS], <|endoftext|>, ...).
+    words:      (word as written in the text, index of its first token), in text order;
+                special tokens are not words.
+    unknown:    the pieces of the text the tokenizer could only map to its unknown token.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    tokens: list[str]
+    special: list[bool]
+    words: list[tuple[str, int]]
+    unknown: list[str]
+
 
 @dataclass(frozen=True)
 class TextAttention:
@@ -198,6 +237,56 @@ class TextAttention:
     decoder: bool
 
 
+def _config(path: Path):
+    import transformers
+
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"checkpoint: {str(path)!r} holds no config.json (not a transformers folder)"
+        )
+    try:
+        return transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, KeyError, ValueError) as err:
+        raise ValueError(f"checkpoint: cannot load {str(path)!r}: {err}") from err
+
+
+def is_decoder(config: Any) -> bool:
+    """True for a causal language model (``architectures`` ending in ``ForCausalLM`` or
+    ``LMHeadModel``, or ``is_decoder`` set)."""
+    archs = getattr(config, "architectures", None) or []
+    return bool(getattr(config, "is_decoder", False)) or any(
+        a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs
+    )
+
+
+def load_tokenizer(folder: str | os.PathLike[str]) -> Any:
+    """The tokenizer saved in a local checkpoint folder (never downloads); ValueError naming
+    the folder when it has none."""
+    import transformers
+
+    path = Path(folder)
+    _config(path)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, KeyError, ValueError, TypeError) as err:
+        raise ValueError(f"checkpoint: no usable tokenizer in {str(path)!r}: {err}") from err
+
+
+def load_model(folder: str | os.PathLike[str]) -> nn.Module:
+    """The model of a local checkpoint folder, in eval mode on the attnkit backend: a causal
+    language model with its head (see `is_decoder`), anything else as its base model."""
+    import transformers
+
+    path = Path(folder)
+    config = _config(path)
+    auto = transformers.AutoModelForCausalLM if is_decoder(config) else transformers.AutoModel
+    try:
+        model = auto.from_pretrained(path, attn_implementation=NAME, local_files_only=True)
+    except (OSError, KeyError, ValueError) as err:
+        raise ValueError(f"checkpoint: cannot load {str(path)!r}: {err}") from err
+    return model.eval()
+
+
 def load_checkpoint(folder: str | os.PathLike[str]) -> tuple[nn.Module, Any]:
     """(model in eval mode on the attnkit backend, tokenizer) from a local checkpoint folder.
 
@@ -205,46 +294,103 @@ def load_checkpoint(folder: str | os.PathLike[str]) -> tuple[nn.Module, Any]:
     is loaded with its head, anything else as its base model. Never downloads (local files
     only). Raises ValueError naming the folder when it holds no loadable model or tokenizer.
     """
-    import transformers
-
-    path = Path(folder)
-    if not (path / "config.json").is_file():
-        raise ValueError(
-            f"checkpoint: {str(path)!r} holds no config.json (not a transformers folder)"
-        )
-    try:
-        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-        archs = getattr(config, "architectures", None) or []
-        decoder = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
-        auto = transformers.AutoModelForCausalLM if decoder else transformers.AutoModel
-        model = auto.from_pretrained(path, attn_implementation=NAME, local_files_only=True)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, KeyError, ValueError) as err:
-        raise ValueError(f"checkpoint: cannot load {str(path)!r}: {err}") from err
-    return model.eval(), tokenizer
+    return load_model(folder), load_tokenizer(folder)
 
 
-def text_attention(model: nn.Module, tokenizer: Any, text: str) -> TextAttention:
-    """Run `text` through `model` while recording; see `TextAttention`."""
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"text: expected a non-empty string, got {text!r}")
-    enc = tokenizer(text, return_tensors="pt", return_offsets_mapping=tokenizer.is_fast)
+def encode_text(tokenizer: Any, text: str, pair: str | None = None) -> TextEncoding:
+    """Tokenize `text` (and `pair`) as the model expects it; see `TextEncoding`.
+
+    Over-long text is an error (ValueError naming the token counts), never cut silently.
+    """
+    for name, value in (("text", text), ("pair", pair)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValueError(f"{name}: expected a non-empty string, got {value!r}")
+    fast = bool(getattr(tokenizer, "is_fast", False))
+    enc = tokenizer(text, pair, return_tensors="pt", return_offsets_mapping=fast)
     ids = enc["input_ids"]  # (1, N)
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and ids.shape[1] > limit:
+        raise ValueError(
+            f"text has {ids.shape[1]} tokens but the model takes at most {limit}: shorten it"
+        )
+    id_list = ids[0].tolist()
+    tokens = tokenizer.convert_ids_to_tokens(id_list)
+    special_ids = set(tokenizer.all_special_ids)
+    special = [i in special_ids and i != tokenizer.unk_token_id for i in id_list]
+    if fast:
+        spans = [tuple(span) for span in enc["offset_mapping"][0].tolist()]
+        sequence = enc.sequence_ids(0)  # 0 = text, 1 = pair, None = special
+        words = _words_from_offsets(spans, enc.word_ids(0), sequence, special, (text, pair))
+    else:
+        spans, sequence = [], []
+        words = _words_from_marks(tokens, special)
     unknown = []
-    if tokenizer.unk_token_id is not None and "offset_mapping" in enc:
-        for (start, end), tok in zip(
-            enc["offset_mapping"][0].tolist(), ids[0].tolist(), strict=True
-        ):
+    if tokenizer.unk_token_id is not None:
+        for i, tok in enumerate(id_list):
             if tok == tokenizer.unk_token_id:
-                unknown.append(text[start:end])
+                if spans:
+                    source = pair if sequence[i] == 1 else text
+                    unknown.append(source[spans[i][0] : spans[i][1]])
+                else:
+                    unknown.append(tokens[i])
+    mask = enc.get("attention_mask")
+    mask = torch.ones_like(ids) if mask is None else mask
+    return TextEncoding(ids, mask, tokens, special, words, unknown)
+
+
+def _words_from_offsets(spans, word_ids, sequence, special, texts) -> list[tuple[str, int]]:
+    """Words as written: the text between a word's first and last token (fast tokenizers)."""
+    words: dict[tuple[int, int], list[int]] = {}  # (sequence, word id) -> token indices
+    for i, (wid, seq) in enumerate(zip(word_ids, sequence, strict=True)):
+        if wid is None or seq is None or special[i]:
+            continue
+        if texts[seq][spans[i][0] : spans[i][1]].strip():  # not a piece that is only a space
+            words.setdefault((seq, wid), []).append(i)
+    out = []
+    for (seq, _), index in words.items():
+        source = texts[seq]
+        start = min(spans[i][0] for i in index)
+        end = max(spans[i][1] for i in index)
+        out.append((source[start:end].strip(), index[0]))
+    return out
+
+
+def _words_from_marks(tokens: list[str], special: list[bool]) -> list[tuple[str, int]]:
+    """Words from the sub-word marks alone (slow tokenizers): "##" continues a word; with
+    "Ġ" / "▁" marks, an unmarked piece continues the word before it."""
+    starts = ("Ġ", "▁")
+    uses_starts = any(t.startswith(starts) for t in tokens)
+    out: list[tuple[str, int]] = []
+    for i, tok in enumerate(tokens):
+        if special[i]:
+            continue
+        continues = tok.startswith("##") or (uses_starts and not tok.startswith(starts))
+        if continues and out and not special[i - 1]:
+            word, first = out[-1]
+            out[-1] = (word + piece_text(tok), first)
+        else:
+            out.append((piece_text(tok), i))
+    return out
+
+
+def text_attention(
+    model: nn.Module, tokenizer: Any, text: str, pair: str | None = None
+) -> TextAttention:
+    """Run `text` through `model` while recording; see `TextAttention`."""
+    enc = encode_text(tokenizer, text, pair)
+    return run_text(model, enc)
+
+
+def run_text(model: nn.Module, enc: TextEncoding) -> TextAttention:
+    """Run an encoded text through `model` while recording every attention layer."""
     with torch.no_grad(), _record.record_attention(model) as rec:
-        model(input_ids=ids, attention_mask=enc.get("attention_mask"))
+        model(input_ids=enc.input_ids, attention_mask=enc.attention_mask)
     return TextAttention(
-        tokens=tokenizer.convert_ids_to_tokens(ids[0].tolist()),
+        tokens=enc.tokens,
         names=rec.names,
         maps=[m[0] for m in rec.layers()],  # (B, H, N, N) -> (H, N, N)
-        unknown=unknown,
-        decoder=bool(getattr(model.config, "is_decoder", False))
+        unknown=enc.unknown,
+        decoder=is_decoder(model.config)
         or type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")),
     )
 

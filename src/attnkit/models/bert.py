@@ -361,13 +361,26 @@ def load_encoder(cls, config, state, source, pooler, device, dtype) -> BertEncod
     if pooler is None:
         pooler = "pooler.dense.weight" in state
     # no random init: every parameter is loaded below
-    model = cls(config, pooler=pooler, device="meta")
+    with _SkipInit():
+        model = cls(config, pooler=pooler, device="meta")
     dtype = torch.get_default_dtype() if dtype is None else dtype
     device = torch.empty(0, device=device).device  # None: the default device
     ours = _from_hf(state, model, source)
     ours = {k: v.to(device, dtype).contiguous() for k, v in ours.items()}
     model.load_state_dict(ours, strict=True, assign=True)
     return model
+
+
+class _SkipInit(torch.overrides.TorchFunctionMode):
+    """`torch.nn.init` calls return their tensor untouched. On the meta device `normal_`
+    has no kernel of its own: its Python decomposition imports torch._dynamo (~1 s, a
+    third of `attnkit explain`) to initialise weights that are replaced right after."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
 
 
 def _from_hf(state: dict[str, Tensor], model: BertEncoder, source: str) -> dict[str, Tensor]:

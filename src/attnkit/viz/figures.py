@@ -13,12 +13,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from attnkit._io import atomic_write_bytes
 from attnkit.viz.maps import AttentionMaps
+from attnkit.viz.raster import pool_tokens as _pool
 
 __all__ = ["model_view", "save_model_view"]
 
@@ -145,26 +145,3 @@ def _orig(index: int | Sequence[int] | None, size: int) -> list[int]:
     if index is None:
         return list(range(size))
     return [i % size for i in ([index] if isinstance(index, int) else index)]
-
-
-def _pool(
-    data: torch.Tensor, labels: list[str], *, dim: int, max_blocks: int, op: str
-) -> tuple[torch.Tensor, list[str], int]:
-    """Pool ``data`` (L, H, N, S) along ``dim`` into at most ``max_blocks`` blocks of
-    consecutive tokens; returns the pooled tensor, block labels and block size."""
-    size = data.shape[dim]
-    if size <= max_blocks:
-        return data, list(labels), 1
-    block = math.ceil(size / max_blocks)
-    pad = block * math.ceil(size / block) - size
-    padded = torch.nn.functional.pad(data.movedim(dim, -1), (0, pad))  # (..., blocks * block)
-    blocks = padded.unflatten(-1, (-1, block))  # (..., blocks, block)
-    if op == "sum":
-        pooled = blocks.sum(-1)
-    else:  # mean over the real (unpadded) members of each block
-        members = torch.full((blocks.shape[-2],), float(block))
-        members[-1] = block - pad
-        pooled = blocks.sum(-1) / members
-    out = pooled.movedim(-1, dim)
-    names = [f"{i}–{min(i + block, size) - 1} {labels[i]}…" for i in range(0, size, block)]
-    return out, names, block

@@ -149,7 +149,7 @@ class ImageExplanation:
 
     heads: Tensor  # (B, H, h, w) last layer's class-token (or mean) attention per head
     rollout: Tensor  # (B, h, w) attention rollout through all layers
-    logits: Tensor  # (B, K)
+    logits: Tensor | None  # (B, K); None for a model without a classifier
 
 
 @torch.no_grad()
@@ -180,7 +180,7 @@ def explain_images(
 def plot_explanations(
     images: Tensor,
     explanation: ImageExplanation,
-    labels: Tensor,
+    labels: Tensor | None,
     path: str | Path,
     *,
     title: str = "",
@@ -189,7 +189,8 @@ def plot_explanations(
     """A PNG grid, one row per image: input | rollout | head 1 ... head H, written atomically.
 
     images (B, I, I) raw intensities; each map (h, w) is bilinearly upsampled
-    to (I·upsample)² and laid over the image; row titles give the prediction.
+    to (I·upsample)² and laid over the image; row titles give the prediction (and the
+    true label, when `labels` (B,) is given).
     """
     import matplotlib
 
@@ -200,7 +201,7 @@ def plot_explanations(
 
     b, side = images.shape[0], images.shape[-1] * upsample
     heads = explanation.heads.shape[1]
-    pred = explanation.logits.argmax(-1)
+    pred = None if explanation.logits is None else explanation.logits.argmax(-1)  # (B,)
     big = F.interpolate(images[:, None].float(), size=(side, side), mode="nearest")[:, 0].numpy()
     columns = [("rollout", explanation.rollout)]
     columns += [(f"head {i}", explanation.heads[:, i]) for i in range(heads)]
@@ -208,14 +209,19 @@ def plot_explanations(
         b, 1 + len(columns), figsize=(1.6 * (1 + len(columns)), 1.75 * b + 0.5), squeeze=False
     )
     for r in range(b):
-        ok = bool(pred[r] == labels[r])
         ax = axes[r, 0]
         ax.imshow(big[r], cmap="gray", vmin=0)
-        ax.set_title(
-            f"pred {int(pred[r])} / true {int(labels[r])}",
-            fontsize=9,
-            color="darkgreen" if ok else "crimson",
-        )
+        if pred is None:  # a model without a classifier
+            ax.set_title("input", fontsize=9)
+        elif labels is None:
+            ax.set_title(f"predicted class {int(pred[r])}", fontsize=9)
+        else:
+            ok = bool(pred[r] == labels[r])
+            ax.set_title(
+                f"pred {int(pred[r])} / true {int(labels[r])}",
+                fontsize=9,
+                color="darkgreen" if ok else "crimson",
+            )
         for c, (name, maps) in enumerate(columns, start=1):
             overlay(axes[r, c], big[r], maps[r])
             if r == 0:

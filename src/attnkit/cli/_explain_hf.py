@@ -1,0 +1,178 @@
+"""`attnkit explain --checkpoint DIR` for checkpoints attnkit's own BERT does not load.
+
+Dimensions: L layers, H heads, N tokens.
+
+RoBERTa, DistilBERT, GPT-2, Llama-style decoders (and other transformers text models) run on
+transformers with ``attn_implementation="attnkit"`` (`attnkit.integrations.transformers`);
+their maps come from `attnkit.record_attention` like the BERT's. A decoder's maps are
+causal: each token attends to itself and the tokens before it. A ViT checkpoint is handed
+to the image explanation (`attnkit.cli._explain_vit`). transformers is the ``[hf]`` extra:
+without it, one line says what to install.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnkit.cli._errors import UsageError
+
+__all__ = ["Prepared", "checkpoint_kind", "find_word", "prepare", "require_transformers"]
+
+# model_type values of image checkpoints (explained on an --image, not a text).
+VISION_TYPES = frozenset({"vit", "deit", "dinov2", "beit"})
+
+
+def checkpoint_kind(folder: Path | None) -> str:
+    """ "bert" (attnkit's own encoder), "vision" or "hf" (transformers), from config.json alone
+    (no torch, no transformers). A folder without a readable config.json is "bert": its
+    loader gives the precise error."""
+    from attnkit.models.checkpoint import SUPPORTED_MODEL_TYPES
+
+    if folder is None or not (folder / "config.json").is_file():
+        return "bert"
+    try:
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8"))["model_type"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "bert"
+    if model_type in SUPPORTED_MODEL_TYPES:
+        return "bert"
+    return "vision" if model_type in VISION_TYPES else "hf"
+
+
+def model_type(folder: Path) -> str:
+    return str(json.loads((folder / "config.json").read_text(encoding="utf-8"))["model_type"])
+
+
+def require_transformers(folder: Path) -> Any:
+    """attnkit.integrations.transformers, or a UsageError naming the extra to install."""
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError(
+            f"--checkpoint {str(folder)!r} is a {model_type(folder)!r} checkpoint, which "
+            "attnkit reads through Hugging Face transformers: pip install 'attnkit[hf]'"
+        ) from None
+    import attnkit.integrations.transformers as hf
+
+    transformers.utils.logging.disable_progress_bar()  # the CLI's stderr is for its own lines
+    return hf
+
+
+@dataclass
+class Prepared:
+    """Everything checked before the slow part, and how to run it.
+
+    tokens:  N token strings as shown (sub-word marks of BPE / SentencePiece decoded).
+    special: N flags, True for special tokens ([CLS], <s>, <|endoftext|>, ...).
+    unknown: pieces of the text the tokenizer maps to its unknown token.
+    compute: runs the model and returns the maps (L, H, N, N) of every layer.
+    """
+
+    name: str
+    tokens: list[str]
+    special: list[bool]
+    focus: int
+    num_layers: int
+    num_heads: int
+    compute: Callable[[], Any]
+    unknown: list[str] = field(default_factory=list)
+    decoder: bool = False
+
+
+def find_word(
+    focus: str,
+    words: Sequence[tuple[str, int]],
+    tokens: Sequence[str],
+    unknown: Sequence[str] = (),
+) -> int:
+    """Index of the first token of the first word equal to `focus` (case-insensitive,
+    surrounding punctuation ignored), else of the first token equal to it with its sub-word
+    mark removed (e.g. "." or "<s>"). UsageError listing the words otherwise."""
+    wanted = focus.strip().lower()
+    listed = " ".join(w for w, _ in words)
+    if not wanted:
+        raise UsageError(f"--focus is empty; pick one of the text's words: {listed}")
+    if any(u and u.lower() in wanted for u in unknown):  # never focus an unknown token
+        raise UsageError(
+            f"--focus {focus!r} has characters the tokenizer cannot represent (they read as "
+            f"its unknown token); pick one of the text's words: {listed}"
+        )
+    for text, first in words:
+        if text.lower() == wanted or text.strip(string.punctuation).lower() == wanted:
+            return first
+    from attnkit.integrations.transformers import piece_text
+
+    for i, tok in enumerate(tokens):
+        if tok.lower() == wanted or piece_text(tok).lower() == wanted:
+            return i
+    raise UsageError(f"--focus {focus!r} is not in the text; its words are: {listed}")
+
+
+def prepare(args, step: Callable[[str], Any]) -> Prepared:
+    """Tokenize and resolve --focus / --layers / --heads for a transformers checkpoint;
+    the model itself is loaded only by `Prepared.compute` (inside ``step(message)``, a
+    context manager that tells a waiting user what runs)."""
+    folder: Path = args.checkpoint
+    hf = require_transformers(folder)
+    try:
+        tokenizer = hf.load_tokenizer(folder)
+        config = hf._config(folder)
+        enc = hf.encode_text(tokenizer, args.text, args.pair)
+    except ValueError as e:
+        raise UsageError(f"--checkpoint: {e}" if "checkpoint" not in str(e) else str(e)) from None
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and len(enc.tokens) > limit:
+        what = "TEXT with --pair" if args.pair else "TEXT"
+        raise UsageError(
+            f"{what} has {len(enc.tokens)} tokens but the model takes at most {limit} "
+            "(max_position_embeddings): shorten it"
+        )
+    tokens = [_shown(tokenizer, t, s) for t, s in zip(enc.tokens, enc.special, strict=True)]
+    focus = find_word(args.focus, enc.words, tokens, enc.unknown)
+    num_layers, num_heads = int(config.num_hidden_layers), int(config.num_attention_heads)
+
+    def compute():
+        import torch
+
+        with step(f"loading {folder}"):
+            try:
+                model = hf.load_model(folder)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+        got = hf.run_text(model, enc)
+        if len(got.maps) != num_layers:
+            raise UsageError(
+                f"--checkpoint {str(folder)!r}: the model ran {len(got.maps)} attention layers "
+                f"but config.json says {num_layers}; explain reads text models with one "
+                "self-attention per layer"
+            )
+        return torch.stack(got.maps)  # L x (H, N, N) -> (L, H, N, N)
+
+    return Prepared(
+        name=f"{folder} ({config.model_type})",
+        tokens=tokens,
+        special=enc.special,
+        focus=focus,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        compute=compute,
+        unknown=enc.unknown,
+        decoder=hf.is_decoder(config),
+    )
+
+
+def _shown(tokenizer, token: str, special: bool) -> str:
+    """A token as a reader wants it: WordPiece pieces stay ("##ing"); byte-level BPE and
+    SentencePiece pieces are decoded ("Ġcat" -> "cat", bytes -> characters, "Ġ" -> "␣")."""
+    if special or token.startswith("##"):
+        return token
+    try:
+        text = tokenizer.convert_tokens_to_string([token])
+    except (KeyError, TypeError, ValueError):  # a tokenizer without a decoder
+        return token
+    return text.strip() or ("␣" if text else token)  # a piece that is only a space: visible
