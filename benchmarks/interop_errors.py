@@ -21,7 +21,8 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 import torch
 from torch import nn
 
-from attnkit import MultiHeadAttention, masks, record_attention
+from attnkit import masks, record_attention
+from attnkit.convert import from_keras, from_torch
 from attnkit.convert import torch_decoder as td
 from attnkit.convert import torch_transformer as tt
 
@@ -51,7 +52,7 @@ def padding(b, n, seed):
 @torch.no_grad()
 def torch_mha(seed):
     theirs = perturb(nn.MultiheadAttention(24, 3, batch_first=True), seed)
-    ours = MultiHeadAttention.from_torch(theirs).eval()
+    ours = from_torch(theirs).eval()
     x, ctx, kpm = rand(2, 7, 24, seed=seed), rand(2, 11, 24, seed=seed + 1), padding(2, 11, seed)
     want, want_w = theirs(x, ctx, ctx, key_padding_mask=kpm, average_attn_weights=False)
     with record_attention(ours) as rec:
@@ -101,7 +102,7 @@ def keras_mha(seed):
     rng = np.random.default_rng(seed)
     for v in layer.weights:
         v.assign((rng.standard_normal(v.shape) * 0.4).astype(v.dtype))
-    ours = MultiHeadAttention.from_keras(layer).eval()
+    ours = from_keras(layer).eval()
     x, ctx = rand(2, 7, 24, seed=seed), rand(2, 11, 36, seed=seed + 1)
     am = (rand(2, 7, 11, seed=seed + 2) > -0.6).int()
     am[..., 0] = 1

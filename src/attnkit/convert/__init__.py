@@ -1,9 +1,11 @@
 """Weights in and out of the implementations people already have.
 
 Each peer has one module here with its parameter-name table in the module
-docstring (and in docs/interop.md); the `from_*` and `to_*` methods of attnkit
-modules call these functions. A state dict that does not fit raises ValueError
-naming each missing, unexpected or mis-shaped key (got vs wanted shape).
+docstring (and in docs/interop.md). `from_torch`, `to_torch`, `from_keras` and
+`to_keras` dispatch on the type of their argument to the right converter. Imports
+go one way: converters import the modules they convert, never the reverse. A state
+dict that does not fit raises ValueError naming each missing, unexpected or
+mis-shaped key (got vs wanted shape).
 
 * `attnkit.convert.torch_nn` — torch.nn.MultiheadAttention
 * `attnkit.convert.torch_transformer` — torch.nn.TransformerEncoderLayer and
@@ -16,6 +18,7 @@ naming each missing, unexpected or mis-shaped key (got vs wanted shape).
   (Keras is imported only when a Keras function is called)
 """
 
+from attnkit.convert._dispatch import from_keras, from_torch, to_keras, to_torch
 from attnkit.convert.hf_swin import (
     hf_swin_model_state,
     load_hf_swin_model_state,
@@ -57,6 +60,8 @@ __all__ = [
     "encoder_from_torch",
     "encoder_mask_from_torch",
     "encoder_to_torch",
+    "from_keras",
+    "from_torch",
     "hf_swin_model_state",
     "keras_causal",
     "keras_masks",
@@ -73,4 +78,6 @@ __all__ = [
     "mha_to_torch",
     "swin_config_from_hf",
     "swin_from_hf",
+    "to_keras",
+    "to_torch",
 ]

@@ -201,19 +201,6 @@ class DecoderBlock(nn.Module):
             x = self.cross_attn(x, memory, mask=memory_mask, cache=cache)
         return self.ff(x)
 
-    @classmethod
-    def from_torch(cls, layer: nn.TransformerDecoderLayer) -> DecoderBlock:
-        """Exact copy of a `torch.nn.TransformerDecoderLayer` (see `attnkit.convert`)."""
-        from attnkit.convert.torch_decoder import decoder_from_torch
-
-        return decoder_from_torch(layer)
-
-    def to_torch(self, *, batch_first: bool = True) -> nn.TransformerDecoderLayer:
-        """Exact copy as a `torch.nn.TransformerDecoderLayer` (call it with a causal tgt_mask)."""
-        from attnkit.convert.torch_decoder import decoder_to_torch
-
-        return decoder_to_torch(self, batch_first=batch_first)
-
 
 def _encoder_block(cfg: TransformerConfig, fk: dict) -> EncoderBlock:
     """Self-attention, add & norm, feed-forward, add & norm (§3.1)."""

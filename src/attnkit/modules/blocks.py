@@ -146,16 +146,3 @@ class EncoderBlock(nn.Module):
     def forward(self, x: Tensor, *, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         """(B, N, C) -> (B, N, C); mask as in `MultiHeadAttention.forward`."""
         return self.ff(self.attn(x, mask=mask, causal=causal))
-
-    @classmethod
-    def from_torch(cls, layer: nn.TransformerEncoderLayer) -> EncoderBlock:
-        """Exact copy of a `torch.nn.TransformerEncoderLayer` (see `attnkit.convert`)."""
-        from attnkit.convert.torch_transformer import encoder_from_torch
-
-        return encoder_from_torch(layer)
-
-    def to_torch(self, *, batch_first: bool = True) -> nn.TransformerEncoderLayer:
-        """Exact copy as a `torch.nn.TransformerEncoderLayer`."""
-        from attnkit.convert.torch_transformer import encoder_to_torch
-
-        return encoder_to_torch(self, batch_first=batch_first)
