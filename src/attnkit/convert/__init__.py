@@ -12,6 +12,8 @@ mis-shaped key (got vs wanted shape).
   TransformerDecoderLayer
 * `attnkit.convert.hf_vision` — Hugging Face ViTModel / ViTForImageClassification (whole
   model) and ViTLayer / SwinLayer (per layer)
+* `attnkit.convert.hf_detr` — Hugging Face DetrModel / DetrForObjectDetection (the
+  transformer, into `attnkit.models.DetrTransformer`)
 * `attnkit.convert.hf_swin` — Hugging Face SwinModel (whole model, into
   `attnkit.vision.SwinModel`)
 * `attnkit.convert.keras` — keras.layers.MultiHeadAttention, AdditiveAttention, Attention
@@ -19,6 +21,7 @@ mis-shaped key (got vs wanted shape).
 """
 
 from attnkit.convert._dispatch import from_keras, from_torch, to_keras, to_torch
+from attnkit.convert.hf_detr import detr_transformer_from_hf, hf_detr_state, load_hf_detr_state
 from attnkit.convert.hf_swin import (
     hf_swin_model_state,
     load_hf_swin_model_state,
@@ -57,14 +60,17 @@ __all__ = [
     "decoder_from_torch",
     "decoder_masks_from_torch",
     "decoder_to_torch",
+    "detr_transformer_from_hf",
     "encoder_from_torch",
     "encoder_mask_from_torch",
     "encoder_to_torch",
     "from_keras",
     "from_torch",
+    "hf_detr_state",
     "hf_swin_model_state",
     "keras_causal",
     "keras_masks",
+    "load_hf_detr_state",
     "load_hf_swin_model_state",
     "load_keras_mha_state",
     "load_torch_decoder_state",

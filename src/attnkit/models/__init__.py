@@ -1,10 +1,12 @@
 """Models built from attnkit modules: a BERT encoder that loads Hugging Face checkpoints,
-the encoder-decoder Transformer with cached decoding, a decoder-only causal LM, and
+the encoder-decoder Transformer with cached decoding, a decoder-only causal LM, DETR's
+transformer (positions in every layer, learned object queries), and
 ViT / T2T-ViT / a small CNN with CBAM for images (presets in `attnkit.models.vit.PRESETS`)."""
 
 from attnkit.models.bert import BertConfig, BertEncoder, BertOutput
 from attnkit.models.checkpoint import default_checkpoint
 from attnkit.models.decoding import CachedMultiHeadAttention, KVCache, beam_search, greedy
+from attnkit.models.detr import DetrDecoder, DetrEncoder, DetrTransformer
 from attnkit.models.tokenize import Encoding, Tokenizer, mean_pool, sentence_embedding
 from attnkit.models.transformer import (
     PRESETS,
@@ -26,6 +28,9 @@ __all__ = [
     "CachedMultiHeadAttention",
     "CausalLM",
     "DecoderBlock",
+    "DetrDecoder",
+    "DetrEncoder",
+    "DetrTransformer",
     "Encoding",
     "KVCache",
     "PatchEmbed",

@@ -75,23 +75,29 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         mask: Tensor | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
+        pos: Tensor | None = None,
+        context_pos: Tensor | None = None,
     ) -> Tensor:
-        """x (B, N, C), context (B, S, Cc) or None -> (B, N, Co)."""
+        """x (B, N, C), context (B, S, Cc) or None -> (B, N, Co); `pos` (B, N, C) and
+        `context_pos` (B, S, Cc) as in `MultiHeadAttention.forward` (with a cache, `pos`
+        holds the positions of the N new queries only)."""
         if cache is None:
-            return super().forward(x, context, mask=mask, causal=causal)
+            return super().forward(
+                x, context, mask=mask, causal=causal, pos=pos, context_pos=context_pos
+            )
         cached = cache.entries.get(self)
         if context is None:
-            q, k, v = self.heads_qkv(x)  # (B, H, N, Dh), (B, Hkv, N, Dh) x2
+            q, k, v = self.heads_qkv(x, pos=pos)  # (B, H, N, Dh), (B, Hkv, N, Dh) x2
             if cached is not None:
                 k = torch.cat([cached[0], k], dim=2)  # (B, Hkv, S_past + N, Dh)
                 v = torch.cat([cached[1], v], dim=2)  # (B, Hkv, S_past + N, Dh)
             cache.entries[self] = (k, v)
         elif cached is None:
-            q, k, v = self.heads_qkv(x, context)
+            q, k, v = self.heads_qkv(x, context, pos=pos, context_pos=context_pos)
             cache.entries[self] = (k, v)
         else:
             # An empty context projects only the queries; the keys/values are cached.
-            q, _, _ = self.heads_qkv(x, context[:, :0])  # (B, H, N, Dh)
+            q, _, _ = self.heads_qkv(x, context[:, :0], pos=pos)  # (B, H, N, Dh)
             k, v = cached
         o = self.attend(q, k, v, mask=mask, causal=causal).out  # (B, H, N, Dh)
         return self.proj(self.merge_heads(o))
