@@ -21,7 +21,8 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 import torch
 from torch import nn
 
-from attnkit import MultiHeadAttention, masks, record_attention
+from attnkit import masks, positional, record_attention
+from attnkit.convert import from_keras, from_torch
 from attnkit.convert import torch_decoder as td
 from attnkit.convert import torch_transformer as tt
 
@@ -51,7 +52,7 @@ def padding(b, n, seed):
 @torch.no_grad()
 def torch_mha(seed):
     theirs = perturb(nn.MultiheadAttention(24, 3, batch_first=True), seed)
-    ours = MultiHeadAttention.from_torch(theirs).eval()
+    ours = from_torch(theirs).eval()
     x, ctx, kpm = rand(2, 7, 24, seed=seed), rand(2, 11, 24, seed=seed + 1), padding(2, 11, seed)
     want, want_w = theirs(x, ctx, ctx, key_padding_mask=kpm, average_attn_weights=False)
     with record_attention(ours) as rec:
@@ -101,7 +102,7 @@ def keras_mha(seed):
     rng = np.random.default_rng(seed)
     for v in layer.weights:
         v.assign((rng.standard_normal(v.shape) * 0.4).astype(v.dtype))
-    ours = MultiHeadAttention.from_keras(layer).eval()
+    ours = from_keras(layer).eval()
     x, ctx = rand(2, 7, 24, seed=seed), rand(2, 11, 36, seed=seed + 1)
     am = (rand(2, 7, 11, seed=seed + 2) > -0.6).int()
     am[..., 0] = 1
@@ -208,6 +209,46 @@ def hf_swin_model(seed):
     return worst, worst_maps
 
 
+def hf_detr(seed):
+    """DETR's transformer (tiny ResNet backbone, random weights, one padded image): the
+    encoder output and every decoder layer's normalised output, on HF's own encoder inputs
+    and with the positions recomputed by attnkit's `detr_sine_2d`."""
+    import transformers
+
+    from attnkit.convert import hf_detr as hd
+
+    backbone = transformers.ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
+        out_features=["stage2"],
+    )  # fmt: skip
+    config = transformers.DetrConfig(
+        use_timm_backbone=False, use_pretrained_backbone=False, backbone_config=backbone,
+        d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, num_queries=5,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = perturb(transformers.DetrModel(config), seed).eval()
+    ours = hd.detr_transformer_from_hf(model, return_intermediate=True).eval()
+    seen = {}
+    model.encoder.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True)
+    pixel_mask = torch.ones(2, 64, 48, dtype=torch.long)
+    pixel_mask[1, 40:, :] = 0
+    pixel_mask[1, :, 30:] = 0
+    with torch.no_grad():
+        want = model(rand(2, 3, 64, 48, seed=seed), pixel_mask, output_hidden_states=True)
+        hs, memory = ours(
+            seen["inputs_embeds"], seen["attention_mask"], seen["spatial_position_embeddings"]
+        )
+        states = want.decoder_hidden_states  # input, layer outputs, normalised last output
+        layers = [model.decoder.layernorm(h) for h in states[1:-1]] + [want.last_hidden_state]
+        # and with attnkit's own sine positions, from the (B, 8, 6) mask alone
+        mine = positional.detr_sine_2d(seen["attention_mask"].view(2, 8, 6), 32)
+        hs2, memory2 = ours(seen["inputs_embeds"], seen["attention_mask"], mine)
+    outs = [gap(memory, want.encoder_last_hidden_state), *map(gap, hs, layers)]
+    outs += [gap(memory2, want.encoder_last_hidden_state), *map(gap, hs2, layers)]
+    return max(outs), None
+
+
 PEERS = {
     "torch.nn.MultiheadAttention": torch_mha,
     "torch.nn.TransformerEncoderLayer": torch_encoder,
@@ -216,6 +257,7 @@ PEERS = {
     "transformers ViTModel": hf_vit,
     "transformers SwinLayer": hf_swin,
     "transformers SwinModel": hf_swin_model,
+    "transformers DetrModel (transformer)": hf_detr,
 }
 
 

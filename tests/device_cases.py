@@ -26,6 +26,9 @@ from attnkit.models import (
     CausalLM,
     CNNConfig,
     DecoderBlock,
+    DetrDecoder,
+    DetrEncoder,
+    DetrTransformer,
     GPTBlock,
     GPTConfig,
     PatchEmbed,
@@ -164,6 +167,27 @@ def _decoder_inputs(d, t, padded):
     return (x, memory), ({"memory_mask": _keep(N, d)[:, None, None, :]} if padded else {})
 
 
+def _detr_inputs(d, t, padded):
+    src, pos = torch.randn(B, N, C, device=d, dtype=t), torch.randn(B, N, C, device=d, dtype=t)
+    return (src, _keep(N, d) if padded else None, pos), {}
+
+
+def _detr_encoder_inputs(d, t, padded):
+    (src, keep, pos), _ = _detr_inputs(d, t, padded)
+    return (src,), {"src_key_mask": keep, "pos": pos}
+
+
+def _detr_decoder_inputs(d, t, padded):
+    tgt, memory = torch.randn(B, 3, C, device=d, dtype=t), torch.randn(B, N, C, device=d, dtype=t)
+    kw = {"query_pos": torch.randn(1, 3, C, device=d, dtype=t)}
+    return (tgt, memory), kw | ({"memory_key_mask": _keep(N, d)} if padded else {})
+
+
+def _detr_decoder(**fk):
+    layer = DecoderBlock(replace(SEQ, dropout=0.0), causal=False, **fk)
+    return DetrDecoder([layer], nn.LayerNorm(C, **fk), return_intermediate=True)
+
+
 def _materialise_lazy(m: nn.Module, d, t) -> None:
     """A lazy MultiHeadAttention infers C from its first input (projections only)."""
     m.heads_qkv(torch.randn(B, N, C, device=d, dtype=t))
@@ -229,6 +253,9 @@ CASES: list[Case] = [
     Case("gpt", GPT, lambda **fk: GPT(GPT_CFG, **fk), _gpt_inputs, (B, N, 11), True),
     Case("gpt-block", GPTBlock, lambda **fk: GPTBlock(GPT_CFG, **fk), _self(), (B, N, C), True),
     Case("decoder-block", DecoderBlock, lambda **fk: DecoderBlock(SEQ, **fk), _decoder_inputs, (B, 4, C), True),
+    Case("detr", DetrTransformer, lambda **fk: DetrTransformer(C, 2, 1, 2, 16, 0.0, 3, **fk), _detr_inputs, (1, B, 3, C), True, output=lambda o: o[0]),
+    Case("detr-encoder", DetrEncoder, lambda **fk: DetrEncoder([EncoderBlock(C, 2, 16, norm_first=False, **fk)]), _detr_encoder_inputs, (B, N, C), True),
+    Case("detr-decoder", DetrDecoder, _detr_decoder, _detr_decoder_inputs, (1, B, 3, C), True),
     Case("patch-embed", PatchEmbed, lambda **fk: PatchEmbed(8, 2, 1, 16, **fk), _x(B, 1, 8, 8), (B, 16, 16)),
     Case("t2t-embed", T2TEmbed, lambda **fk: T2TEmbed(8, 1, 16, ((3, 1), (3, 2)), 8, **fk), _x(B, 1, 8, 8), (B, 16, 16)),
     Case("vit", ViT, lambda **fk: ViT(VIT, **fk), _x(B, 1, 8, 8), (B, 10)),

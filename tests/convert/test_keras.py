@@ -13,6 +13,7 @@ import torch
 keras = pytest.importorskip("keras")
 
 from attnkit import MultiHeadAttention, masks, record_attention  # noqa: E402
+from attnkit.convert import from_keras, to_keras  # noqa: E402
 from attnkit.convert import keras as ck  # noqa: E402
 from attnkit.modules import AdditiveAttention, LuongAttention  # noqa: E402
 
@@ -62,7 +63,7 @@ def assert_close(got, want, atol=1e-5):
 @pytest.mark.parametrize(("c", "h", "d", "n"), [(24, 3, 8, 7), (36, 4, 7, 11), (24, 2, 5, 1)])
 def test_self_attention_matches_keras_with_mask_and_scores(c, h, d, n):
     theirs = keras_mha(c, h, d)
-    ours = MultiHeadAttention.from_keras(theirs).eval()
+    ours = from_keras(theirs).eval()
     x = rand(2, n, c)
     am = attend_mask(2, n, n)
     want, want_w = run(theirs, x, x, attention_mask=am, return_attention_scores=True)
@@ -76,7 +77,7 @@ def test_self_attention_matches_keras_with_mask_and_scores(c, h, d, n):
 
 def test_causal_self_attention_matches_keras():
     theirs = keras_mha(24, 3, 8, seed=2)
-    ours = MultiHeadAttention.from_keras(theirs).eval()
+    ours = from_keras(theirs).eval()
     x = rand(3, 7, 24)
     want = run(theirs, x, x, use_causal_mask=True)
     assert_close(ours(x, causal=True).detach(), want)
@@ -85,7 +86,7 @@ def test_causal_self_attention_matches_keras():
 @pytest.mark.parametrize("use_bias", [True, False])
 def test_cross_attention_other_widths_and_output_shape(use_bias):
     theirs = keras_mha(24, 3, 6, cc=36, output_shape=20, use_bias=use_bias, seed=3)
-    ours = MultiHeadAttention.from_keras(theirs).eval()
+    ours = from_keras(theirs).eval()
     assert ours.out_dim == 20 and ours.in_proj.context_dim == 36
     x, ctx = rand(2, 7, 24), rand(2, 11, 36, seed=4)
     am = attend_mask(2, 7, 11, seed=5)
@@ -103,7 +104,7 @@ def test_fully_masked_rows():
     """attnkit: attention output 0. Keras: 0 when it computes scores, mean of values on its
     fused path (the mask is a large negative number, so the dead row is uniform)."""
     theirs = keras_mha(24, 3, 8, seed=6)
-    ours = MultiHeadAttention.from_keras(theirs).eval()
+    ours = from_keras(theirs).eval()
     x = rand(2, 5, 24)
     am = attend_mask(2, 5, 5)
     am[1, 2] = 0  # query 2 of sample 1 may attend to nothing
@@ -124,13 +125,13 @@ def test_fully_masked_rows():
 
 def test_round_trips_are_bit_identical():
     theirs = keras_mha(24, 3, 7, cc=36, output_shape=20, seed=7)
-    back = MultiHeadAttention.from_keras(theirs).to_keras()
+    back = to_keras(from_keras(theirs))
     for a, b in zip(theirs.weights, back.weights, strict=True):
         assert a.path.split("/", 1)[1] == b.path.split("/", 1)[1]
         assert np.array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
     for kwargs in (dict(), dict(context_dim=36), dict(head_dim=7, out_dim=20)):
         ours = MultiHeadAttention(24, 3, **kwargs)
-        again = MultiHeadAttention.from_keras(ours.to_keras())
+        again = from_keras(to_keras(ours))
         for (k1, p1), (k2, p2) in zip(
             ours.state_dict().items(), again.state_dict().items(), strict=True
         ):
@@ -139,7 +140,7 @@ def test_round_trips_are_bit_identical():
 
 def test_to_keras_output_matches():
     ours = MultiHeadAttention(36, 4, head_dim=7).eval()
-    theirs = ours.to_keras()
+    theirs = to_keras(ours)
     x = rand(2, 11, 36)
     assert_close(run(theirs, x, x), ours(x).detach())
 
@@ -150,7 +151,7 @@ def test_value_dim_and_key_value_widths_of_their_own(ck, cv, dv):
     layer = keras.layers.MultiHeadAttention(num_heads=3, key_dim=5, value_dim=dv)
     layer.build((None, None, 24), (None, None, cv), (None, None, ck))  # query, value, key
     theirs = randomize(layer, seed=8)
-    ours = MultiHeadAttention.from_keras(theirs).eval()
+    ours = from_keras(theirs).eval()
     assert (ours.key_dim, ours.value_dim, ours.v_head_dim) == (ck, cv, dv)
     x, key, value = rand(2, 7, 24), rand(2, 6, ck, seed=1), rand(2, 6, cv, seed=2)
     am = attend_mask(2, 7, 6, seed=3)
@@ -159,7 +160,7 @@ def test_value_dim_and_key_value_widths_of_their_own(ck, cv, dv):
         got = ours(x, key, value, mask=masks.from_keras_attention_mask(am))
     assert_close(got.detach(), want)
     assert_close(rec["attend"], want_w)
-    back = ours.to_keras()
+    back = to_keras(ours)
     for a, b in zip(theirs.weights, back.weights, strict=True):
         assert a.path.split("/", 1)[1] == b.path.split("/", 1)[1]
         assert np.array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
@@ -168,15 +169,15 @@ def test_value_dim_and_key_value_widths_of_their_own(ck, cv, dv):
 def test_refusals_name_the_problem():
     layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
     with pytest.raises(ValueError, match="not built"):
-        MultiHeadAttention.from_keras(layer)
+        from_keras(layer)
     with pytest.raises(ValueError, match="no output projection"):
-        MultiHeadAttention(16, 4, out_proj=False).to_keras()
+        to_keras(MultiHeadAttention(16, 4, out_proj=False))
     with pytest.raises(ValueError, match="use_gate"):
-        MultiHeadAttention.from_keras(keras_mha(8, 2, 4, use_gate=True))
+        from_keras(keras_mha(8, 2, 4, use_gate=True))
     with pytest.raises(ValueError, match="GQA"):
-        MultiHeadAttention(16, 4, num_kv_heads=2).to_keras()
+        to_keras(MultiHeadAttention(16, 4, num_kv_heads=2))
     with pytest.raises(ValueError, match=r"expected keras\.layers\.MultiHeadAttention"):
-        MultiHeadAttention.from_keras(keras.layers.Dense(3))
+        from_keras(keras.layers.Dense(3))
 
 
 def test_state_dict_that_does_not_fit():
@@ -312,3 +313,33 @@ def test_keras_additive_kind_can_be_chosen_and_refused():
         ck.additive_to_keras(ours, layer="additive")
     with pytest.raises(ValueError, match="layer must be"):
         ck.additive_to_keras(ours, layer="dot")
+
+
+@pytest.mark.parametrize(
+    ("make", "named", "cls"),
+    [
+        (lambda: keras.layers.AdditiveAttention(), ck.additive_from_keras, AdditiveAttention),
+        (
+            lambda: keras.layers.Attention(score_mode="concat"),
+            ck.additive_from_keras,
+            AdditiveAttention,
+        ),
+        (lambda: keras.layers.Attention(use_scale=True), ck.luong_from_keras, LuongAttention),
+    ],
+    ids=["additive", "concat", "dot"],
+)
+def test_from_keras_picks_the_scoring_converter(make, named, cls):
+    layer = make()
+    layer.build([(None, None, 12), (None, None, 12)])
+    randomize(layer, seed=13)
+    ours, want = from_keras(layer), named(layer)
+    assert type(ours) is cls
+    assert ours.state_dict().keys() == want.state_dict().keys()
+    assert all(torch.equal(ours.state_dict()[k], v) for k, v in want.state_dict().items())
+    back = to_keras(ours)
+    assert type(back) is type(layer)
+
+
+def test_to_keras_refuses_other_modules():
+    with pytest.raises(ValueError, match=r"to_keras: expected one of .*MultiHeadAttention.*"):
+        to_keras(torch.nn.Linear(2, 2))

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from attnkit.convert import from_torch, to_torch
 from attnkit.convert.torch_decoder import (
     decoder_config_from_torch,
     decoder_from_torch,
@@ -145,7 +146,7 @@ def test_attnkit_to_torch_matches_and_comes_back(norm_first):
 
 def test_cached_decoding_matches_torch_on_the_whole_sequence():
     theirs = torch_layer(batch_first=True, norm_first=True, activation="gelu")
-    ours = DecoderBlock.from_torch(theirs).eval()
+    ours = from_torch(theirs).eval()
     x, memory = rand(2, T, C), rand(2, S, C, seed=2)
     want = run_torch(theirs, x, memory, tgt_mask=nn.Transformer.generate_square_subsequent_mask(T))
     cache, steps = KVCache(), []
@@ -184,13 +185,13 @@ def test_config_refusals_and_state_dict_errors():
 
 def test_decoder_block_methods_wrap_the_converters():
     layer = nn.TransformerDecoderLayer(12, 3, 20, batch_first=True, norm_first=True).eval()
-    block = DecoderBlock.from_torch(layer).eval()
+    block = from_torch(layer).eval()
     x, memory = torch.randn(2, 5, 12), torch.randn(2, 4, 12)
     causal = nn.Transformer.generate_square_subsequent_mask(5)
     torch.testing.assert_close(
         block(x, memory), layer(x, memory, tgt_mask=causal), atol=1e-6, rtol=0
     )
-    back = block.to_torch(batch_first=False)
+    back = to_torch(block, batch_first=False)
     assert not back.self_attn.batch_first
     for (_, a), (_, b) in zip(layer.state_dict().items(), back.state_dict().items(), strict=True):
         assert torch.equal(a, b)

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from attnkit import EncoderBlock, MultiHeadAttention, masks
+from attnkit.convert import from_torch, to_torch
 from attnkit.convert.torch_transformer import (
     encoder_from_torch,
     encoder_mask_from_torch,
@@ -123,10 +124,10 @@ def test_refusals_and_state_dict_errors():
 
 def test_encoder_block_methods_wrap_the_converters():
     layer = nn.TransformerEncoderLayer(12, 3, 20, batch_first=True, norm_first=True).eval()
-    block = EncoderBlock.from_torch(layer).eval()
+    block = from_torch(layer).eval()
     x = torch.randn(2, 5, 12)
     torch.testing.assert_close(block(x), layer(x), atol=1e-6, rtol=0)
-    back = block.to_torch(batch_first=False)
+    back = to_torch(block, batch_first=False)
     assert not back.self_attn.batch_first
     for (_, a), (_, b) in zip(layer.state_dict().items(), back.state_dict().items(), strict=True):
         assert torch.equal(a, b)

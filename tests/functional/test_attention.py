@@ -59,6 +59,17 @@ def test_mask_bias_causal_combine(backend, d, causal):
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale", [0.0, -0.5])
+def test_causal_with_a_scale_of_zero_or_below(backend, scale):
+    """SDPA's CPU kernel gives NaN rows for is_causal with scale <= 0 (the masked -inf times
+    the scale); every backend must still give the float64 truth (found by hypothesis)."""
+    q, k, v = qkv(2, 3, 3, 6, 6, 8, seed=3)
+    out = attention(q, k, v, causal=True, scale=scale, backend=backend).out
+    want, _ = naive_attention(q, k, v, causal=True, scale=scale)
+    torch.testing.assert_close(out.double(), want, atol=TOL[torch.float32], rtol=0)
+
+
 def test_causal_is_bottom_right_aligned():
     q, k, v = qkv(1, 1, 1, 3, 5, 4)
     weights = attention(q, k, v, causal=True, need_weights=True).weights[0, 0]

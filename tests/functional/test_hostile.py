@@ -95,3 +95,26 @@ def test_random_calls_give_a_clear_error_or_the_right_answer(call):
         return
     # accepted: dropout at p = 0 only (training=False), so the result is deterministic
     _valid_outcome(q, k, v, kw, res)
+
+
+def test_shape_check_guards_on_symbolic_sizes_instead_of_refusing():
+    """Under torch.compile's dynamic shapes a static mask meets symbolic sizes: (3, 1, 1, 10)
+    against (s0, 4, s1, s1) is accepted (guarding s0 == 3, s1 == 10); a size that cannot
+    broadcast is still refused."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from attnkit.functional._validate import _broadcasts_to
+
+    env = ShapeEnv()
+
+    def sym(name: str, hint: int):
+        return env.create_symintnode(env.create_symbol(hint, ConstantSource(name)), hint=hint)
+
+    b, n = sym("b", 3), sym("n", 10)
+    full = (b, 4, n, n)
+    assert _broadcasts_to((3, 1, 1, 10), full)
+    assert _broadcasts_to((b, 1, 1, n), full)
+    assert not _broadcasts_to((2, 1, 1, 10), full)
+    assert not _broadcasts_to((1, 1, 1, 1, 10), full)
+    assert _broadcasts_to((10,), (3, 4, 10, 10)) and not _broadcasts_to((4, 1), (3, 4, 10, 10))

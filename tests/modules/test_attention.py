@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from attnkit import MultiHeadAttention, masks
+from attnkit.convert import from_torch, to_torch
 from tests.naive import naive_attention
 
 
@@ -27,7 +28,7 @@ def torch_mha(e, h, kdim=None, bias=True, seed=0):
 @pytest.mark.parametrize(("e", "h", "n"), [(32, 4, 7), (24, 3, 1), (40, 5, 33)])
 def test_self_attention_matches_torch_with_masks(e, h, n, bias):
     theirs = torch_mha(e, h, bias=bias)
-    ours = MultiHeadAttention.from_torch(theirs).eval()
+    ours = from_torch(theirs).eval()
     x = rand(3, n, e)
     kpm = rand(3, n, seed=1) > 0.7
     kpm[:, 0] = False  # no fully padded rows here: torch gives NaN there
@@ -46,7 +47,7 @@ def test_self_attention_matches_torch_with_masks(e, h, n, bias):
 @pytest.mark.parametrize("kdim", [None, 20])
 def test_cross_attention_matches_torch(kdim):
     theirs = torch_mha(32, 4, kdim=kdim, seed=3)
-    ours = MultiHeadAttention.from_torch(theirs).eval()
+    ours = from_torch(theirs).eval()
     x, ctx = rand(2, 5, 32), rand(2, 9, kdim or 32, seed=4)
     attn_mask = torch.randn(5, 9)  # float: additive in torch, bias in attnkit
     want, _ = theirs(x, ctx, ctx, attn_mask=attn_mask, need_weights=False)
@@ -57,7 +58,7 @@ def test_cross_attention_matches_torch(kdim):
 
 def test_fully_padded_rows_are_zero_where_torch_gives_nan():
     theirs = torch_mha(16, 2)
-    ours = MultiHeadAttention.from_torch(theirs).eval()
+    ours = from_torch(theirs).eval()
     x = rand(2, 4, 16)
     kpm = torch.tensor([[False, False, True, True], [True, True, True, True]])
     want, _ = theirs(x, x, x, key_padding_mask=kpm)
@@ -73,8 +74,8 @@ def test_fully_padded_rows_are_zero_where_torch_gives_nan():
 @pytest.mark.parametrize("kdim", [None, 12])
 def test_to_torch_round_trip_is_exact(kdim):
     ours = MultiHeadAttention(24, 3, context_dim=kdim)
-    theirs = ours.to_torch()
-    back = MultiHeadAttention.from_torch(theirs)
+    theirs = to_torch(ours)
+    back = from_torch(theirs)
     for (n1, p1), (n2, p2) in zip(
         ours.state_dict().items(), back.state_dict().items(), strict=True
     ):
@@ -86,13 +87,13 @@ def test_to_torch_round_trip_is_exact(kdim):
 
 def test_to_torch_refuses_what_torch_cannot_express():
     with pytest.raises(ValueError, match="GQA"):
-        MultiHeadAttention(16, 4, num_kv_heads=2).to_torch()
+        to_torch(MultiHeadAttention(16, 4, num_kv_heads=2))
     with pytest.raises(ValueError, match="out_dim"):
-        MultiHeadAttention(16, 4, out_dim=8).to_torch()
+        to_torch(MultiHeadAttention(16, 4, out_dim=8))
     with pytest.raises(ValueError, match="v_head_dim=3 != head_dim=4"):
-        MultiHeadAttention(16, 4, v_head_dim=3).to_torch()
+        to_torch(MultiHeadAttention(16, 4, v_head_dim=3))
     with pytest.raises(ValueError, match="no output projection"):
-        MultiHeadAttention(16, 4, out_proj=False).to_torch()
+        to_torch(MultiHeadAttention(16, 4, out_proj=False))
 
 
 def _float64_mha(m, x, ctx=None, pos=None, ctx_pos=None, mask=None):
@@ -201,7 +202,7 @@ def test_bad_forward_input():
 def test_detr_positions_equal_torch_with_distinct_query_key_value():
     """DETR calls torch's module as mha(src + pos, src + pos, src): ours takes pos directly."""
     theirs = torch_mha(32, 4, seed=5)
-    ours = MultiHeadAttention.from_torch(theirs).eval()
+    ours = from_torch(theirs).eval()
     src, pos = rand(2, 9, 32, seed=6), rand(2, 9, 32, seed=7)
     memory, memory_pos = rand(2, 5, 32, seed=8), rand(2, 5, 32, seed=9)
     want, _ = theirs(src + pos, src + pos, src, need_weights=False)

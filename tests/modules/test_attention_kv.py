@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from attnkit import MultiHeadAttention, record_attention
+from attnkit.convert import from_torch, to_torch
 from attnkit.modules.projection import FusedQKV, SeparateQKV, SplitQKV
 from tests.naive import naive_attention
 
@@ -202,7 +203,7 @@ def _torch_mha(e, h, kdim, vdim, dtype, bias=True):
 @pytest.mark.parametrize("bias", [True, False])
 def test_parity_and_exact_round_trip_with_torch_kdim_vdim(dtype, tol, kdim, vdim, bias):
     theirs = _torch_mha(16, 4, kdim, vdim, dtype, bias)
-    ours = MultiHeadAttention.from_torch(theirs).eval()
+    ours = from_torch(theirs).eval()
     assert (ours.key_dim, ours.value_dim) == (theirs.kdim, theirs.vdim)
     x = rand(3, 5, 16, dtype=dtype)
     key, value = (
@@ -215,12 +216,12 @@ def test_parity_and_exact_round_trip_with_torch_kdim_vdim(dtype, tol, kdim, vdim
     with torch.no_grad():
         got = ours(x, key, value, mask=~kpm[:, None, None, :])
     assert (got - want).abs().max() <= tol
-    back = ours.to_torch().eval()
+    back = to_torch(ours).eval()
     for (n1, p1), (n2, p2) in zip(
         theirs.state_dict().items(), back.state_dict().items(), strict=True
     ):
         assert n1 == n2 and torch.equal(p1, p2)
-    again = MultiHeadAttention.from_torch(back)
+    again = from_torch(back)
     for (n1, p1), (n2, p2) in zip(
         ours.state_dict().items(), again.state_dict().items(), strict=True
     ):

@@ -33,6 +33,7 @@ from torch import Tensor
 from attnkit._cpu import cpu_name
 from attnkit.analysis.bench_decode import DecodeShape, decode_rows
 from attnkit.analysis.bench_modules import module_rows
+from attnkit.analysis.bench_report import evaluate_targets
 from attnkit.functional import native
 from attnkit.functional.attention import _choose_backend, _mask_elems, attention
 
@@ -308,8 +309,6 @@ def planned_steps(plan: Plan) -> int:
 
 def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
     """Measure everything in `plan`; returns the JSON-able result (see `bench_report`)."""
-    from attnkit.analysis.bench_report import evaluate_targets
-
     threads = torch.get_num_threads()
     result = {
         "meta": {
@@ -319,6 +318,7 @@ def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
             "cpu": cpu_name(),
             "chunked_kernel": "compiled" if native.available() else "pytorch",
             "plan": asdict(plan),
+            "kernel_impls": list(KERNEL_IMPLS),
         },
         "sgemm_gflops": {},
         "rows": [],

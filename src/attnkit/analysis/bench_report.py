@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-from attnkit.analysis.bench import KERNEL_IMPLS
 from attnkit.analysis.bench_decode import markdown_lines as decode_markdown
 
 __all__ = ["evaluate_targets", "markdown", "readme_section"]
@@ -157,8 +156,19 @@ def _ms(row, impl):
     return "-" if t is None else (f"{t:.1f}" if t < 100 else f"{t:.0f}")
 
 
+def _kernel_impls(result: dict) -> list[str]:
+    """Column order of the kernel table: as measured (`meta.kernel_impls`); results saved
+    before that field existed give the order their rows hold. Read from the result, not
+    imported from `bench`, so that the report never imports the measurement."""
+    impls = result["meta"].get("kernel_impls")
+    if impls is None:
+        impls = dict.fromkeys(i for r in result["rows"] if r["kind"] == "kernel" for i in r["ms"])
+    return list(impls)
+
+
 def markdown(result: dict) -> str:
     meta = result["meta"]
+    impls = _kernel_impls(result)
     sgemm = ", ".join(f"{n}²: {g:.0f} GFLOP/s" for n, g in result["sgemm_gflops"].items())
     lines = [
         f"torch {meta['torch']}, {meta.get('cpu', 'CPU')}, {meta['threads']} threads, load "
@@ -166,14 +176,14 @@ def markdown(result: dict) -> str:
         f"{sgemm}; chunked kernel: {meta.get('chunked_kernel', 'pytorch')}. B=1, H=8, D=64, "
         "N = S.",
         "",
-        "| N | mask | dropout | dtype | pass | auto runs | " + " | ".join(KERNEL_IMPLS)
+        "| N | mask | dropout | dtype | pass | auto runs | " + " | ".join(impls)
         + " | SDPA/auto |",
-        "|" + "---|" * (len(KERNEL_IMPLS) + 7),
+        "|" + "---|" * (len(impls) + 7),
     ]  # fmt: skip
     for r in (r for r in result["rows"] if r["kind"] == "kernel"):
         ratio = r["ms"].get("sdpa", 0) / r["ms"]["auto"] if "auto" in r["ms"] else 0
         cells = [str(r["n"]), r["mask"], str(r["dropout"]), r["dtype"], r["pass"]]
-        cells += [r["auto_backend"], *(_ms(r, i) for i in KERNEL_IMPLS)]
+        cells += [r["auto_backend"], *(_ms(r, i) for i in impls)]
         cells.append(f"{ratio:.2f}×" if ratio else "-")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Times in ms (medians). `-`: not run (would build the N×S scores).", ""]

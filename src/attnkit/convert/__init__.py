@@ -1,21 +1,27 @@
 """Weights in and out of the implementations people already have.
 
 Each peer has one module here with its parameter-name table in the module
-docstring (and in docs/interop.md); the `from_*` and `to_*` methods of attnkit
-modules call these functions. A state dict that does not fit raises ValueError
-naming each missing, unexpected or mis-shaped key (got vs wanted shape).
+docstring (and in docs/interop.md). `from_torch`, `to_torch`, `from_keras` and
+`to_keras` dispatch on the type of their argument to the right converter. Imports
+go one way: converters import the modules they convert, never the reverse. A state
+dict that does not fit raises ValueError naming each missing, unexpected or
+mis-shaped key (got vs wanted shape).
 
 * `attnkit.convert.torch_nn` — torch.nn.MultiheadAttention
 * `attnkit.convert.torch_transformer` — torch.nn.TransformerEncoderLayer and
   TransformerDecoderLayer
 * `attnkit.convert.hf_vision` — Hugging Face ViTModel / ViTForImageClassification (whole
   model) and ViTLayer / SwinLayer (per layer)
+* `attnkit.convert.hf_detr` — Hugging Face DetrModel / DetrForObjectDetection (the
+  transformer, into `attnkit.models.DetrTransformer`)
 * `attnkit.convert.hf_swin` — Hugging Face SwinModel (whole model, into
   `attnkit.vision.SwinModel`)
 * `attnkit.convert.keras` — keras.layers.MultiHeadAttention, AdditiveAttention, Attention
   (Keras is imported only when a Keras function is called)
 """
 
+from attnkit.convert._dispatch import from_keras, from_torch, to_keras, to_torch
+from attnkit.convert.hf_detr import detr_transformer_from_hf, hf_detr_state, load_hf_detr_state
 from attnkit.convert.hf_swin import (
     hf_swin_model_state,
     load_hf_swin_model_state,
@@ -54,12 +60,17 @@ __all__ = [
     "decoder_from_torch",
     "decoder_masks_from_torch",
     "decoder_to_torch",
+    "detr_transformer_from_hf",
     "encoder_from_torch",
     "encoder_mask_from_torch",
     "encoder_to_torch",
+    "from_keras",
+    "from_torch",
+    "hf_detr_state",
     "hf_swin_model_state",
     "keras_causal",
     "keras_masks",
+    "load_hf_detr_state",
     "load_hf_swin_model_state",
     "load_keras_mha_state",
     "load_torch_decoder_state",
@@ -73,4 +84,6 @@ __all__ = [
     "mha_to_torch",
     "swin_config_from_hf",
     "swin_from_hf",
+    "to_keras",
+    "to_torch",
 ]

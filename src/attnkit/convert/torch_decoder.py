@@ -146,8 +146,8 @@ def decoder_to_torch(
     """A `torch.nn.TransformerDecoderLayer` with exactly the weights and settings of `block`.
 
     torch applies no causal mask by itself: call the layer with
-    `tgt_mask=nn.Transformer.generate_square_subsequent_mask(T)` (DecoderBlock
-    always masks causally).
+    `tgt_mask=nn.Transformer.generate_square_subsequent_mask(T)` (a DecoderBlock
+    masks causally unless built with `causal=False`, as DETR's decoder is).
     """
     if block.cross_attn is None:
         raise ValueError("to_torch: TransformerDecoderLayer needs a block with cross-attention")

@@ -395,8 +395,10 @@ def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:
     n, s = q.shape[2], k.shape[2]
     # a bool, never a traced size comparison (jit.trace turns sizes into tensors)
     gqa = bool(k.shape[1] != q.shape[1])
-    if mask is None and bias is None and (not causal or n == s):
-        # PyTorch's is_causal is top-left aligned; it equals ours only when N == S.
+    # PyTorch's is_causal is top-left aligned; it equals ours only when N == S. Its CPU
+    # kernel also gives NaN rows for a scale <= 0 (the masked -inf times the scale), so such
+    # calls pass the causal limit as a boolean mask instead (found by the hypothesis test).
+    if mask is None and bias is None and (not causal or (n == s and scale > 0)):
         out = F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
         )

@@ -1,6 +1,6 @@
 """Fixed positional encodings (no parameters; learned ones live in attnkit.modules).
 
-Dimensions: N positions, C model width.
+Dimensions: B batch, N positions, C model width, h × w a feature-map grid.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["sincos_2d", "sinusoidal"]
+__all__ = ["detr_sine_2d", "sincos_2d", "sinusoidal"]
 
 
 def _check(name: str, value: int, minimum: int) -> None:
@@ -78,3 +78,54 @@ def sincos_2d(
     col_of = cols.repeat(grid_h)  # (h·w,)
     pe = torch.cat([_sincos_1d(row_of, dim // 2, base), _sincos_1d(col_of, dim // 2, base)], 1)
     return pe.to(dtype)
+
+
+def detr_sine_2d(
+    mask: Tensor,
+    dim: int,
+    *,
+    temperature: float = 10000.0,
+    normalize: bool = True,
+    scale: float = 2 * math.pi,
+    eps: float = 1e-6,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """DETR's 2-D sine positions of a padded feature map: mask (B, h, w) -> (B, h·w, C).
+
+    `mask` is True on real pixels, False on padding (attnkit's polarity; DETR's
+    own `NestedTensor` mask is the opposite). Each real pixel's row y and column
+    x count real pixels from 1 (a cumulative sum over the mask), so padding does
+    not shift the positions of the image; with `normalize` they are divided by
+    the image's last row / column and multiplied by `scale`, giving (0, 2π] for
+    any image size. The first C/2 channels encode y, the last C/2 x, each as
+    interleaved [sin, cos] pairs at frequencies temperature^(-2i/(C/2)) (Carion
+    et al. 2020, `PositionEmbeddingSine` of the DETR code; the order of
+    transformers' `DetrSinePositionEmbedding`). Padded pixels get values too
+    (their keys are masked, not their positions). Tokens are in row-major
+    order, as `feature_map.flatten(2).transpose(1, 2)` gives them.
+
+    Not `sincos_2d`: that one counts from 0, is not normalised, puts all sines
+    before all cosines and knows no padding. Computed in float64, then cast.
+    C must be a multiple of 4.
+    """
+    if not isinstance(mask, Tensor) or mask.dim() != 3 or mask.dtype != torch.bool:
+        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask)
+        raise ValueError(f"mask must be a bool tensor (B, h, w), True = real pixel, got {got}")
+    _check("dim", dim, 4)
+    if dim % 4:
+        raise ValueError(f"detr_sine_2d: dim must be a multiple of 4, got {dim}")
+    real = mask.to(torch.float64)
+    y = real.cumsum(1)  # (B, h, w): 1, 2, ... down each column's real pixels
+    x = real.cumsum(2)  # (B, h, w): 1, 2, ... along each row's real pixels
+    if normalize:
+        y = y / (y[:, -1:, :] + eps) * scale
+        x = x / (x[:, :, -1:] + eps) * scale
+    half = dim // 2
+    i = torch.arange(half, dtype=torch.float64, device=mask.device)
+    freq = temperature ** (2 * torch.div(i, 2, rounding_mode="floor") / half)  # (C/2,)
+    pos_y, pos_x = y[..., None] / freq, x[..., None] / freq  # (B, h, w, C/2) each
+    # [sin of even channels, cos of odd channels] interleaved: sin0, cos1, sin2, cos3, ...
+    pos_y = torch.stack((pos_y[..., 0::2].sin(), pos_y[..., 1::2].cos()), dim=4).flatten(3)
+    pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), dim=4).flatten(3)
+    pe = torch.cat((pos_y, pos_x), dim=3)  # (B, h, w, C)
+    return pe.flatten(1, 2).to(dtype)  # (B, h·w, C)

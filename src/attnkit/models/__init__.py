@@ -1,12 +1,14 @@
 """Models built from attnkit modules: a BERT encoder that loads Hugging Face checkpoints,
 the encoder-decoder Transformer with cached decoding, a GPT and a decoder-only causal LM
-that `generate` continues (greedy or sampled), and ViT / T2T-ViT / a small CNN with CBAM
-for images (presets in `attnkit.models.vit.PRESETS`)."""
+that `generate` continues (greedy or sampled), DETR's transformer (positions in every layer,
+learned object queries), and ViT / T2T-ViT / a small CNN with CBAM for images (presets in
+`attnkit.models.vit.PRESETS`)."""
 
 from attnkit.models.bert import BertConfig, BertEncoder, BertOutput
 from attnkit.models.bert_heads import BertClassifier
 from attnkit.models.checkpoint import default_checkpoint
 from attnkit.models.decoding import CachedMultiHeadAttention, KVCache, beam_search, greedy
+from attnkit.models.detr import DetrDecoder, DetrEncoder, DetrTransformer
 from attnkit.models.generate import generate
 from attnkit.models.gpt import GPT, GPTBlock, GPTConfig
 from attnkit.models.tokenize import (
@@ -38,6 +40,9 @@ __all__ = [
     "CachedMultiHeadAttention",
     "CausalLM",
     "DecoderBlock",
+    "DetrDecoder",
+    "DetrEncoder",
+    "DetrTransformer",
     "Encoding",
     "GPTBlock",
     "GPTConfig",

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from attnkit._optional import require
 from attnkit.models import checkpoint as ckpt
-from attnkit.models.bert import QKV, BertConfig, BertEncoder
+from attnkit.models.bert_config import QKV, BertConfig
 from attnkit.modules._checks import positive_int
 
 __all__ = ["TOKENIZER_FILES", "config_dict", "hf_state", "resize_token_embeddings", "save"]
@@ -36,7 +36,7 @@ TOKENIZER_FILES = (
 )
 
 
-def hf_state(model: BertEncoder, prefix: str = "") -> dict[str, Tensor]:
+def hf_state(model: nn.Module, prefix: str = "") -> dict[str, Tensor]:
     """The encoder's tensors under transformers' ``BertModel`` names (with `prefix`, e.g.
     ``"bert."`` inside a task model): contiguous copies that share no memory."""
     ours = model.state_dict()
@@ -87,7 +87,7 @@ def save_files(directory: str | Path, state: dict[str, Tensor], config: dict, ex
     return ckpt.write_folder(directory, files)
 
 
-def save(model: BertEncoder, directory: str | Path, *, tokenizer=None) -> Path:
+def save(model: nn.Module, directory: str | Path, *, tokenizer=None) -> Path:
     """`BertEncoder.save_pretrained`."""
     dtype = next(model.parameters()).dtype
     config = config_dict(model.config, "BertModel", dtype)
@@ -95,7 +95,7 @@ def save(model: BertEncoder, directory: str | Path, *, tokenizer=None) -> Path:
 
 
 @torch.no_grad()
-def resize_token_embeddings(model: BertEncoder, num_tokens: int, *, mean_resizing: bool) -> None:
+def resize_token_embeddings(model: nn.Module, num_tokens: int, *, mean_resizing: bool) -> None:
     """`BertEncoder.resize_token_embeddings`."""
     positive_int("num_tokens", num_tokens)
     pad = model.config.pad_token_id

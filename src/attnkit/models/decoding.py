@@ -131,13 +131,19 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         bias: Tensor | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
+        pos: Tensor | None = None,
+        context_pos: Tensor | None = None,
     ) -> Tensor:
-        """x (B, N, C), context (B, S, Cc) or None -> (B, N, Co)."""
+        """x (B, N, C), context (B, S, Cc) or None -> (B, N, Co); `pos` (B, N, C) and
+        `context_pos` (B, S, Cc) as in `MultiHeadAttention.forward` (with a cache, `pos`
+        holds the positions of the N new queries only)."""
         if cache is None:
-            return super().forward(x, context, mask=mask, bias=bias, causal=causal)
+            return super().forward(
+                x, context, mask=mask, bias=bias, causal=causal, pos=pos, context_pos=context_pos
+            )
         cached = cache.entries.get(self)
         if context is None:
-            q, k, v = self.heads_qkv(x)  # (B, H, N, Dh), (B, Hkv, N, Dh) x2
+            q, k, v = self.heads_qkv(x, pos=pos)  # (B, H, N, Dh), (B, Hkv, N, Dh) x2
             # RoPE: the new tokens sit after the cached ones (cached keys are already rotated).
             q, k = self.rotate(q, k, offset=0 if cached is None else cached[0].shape[2])
             k, v = cache.append(self, k, v)  # (B, Hkv, S_past + N, Dh) x2
@@ -145,12 +151,12 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             # True, so skip it (attention then needs no mask work at all).
             causal = causal and q.shape[2] > 1
         elif cached is None:
-            q, k, v = self.heads_qkv(x, context)
+            q, k, v = self.heads_qkv(x, context, pos=pos, context_pos=context_pos)
             q, k = self.rotate(q, k, context)  # refuses a rotary cross-attention
             cache.entries[self] = (k, v)
         else:
             # An empty context projects only the queries; the keys/values are cached.
-            q, _, _ = self.heads_qkv(x, context[:, :0])  # (B, H, N, Dh)
+            q, _, _ = self.heads_qkv(x, context[:, :0], pos=pos)  # (B, H, N, Dh)
             k, v = cached
         o = self.attend(q, k, v, mask=mask, bias=bias, causal=causal).out  # (B, H, N, Dh)
         return self.proj(self.merge_heads(o))

@@ -165,7 +165,9 @@ class DecoderBlock(nn.Module):
     """Masked self-attention, cross-attention over the encoder output, feed-forward (§3.1).
 
     Each sublayer is residual with post-norm or pre-norm (`cfg.norm_first`).
-    With ``cross_attention=False`` the block is a GPT-style decoder-only block.
+    With ``cross_attention=False`` the block is a GPT-style decoder-only block;
+    with ``causal=False`` its self-attention sees every target position (DETR's
+    decoder, whose object queries are a set, not a sequence).
     `device`, `dtype`: of the parameters, as for `torch.nn.Linear`.
     """
 
@@ -174,11 +176,13 @@ class DecoderBlock(nn.Module):
         cfg: TransformerConfig,
         *,
         cross_attention: bool = True,
+        causal: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         fk = {"device": device, "dtype": dtype}
+        self.causal = causal
         self.self_attn = _sublayer(_attention(cfg, fk), cfg, fk)
         self.cross_attn = _sublayer(_attention(cfg, fk), cfg, fk) if cross_attention else None
         self.ff = _feed_forward(cfg, fk)
@@ -191,34 +195,30 @@ class DecoderBlock(nn.Module):
         mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
         cache: KVCache | None = None,
+        pos: Tensor | None = None,
+        query_pos: Tensor | None = None,
     ) -> Tensor:
         """x (B, N, C), memory (B, S, C) -> (B, N, C).
 
         mask: target key-padding mask (B, 1, 1, T) or None, True = may attend;
-            the causal mask is always applied (bottom-right aligned, so with a
-            cache holding T - N positions the N new ones see all of them).
+            unless the block was built with ``causal=False`` the causal mask is
+            applied too (bottom-right aligned, so with a cache holding T - N
+            positions the N new ones see all of them).
         memory_mask: source key-padding mask (B, 1, 1, S), True = may attend.
         cache: keys/values of earlier steps (see `attnkit.models.decoding`).
+        pos: positions of the memory (B, S, C), added to the cross-attention keys.
+        query_pos: positions of the targets (B, N, C), added to the self-attention
+            queries and keys and to the cross-attention queries.
+            Neither ever reaches a value or the residual stream (DETR, §3.2).
         """
-        x = self.self_attn(x, mask=mask, causal=True, cache=cache)
+        x = self.self_attn(x, mask=mask, causal=self.causal, cache=cache, pos=query_pos)
         if self.cross_attn is not None:
             if memory is None:
                 raise ValueError("memory (B, S, C) is required by a block with cross-attention")
-            x = self.cross_attn(x, memory, mask=memory_mask, cache=cache)
+            x = self.cross_attn(
+                x, memory, mask=memory_mask, cache=cache, pos=query_pos, context_pos=pos
+            )
         return self.ff(x)
-
-    @classmethod
-    def from_torch(cls, layer: nn.TransformerDecoderLayer) -> DecoderBlock:
-        """Exact copy of a `torch.nn.TransformerDecoderLayer` (see `attnkit.convert`)."""
-        from attnkit.convert.torch_decoder import decoder_from_torch
-
-        return decoder_from_torch(layer)
-
-    def to_torch(self, *, batch_first: bool = True) -> nn.TransformerDecoderLayer:
-        """Exact copy as a `torch.nn.TransformerDecoderLayer` (call it with a causal tgt_mask)."""
-        from attnkit.convert.torch_decoder import decoder_to_torch
-
-        return decoder_to_torch(self, batch_first=batch_first)
 
 
 def _encoder_block(cfg: TransformerConfig, fk: dict) -> EncoderBlock:

@@ -16,10 +16,16 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.positional import sincos_2d
-from attnkit.modules._checks import nonnegative_int, positive_int, positive_number, probability
+from attnkit.modules._checks import (
+    check_image,
+    nonnegative_int,
+    positive_int,
+    positive_number,
+    probability,
+)
 from attnkit.modules.blocks import EncoderBlock, FeedForward, PreNormResidual
 from attnkit.modules.classic import T2TAttention
-from attnkit.modules.embed import LearnedPositionalEmbedding
+from attnkit.modules.embed import LearnedPositionalEmbedding, PatchEmbed
 from attnkit.vision.spatial import CBAM
 
 __all__ = [
@@ -33,45 +39,6 @@ __all__ = [
     "build_model",
     "config_from_dict",
 ]
-
-
-def _check_image(x: Tensor, channels: int, size: int, who: str) -> None:
-    if x.dim() != 4 or x.shape[1:] != (channels, size, size):
-        raise ValueError(
-            f"{who}: images must have shape (B, {channels}, {size}, {size}), got {tuple(x.shape)}"
-        )
-
-
-class PatchEmbed(nn.Module):
-    """Non-overlapping P × P patches, each linearly projected: (B, Ci, I, I) -> (B, N, C).
-
-    A "hard split" (nn.Unfold with stride = kernel = P; T2TEmbed's soft split
-    overlaps) then a Linear on each flattened patch (c, y, x order). Tokens are
-    in row-major grid order; `grid` = (I/P, I/P). `device`, `dtype`: of the parameters.
-    """
-
-    def __init__(
-        self, image_size: int, patch_size: int, in_chans: int, dim: int, *, device=None, dtype=None
-    ) -> None:
-        super().__init__()
-        image_size = positive_int("image_size", image_size)
-        patch_size = positive_int("patch_size", patch_size)
-        in_chans, dim = positive_int("in_chans", in_chans), positive_int("dim", dim)
-        if image_size % patch_size:
-            raise ValueError(
-                f"patch_size must divide image_size={image_size}, got patch_size={patch_size}"
-            )
-        self.image_size, self.in_chans = image_size, in_chans
-        self.grid = (image_size // patch_size, image_size // patch_size)
-        self.split = nn.Unfold(patch_size, stride=patch_size)
-        self.proj = nn.Linear(in_chans * patch_size**2, dim, device=device, dtype=dtype)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """(B, Ci, I, I) -> (B, N, C)."""
-        _check_image(x, self.in_chans, self.image_size, "PatchEmbed")
-        return self.proj(
-            self.split(x).transpose(1, 2)
-        )  # (B, Ci·P², N) -> (B, N, Ci·P²) -> (B, N, C)
 
 
 class T2TEmbed(nn.Module):
@@ -126,7 +93,7 @@ class T2TEmbed(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, Ci, I, I) -> (B, N, C)."""
-        _check_image(x, self.in_chans, self.image_size, "T2TEmbed")
+        check_image(x, self.in_chans, self.image_size, "T2TEmbed")
         for unfold, stage, side in zip(self.unfolds, self.stages, self.sides, strict=False):
             tokens = unfold(x).transpose(1, 2)  # (B, c·k², h·w) -> (B, h·w, c·k²)
             tokens = stage(tokens)  # (B, h·w, chan)
@@ -336,7 +303,7 @@ class SmallCNN(nn.Module):
     def forward(self, images: Tensor) -> Tensor:
         """(B, Ci, I, I) -> logits (B, K)."""
         c = self.config
-        _check_image(images, c.in_chans, c.image_size, "SmallCNN")
+        check_image(images, c.in_chans, c.image_size, "SmallCNN")
         return self.head(self.features(images).mean((2, 3)))
 
 

@@ -37,3 +37,11 @@ def probability(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
         raise ValueError(f"{name} must be in [0, 1), got {value!r}")
     return float(value)
+
+
+def check_image(x, channels: int, size: int, who: str) -> None:
+    """Images (B, channels, size, size), else ValueError naming `who` and both shapes."""
+    if x.dim() != 4 or x.shape[1:] != (channels, size, size):
+        raise ValueError(
+            f"{who}: images must have shape (B, {channels}, {size}, {size}), got {tuple(x.shape)}"
+        )

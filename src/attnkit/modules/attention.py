@@ -264,32 +264,6 @@ class MultiHeadAttention(nn.Module):
                     f"{name} of shape {tuple(p.shape)} does not broadcast to {tuple(ref.shape)}"
                 )
 
-    @classmethod
-    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
-        """Exact copy of a `torch.nn.MultiheadAttention` (table in `attnkit.convert.torch_nn`)."""
-        from attnkit.convert.torch_nn import mha_from_torch
-
-        return mha_from_torch(m)
-
-    def to_torch(self) -> nn.MultiheadAttention:
-        """Exact copy as `torch.nn.MultiheadAttention(batch_first=True)`."""
-        from attnkit.convert.torch_nn import mha_to_torch
-
-        return mha_to_torch(self)
-
-    @classmethod
-    def from_keras(cls, layer) -> MultiHeadAttention:
-        """Exact copy of a built `keras.layers.MultiHeadAttention` (see `attnkit.convert.keras`)."""
-        from attnkit.convert.keras import mha_from_keras
-
-        return mha_from_keras(layer)
-
-    def to_keras(self):
-        """Exact copy as a built `keras.layers.MultiHeadAttention`."""
-        from attnkit.convert.keras import mha_to_keras
-
-        return mha_to_keras(self)
-
     def extra_repr(self) -> str:
         text = (
             f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "

@@ -111,7 +111,7 @@ class EncoderBlock(nn.Module):
         activation: "gelu", "relu", ... or a module.
         norm_eps: LayerNorm epsilon (BERT 1e-12, ViT 1e-6, torch 1e-5).
         attn: an attention module to use instead of `MultiHeadAttention(dim, num_heads)`;
-            it is called as `attn(x, mask=..., causal=...)`.
+            it is called as `attn(x, mask=..., causal=...)` (and `pos=` when given).
         device, dtype: of the parameters created here, as for `torch.nn.Linear`.
     """
 
@@ -143,19 +143,20 @@ class EncoderBlock(nn.Module):
         self.attn = residual(attn, norm(), dropout=dropout, norm_first=norm_first)
         self.ff = residual(ff, norm(), dropout=dropout, norm_first=norm_first)
 
-    def forward(self, x: Tensor, *, mask: Tensor | None = None, causal: bool = False) -> Tensor:
-        """(B, N, C) -> (B, N, C); mask as in `MultiHeadAttention.forward`."""
-        return self.ff(self.attn(x, mask=mask, causal=causal))
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        pos: Tensor | None = None,
+    ) -> Tensor:
+        """(B, N, C) -> (B, N, C); mask as in `MultiHeadAttention.forward`.
 
-    @classmethod
-    def from_torch(cls, layer: nn.TransformerEncoderLayer) -> EncoderBlock:
-        """Exact copy of a `torch.nn.TransformerEncoderLayer` (see `attnkit.convert`)."""
-        from attnkit.convert.torch_transformer import encoder_from_torch
-
-        return encoder_from_torch(layer)
-
-    def to_torch(self, *, batch_first: bool = True) -> nn.TransformerEncoderLayer:
-        """Exact copy as a `torch.nn.TransformerEncoderLayer`."""
-        from attnkit.convert.torch_transformer import encoder_to_torch
-
-        return encoder_to_torch(self, batch_first=batch_first)
+        pos: positions (B, N, C) (or broadcastable) added to the query and key inputs
+            of the self-attention only, never to the values nor to the residual
+            stream (DETR, Carion et al. 2020: every layer sees them afresh). Pre-norm
+            adds them after the norm, as DETR's `normalize_before` does.
+        """
+        extra = {} if pos is None else {"pos": pos}  # a custom `attn` need not know pos
+        return self.ff(self.attn(x, mask=mask, causal=causal, **extra))

@@ -1,4 +1,4 @@
-"""Positional encodings as modules: learned and sinusoidal.
+"""Positional encodings as modules (learned and sinusoidal) and the ViT patch embedding.
 
 Dimensions: B batch, N tokens, C width. Both add the encoding of positions
 offset, ..., offset + N - 1 to x (offset: positions already in a decoder cache).
@@ -10,9 +10,9 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.positional import sinusoidal
-from attnkit.modules._checks import positive_int
+from attnkit.modules._checks import check_image, positive_int
 
-__all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncoding"]
+__all__ = ["LearnedPositionalEmbedding", "PatchEmbed", "SinusoidalPositionalEncoding"]
 
 
 def _check(x: Tensor, offset: int, max_len: int, dim: int) -> None:
@@ -73,3 +73,35 @@ class SinusoidalPositionalEncoding(nn.Module):
         """(B, N, C) -> (B, N, C)."""
         _check(x, offset, self.max_len, self.dim)
         return x + self.table[offset : offset + x.shape[1]].to(x.dtype)
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping P × P patches, each linearly projected: (B, Ci, I, I) -> (B, N, C).
+
+    A "hard split" (nn.Unfold with stride = kernel = P; T2TEmbed's soft split
+    overlaps) then a Linear on each flattened patch (c, y, x order). Tokens are
+    in row-major grid order; `grid` = (I/P, I/P). `device`, `dtype`: of the parameters.
+    """
+
+    def __init__(
+        self, image_size: int, patch_size: int, in_chans: int, dim: int, *, device=None, dtype=None
+    ) -> None:
+        super().__init__()
+        image_size = positive_int("image_size", image_size)
+        patch_size = positive_int("patch_size", patch_size)
+        in_chans, dim = positive_int("in_chans", in_chans), positive_int("dim", dim)
+        if image_size % patch_size:
+            raise ValueError(
+                f"patch_size must divide image_size={image_size}, got patch_size={patch_size}"
+            )
+        self.image_size, self.in_chans = image_size, in_chans
+        self.grid = (image_size // patch_size, image_size // patch_size)
+        self.split = nn.Unfold(patch_size, stride=patch_size)
+        self.proj = nn.Linear(in_chans * patch_size**2, dim, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, Ci, I, I) -> (B, N, C)."""
+        check_image(x, self.in_chans, self.image_size, "PatchEmbed")
+        return self.proj(
+            self.split(x).transpose(1, 2)
+        )  # (B, Ci·P², N) -> (B, N, Ci·P²) -> (B, N, C)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.modules._checks import positive_int, positive_number, probability
+from attnkit.modules.embed import PatchEmbed
 from attnkit.vision.window import SwinBlock
 
 __all__ = ["PatchMerging", "SwinConfig", "SwinModel", "SwinStage", "stage_window"]
@@ -227,7 +228,7 @@ class SwinConfig:
 class SwinModel(nn.Module):
     """Swin Transformer: (B, Ci, I, I) -> (B, C_last) with `pool`, else (B, N_last, C_last).
 
-    Parameters: `embed` (`attnkit.models.vit.PatchEmbed`), `embed_norm`, `pos`
+    Parameters: `embed` (`attnkit.modules.embed.PatchEmbed`), `embed_norm`, `pos`
     ((1, N, C), only with `absolute_pos`), `stages` (`SwinStage`s), `norm`.
     `features(x)` is the normalised last-stage tokens (HF's
     `last_hidden_state`); `stage_maps(x)` the embedded map and every stage's
@@ -243,8 +244,6 @@ class SwinModel(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        from attnkit.models.vit import PatchEmbed
-
         fk = {"device": device, "dtype": dtype}
         cfg = self.config = config
         self.embed = PatchEmbed(cfg.image_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim, **fk)

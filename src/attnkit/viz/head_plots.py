@@ -9,18 +9,26 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-
-from attnkit.analysis.heads import HeadStats
+from torch import Tensor
 
 __all__ = ["head_distance_figure"]
 
 
+class HeadStatsLike(Protocol):
+    """What the figure reads: `attnkit.analysis.HeadStats` has it. A protocol, not an import,
+    so that viz (a lower layer) does not import analysis (DESIGN.md, "Layers")."""
+
+    distance: Tensor  # (L, H) mean attention distance per head
+    entropy: Tensor  # (L, H) mean attention entropy per head
+
+
 def head_distance_figure(
-    stats: HeadStats,
+    stats: HeadStatsLike,
     *,
     unit: str = "tokens",
     layer_names: Sequence[str] | None = None,
