@@ -23,10 +23,10 @@ FILES = ("attention.png", "head_distance.png")
 
 EPILOG = """\
 examples:
-  attnkit train vit --out runs/vit --epochs 20
   attnkit explain-image --checkpoint runs/vit --images 4
   attnkit explain-image --checkpoint runs/vit --head-fusion max --discard-ratio 0.9 --force
 
+The run comes from e.g. `attnkit train vit --out runs/vit`.
 exit codes: 0 done, 2 bad usage (e.g. a CNN run, not a ViT), 130 interrupted (Ctrl-C)."""
 
 
@@ -34,9 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "explain-image",
         help="attention maps of a trained ViT / T2T-ViT on test digits (PNG)",
-        description="Draw where a ViT or T2T-ViT trained with `attnkit train` looks: per "
-        "head, the attention of the class token (or the mean query) in the last layer, and "
-        "attention rollout over all layers (Abnar & Zuidema 2020), laid over test digits; "
+        description="Draw where a ViT or T2T-ViT trained with `attnkit train` looks: per\n"
+        "head, the attention of the class token (or the mean query) in the last layer, and\n"
+        "attention rollout over all layers (Abnar & Zuidema 2020), laid over test digits;\n"
         "then how far each head looks (mean attention distance in pixels).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

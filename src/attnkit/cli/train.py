@@ -54,7 +54,7 @@ exit codes: 0 done, 1 training diverged, 2 bad usage, 130 interrupted (Ctrl-C)."
 EVAL_EPILOG = """\
 examples:
   attnkit eval
-  attnkit eval --checkpoint runs/vit --json
+  attnkit eval --checkpoint runs/vit --out runs/vit-eval --json
 
 exit codes: 0 done, 2 bad usage (e.g. not a train run), 130 interrupted (Ctrl-C)."""
 
@@ -84,9 +84,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "train",
         help="train a ViT, T2T-ViT or CNN+CBAM on the 8×8 digits",
-        description="Train an image model on scikit-learn's 8×8 digits (1,437 training and "
-        "360 test images, a fixed split; nothing is downloaded), evaluating on the test images "
-        "after every epoch.",
+        description="Train an image model on scikit-learn's 8×8 digits (1,437 training and\n"
+        "360 test images, a fixed split; nothing is downloaded), evaluating on the test\n"
+        "images after every epoch.",
         epilog=TRAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -153,8 +153,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e = subparsers.add_parser(
         "eval",
         help="test accuracy of a trained model",
-        description="Evaluate a model trained with `attnkit train` on the 360 test digits and "
-        "write the result to eval.json.",
+        description="Evaluate a model trained with `attnkit train` on the 360 test digits\n"
+        "and write the result to eval.json.",
         epilog=EVAL_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
