@@ -5,6 +5,7 @@ the last stdout line says what was done and where it was written."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -108,3 +109,17 @@ def test_last_line_says_what_was_done_and_where(name, run_dir, tmp_path, capsys)
         assert all((out / f).stat().st_size > 0 for f in files)
     else:
         assert "nothing written" in last and not out.exists()
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "explain-image", "flops", ""])
+def test_every_option_has_help_for_users(command):
+    from attnkit.cli.main import build_parser
+
+    parser = build_parser()
+    if command:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[command]
+    assert "examples:\n  attnkit " in (parser.epilog or "")
+    assert parser.description and "`attnkit.cli" not in parser.description
+    for action in parser._actions:
+        assert action.help and len(action.help) >= 10, action.option_strings or action.dest

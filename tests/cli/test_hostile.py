@@ -62,6 +62,8 @@ CASES = [
     ("flops-plot-path", ["flops", "--plot", "sub/cost.png"], 2, ["--plot", "inside --out"]),
     ("flops-plot-not-png", ["flops", "--plot", "cost.pdf"], 2, ["--plot", ".png"]),
     ("flops-plot-max-small", ["flops", "--plot", "--plot-max-tokens", "9"], 2, ["--plot-max"]),
+    ("flops-plot-tokens", ["flops", "--plot", "--tokens", "9"], 2, ["--plot", "--tokens"]),
+    ("flops-plot-model", ["flops", "--plot", "--model", "vit"], 2, ["--plot", "--model"]),
     ("flops-plot-out-file", ["flops", "--plot", "--out", "{file}"], 2, ["--out", "is a file"]),
     ("explain-image-images-zero", ["explain-image", "--images", "0"], 2, ["--images"]),
     ("explain-image-discard-1", ["explain-image", "--discard-ratio", "1"], 2, ["--discard"]),

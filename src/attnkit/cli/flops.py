@@ -162,6 +162,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# Options --plot would ignore (it measures square grids of one layer): refused, not ignored.
+PLOT_IGNORES = ("tokens", "context", "context_dim", "kv_heads", "head_dim", "out_dim", "grid",
+                "shifted", "causal", "model", "layers", "seq_len", "tgt_len", "ff", "image",
+                "patch")  # fmt: skip
+
+
 def _run_plot(args: argparse.Namespace) -> int:
     from attnkit.cli.flops_plot import GRIDS
 
@@ -169,6 +175,14 @@ def _run_plot(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--plot takes a file name ending in .png, written inside --out, got {args.plot!r}: "
             "give the folder with --out DIR"
+        )
+    ignored = [
+        f"--{n.replace('_', '-')}" for n in PLOT_IGNORES if getattr(args, n) not in (None, False)
+    ]
+    if ignored or args.batch != 1:
+        raise ValueError(
+            f"--plot draws one layer of --dim, --heads and --window only: leave out "
+            f"{', '.join(ignored or ['--batch'])}"
         )
     if args.plot_max_tokens < GRIDS[0] ** 2:
         raise ValueError(f"--plot-max-tokens must be at least {GRIDS[0] ** 2}")

@@ -42,7 +42,9 @@ def build_parser() -> Parser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", help="what to do (attnkit COMMAND --help: its options)"
+    )
     for module in SUBCOMMANDS:
         module.register(sub)
     return parser
