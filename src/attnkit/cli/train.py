@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -190,7 +191,9 @@ def run_train(args: argparse.Namespace) -> int:
             raise UsageError(f"resume: no checkpoint in {out} (--resume): train without it first")
         read_checkpoint(out / "checkpoint.pt")
     else:
-        prepare_out(out, RUN_FILES, force=args.force)
+        # Under torchrun only rank 0 judges the folder: the others may start after rank 0
+        # has written config.json into it.
+        prepare_out(out, RUN_FILES, force=args.force or not _first_rank())
 
     import torch
 
@@ -220,7 +223,7 @@ def run_train(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     model = build_model(model_config)
     augment = functools.partial(random_shift, max_shift=1, fill=data.background)
-    if args.force:
+    if args.force and _first_rank():
         remove_results(out, RUN_FILES)  # every check passed: the old run goes now
     with distributed() as device:
         try:
@@ -250,6 +253,11 @@ def run_train(args: argparse.Namespace) -> int:
     if rank0 and result.history:
         _train_summary(args, out, result)
     return 0
+
+
+def _first_rank() -> bool:
+    """Rank 0 of a torchrun launch, or a plain single process (torchrun sets RANK)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _train_summary(args: argparse.Namespace, out: Path, result) -> None:
