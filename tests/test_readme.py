@@ -35,3 +35,25 @@ def test_readme_quotes_the_benchmark_table_verbatim():
     """The performance table is the one `attnkit bench` wrote (benchmarks/results/readme.md)."""
     written = README.parent / "benchmarks" / "results" / "readme.md"
     assert written.read_text().strip() in README.read_text()
+
+
+def test_readme_install_size_table_is_the_measured_one():
+    """The install-size table is benchmarks/install_size.py's markdown of install-size.json,
+    quoted verbatim in the README's install section."""
+    import importlib.util
+    import json
+
+    results = README.parent / "benchmarks" / "results"
+    spec = importlib.util.spec_from_file_location(
+        "install_size", README.parent / "benchmarks" / "install_size.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    measured = json.loads((results / "install-size.json").read_text())
+    table = module.markdown(measured)
+    assert (results / "install-size.md").read_text() == table
+    assert [row["extra"] for row in measured["rows"]] == list(module.EXTRAS)
+    text = README.read_text()
+    install = text[text.index("## Installing into your own environment") :]
+    install = install[: install.index("\n## ", 1)]
+    assert table.strip() in install

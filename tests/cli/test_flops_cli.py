@@ -207,15 +207,30 @@ def test_subprocess_python_m_attnkit():
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
 
 
-def test_plot_writes_png_atomically(capsys, tmp_path, monkeypatch):
+def test_plot_writes_png_atomically_into_out(capsys, tmp_path, monkeypatch):
     # the real measurement takes ~15 s: shrink it to two tiny grids here
     monkeypatch.setattr(flops_plot, "GRIDS", (4, 8))
     monkeypatch.setattr(flops_plot, "sgemm_gflops", lambda size=2048: 1.0)
-    target = tmp_path / "cost.png"
-    code, _, err = run(
-        capsys, "--dim", "16", "--heads", "2", "--window", "4", "--plot", str(target)
-    )
+    argv = ["--dim", "16", "--heads", "2", "--window", "4", "--out", str(tmp_path)]
+    code, out, err = run(capsys, *argv, "--plot", "--json")
     assert code == 0, err
+    target = tmp_path / "cost.png"
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(tmp_path.iterdir()) == [target]  # no temporary file left behind
-    assert "N=   64" in err and "wrote" in err
+    data = json.loads(out)
+    assert data["files"] == [str(target)] and [r["n"] for r in data["rows"]] == [16, 64]
+    code, _, err = run(capsys, *argv, "--plot")  # the picture is there: refused
+    assert code == 2 and "--force" in err
+    code, out, _ = run(capsys, *argv, "--plot", "mine.png", "--plot-max-tokens", "16", "--quiet")
+    assert code == 0 and out.count("\n") == 1
+    assert out.startswith("attnkit flops: measured") and "N=16..16 tokens; wrote mine.png" in out
+
+
+@pytest.mark.parametrize(
+    "name,fragment",
+    [("sub/cost.png", "inside --out"), ("cost.svg", ".png"), ("../x.png", "inside --out")],
+)
+def test_plot_name_is_a_png_file_name(capsys, tmp_path, name, fragment):
+    code, out, err = run(capsys, "--plot", name, "--out", str(tmp_path / "o"))
+    assert code == 2 and out == "" and fragment in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()

@@ -3,6 +3,7 @@ folder holds only complete files (results are written atomically after all is co
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -47,3 +48,30 @@ def test_ctrl_c_exits_130_with_one_line_and_no_partial_files(name, tmp_path):
     )
     leftovers = [p.name for p in out.iterdir()] if out.exists() else []
     assert not [n for n in leftovers if n.startswith(".") or n.endswith(".tmp")], leftovers
+
+
+def test_ctrl_c_during_training_keeps_the_last_finished_epoch(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnkit", "train", "cnn", "--epochs", "30", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = ""
+    while "epoch 1  " not in seen:  # the first epoch's line: its checkpoint is written
+        line = proc.stderr.readline()
+        assert line, f"train ended before its first epoch: {seen}"
+        seen += line
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, rest = proc.communicate(timeout=120)
+    assert proc.returncode == 130, seen + rest
+    assert "Traceback" not in rest and stdout == ""
+    last = rest.strip().splitlines()[-1]
+    assert last.startswith("attnkit train: interrupted; only complete files were written")
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "config.json", "metrics.json"]
+    from attnkit.train.loop import read_checkpoint
+
+    epochs = read_checkpoint(out / "checkpoint.pt")["epoch"]
+    assert epochs >= 1 and json.loads((out / "metrics.json").read_text())["epoch"] == epochs

@@ -2,57 +2,53 @@ import json
 
 import pytest
 
+from attnkit.cli import train
 from attnkit.cli.main import main
+from attnkit.train.data import DIGITS_RECIPES
+
+TINY = ["--epochs", "1", "--max-steps", "2", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
 def vit_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("vit")
-    code = main(
-        ["train", "vit", "--epochs", "1", "--max-steps", "2", "--out", str(out), "--no-progress"]
-    )
-    assert code == 0
+    assert main(["train", "vit", *TINY, "--out", str(out), "--force"]) == 0
     return out
 
 
-def test_train_writes_run_and_reports(vit_run, capsys):
+def test_recipes_spelled_in_the_parser_match_the_library():
+    got = {k: (r.epochs, r.batch_size, r.lr) for k, r in DIGITS_RECIPES.items()}
+    assert got == train.RECIPES
+
+
+def test_train_writes_run_and_eval_reports(vit_run, tmp_path, capsys):
     assert json.loads((vit_run / "config.json").read_text())["run"]["preset"] == "vit"
     assert (vit_run / "checkpoint.pt").is_file()
-    assert main(["eval", "--checkpoint", str(vit_run)]) == 0
-    assert "vit: test accuracy" in capsys.readouterr().out
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(vit_run), "--out", str(tmp_path)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"attnkit eval: vit from {vit_run}: test accuracy ")
+    assert line.endswith(f"wrote eval.json to {tmp_path}/")
+    saved = json.loads((tmp_path / "eval.json").read_text())
+    assert saved["model"] == "vit" and saved["test_images"] == 360
+    assert 0.0 <= saved["test_acc"] <= 1.0 and saved["params"] == 101_130
 
 
-def test_explain_image_writes_png(vit_run, tmp_path, capsys):
-    assert (
-        main(
-            ["explain-image", "--checkpoint", str(vit_run), "--out", str(tmp_path), "--images", "3"]
-        )
-        == 0
-    )
-    png = tmp_path / "attention.png"
-    assert png.read_bytes()[:4] == b"\x89PNG"
+def test_explain_image_writes_pngs(vit_run, tmp_path, capsys):
+    argv = ["explain-image", "--checkpoint", str(vit_run), "--out", str(tmp_path)]
+    assert main([*argv, "--images", "3"]) == 0
+    assert (tmp_path / "attention.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "head_distance.png").read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out
-    assert str(png) in out
     assert "layer 0: distance" in out and " px (mean " in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("attnkit explain-image: drew vit attention on 3 test digits")
+    assert last.endswith(f"wrote attention.png, head_distance.png to {tmp_path}/")
 
 
 def test_resume_continues_the_run(vit_run, capsys):
-    code = main(
-        [
-            "train",
-            "vit",
-            "--epochs",
-            "2",
-            "--max-steps",
-            "3",
-            "--out",
-            str(vit_run),
-            "--resume",
-            "--no-progress",
-        ]
-    )
-    assert code == 0
+    argv = ["train", "vit", "--epochs", "2", "--max-steps", "3", "--out", str(vit_run)]
+    assert main([*argv, "--resume", "--no-progress"]) == 0
     history = json.loads((vit_run / "metrics.json").read_text())["history"]
     assert [row["step"] for row in history] == [2, 3]
 
@@ -73,8 +69,16 @@ def test_resume_continues_the_run(vit_run, capsys):
             "attnkit train: error: resume: no checkpoint",
         ),
         (
-            ["train", "vit", "--epochs", "0", "--out", "{tmp}/x"],
-            "attnkit train: error: --epochs must be > 0, got 0",
+            ["train", "vit", "--lr", "-1", "--out", "{tmp}/x"],
+            "attnkit train: error: --lr must be a number > 0, got -1.0",
+        ),
+        (
+            ["train", "vit", "--resume", "--force", "--out", "{tmp}/x"],
+            "attnkit train: error: --resume continues the run in --out and --force replaces it",
+        ),
+        (
+            ["explain-image", "--discard-ratio", "1", "--out", "{tmp}/x"],
+            "attnkit explain-image: error: --discard-ratio must be in [0, 1), got 1.0",
         ),
     ],
 )
@@ -82,30 +86,29 @@ def test_errors_exit_2_with_one_line(argv, message, tmp_path, capsys):
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
 
 
 def test_explain_image_refuses_cnn(tmp_path, capsys):
     out = tmp_path / "cnn"
-    assert (
-        main(
-            [
-                "train",
-                "cnn",
-                "--epochs",
-                "1",
-                "--max-steps",
-                "1",
-                "--out",
-                str(out),
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
-    assert main(["explain-image", "--checkpoint", str(out)]) == 2
+    assert main(["train", "cnn", *TINY, "--out", str(out)]) == 0
+    argv = ["explain-image", "--checkpoint", str(out), "--out", str(tmp_path / "img")]
+    assert main(argv) == 2
     assert "needs a ViT or T2T-ViT run" in capsys.readouterr().err
+    assert not (tmp_path / "img").exists()  # refused before --out was created
 
 
-def test_existing_run_without_resume_is_refused(vit_run, capsys):
-    assert main(["train", "vit", "--out", str(vit_run), "--no-progress"]) == 2
-    assert "pass resume=True (--resume)" in capsys.readouterr().err
+def test_existing_run_is_refused_then_replaced_with_force(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "cnn", *TINY, "--out", str(out)]) == 0
+    before = (out / "checkpoint.pt").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(["train", "cnn", *TINY, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds checkpoint.pt" in err and "--force" in err
+    assert (out / "checkpoint.pt").stat().st_mtime_ns == before
+    assert main(["train", "cnn", *TINY, "--out", str(out), "--force", "--seed", "1"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["run"]["init_seed"] == 1  # the new run, not a resumed old one
+    history = json.loads((out / "metrics.json").read_text())["history"]
+    assert [row["epoch"] for row in history] == [1]

@@ -22,9 +22,12 @@ __all__ = [
     "add_out_options",
     "add_report_options",
     "default_out",
+    "emit",
     "int_list",
     "positive_int",
     "prepare_out",
+    "progress",
+    "remove_results",
 ]
 
 EXIT_FAILURE = 1
@@ -147,3 +150,39 @@ def _reason(e: OSError) -> str:
     if e.errno in (errno.ENOTDIR, errno.EEXIST):
         return "a part of the path is a file: give a folder path"
     return f"{e.strerror or e}: give another folder"
+
+
+def progress(total: int, desc: str, *, quiet: bool = False, unit: str = "it", initial: int = 0):
+    """A tqdm bar with ETA on stderr that shows itself only after a second (a fast command
+    prints nothing), and never with --quiet. stdout stays for the result."""
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit=unit,
+        file=sys.stderr,
+        disable=quiet,
+        delay=1.0,
+        leave=False,
+    )
+
+
+def emit(args: argparse.Namespace, command: str, summary: dict, line: str) -> None:
+    """The last output of a command: with --json one JSON object (`summary` plus the
+    command's name) and nothing else on stdout; otherwise the one summary `line`, prefixed
+    with ``attnkit COMMAND:`` (also under --quiet: it is the result)."""
+    if getattr(args, "json", False):
+        import json
+
+        print(json.dumps({"command": command, **summary}))
+    else:
+        print(f"attnkit {command}: {line}")
+
+
+def remove_results(out: Path, names: Iterable[str]) -> None:
+    """--force: delete the previous result files named `names` from `out` (after every
+    check, right before the work), so that the folder never mixes two runs."""
+    for name in names:
+        (out / name).unlink(missing_ok=True)

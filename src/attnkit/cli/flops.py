@@ -1,24 +1,63 @@
 """`attnkit flops`: MACs, FLOPs, parameters and memory of an attention layer or a model.
 
-    attnkit flops --tokens 197 --dim 768 --heads 12
-    attnkit flops --tokens 197 --dim 768 --heads 1 --no-out-proj    # 3NC² + 2N²C
-    attnkit flops --tokens 9 --dim 64 --heads 4 --context 20 --key-dim 32 --value-dim 48
-    attnkit flops --grid 56x56 --window 7 --dim 96 --heads 3
-    attnkit flops --model vit --json
-    attnkit flops --dim 384 --heads 6 --plot cost.png
-
-FLOPs = 2 × MACs (one multiply and one add per multiply-accumulate).
+Counts are exact for attnkit's modules (FLOPs = 2 × MACs: one multiply and one add per
+multiply-accumulate); nothing is run, except with --plot, which also times attention on
+this machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
 import textwrap
+from pathlib import Path
+
+from attnkit.cli._common import add_out_options, add_report_options, emit, prepare_out
+from attnkit.cli._errors import UsageError
 
 PROG = "attnkit flops"
+
+EPILOG = """\
+examples:
+  attnkit flops --tokens 197 --dim 768 --heads 12
+  attnkit flops --tokens 4096 --dim 4096 --heads 32 --kv-heads 8 --causal
+  attnkit flops --tokens 197 --dim 768 --heads 1 --no-out-proj
+  attnkit flops --tokens 9 --dim 64 --heads 4 --context 20 --key-dim 32 --value-dim 48
+  attnkit flops --grid 56x56 --window 7 --dim 96 --heads 3
+  attnkit flops --model vit --json
+  attnkit flops --model bert --seq-len 512 --quiet
+  attnkit flops --dim 384 --heads 6 --plot --plot-max-tokens 784
+
+Nothing is written except with --plot (a PNG in --out).
+exit codes: 0 done, 2 bad usage, 130 interrupted (Ctrl-C)."""
+
+# Help for the options of the size groups below, kept apart from the option list so that
+# options added there merge cleanly; applied by _user_help() (an option missing here keeps
+# its own help).
+HELP = {
+    "--tokens": "query tokens N (with --model bert|transformer: the sequence length)",
+    "--dim": "model width C, the size of each token's vector (required without --model)",
+    "--heads": "attention heads H; must divide --dim unless --head-dim is given",
+    "--context": "key/value tokens S for cross-attention (default: S = N, self-attention)",
+    "--context-dim": "width of the key/value input for cross-attention (default: --dim)",
+    "--kv-heads": "key/value heads G for grouped-query (G < H) or multi-query (G = 1) "
+    "attention; must divide --heads (default: H)",
+    "--head-dim": "width d of each head (default: --dim / --heads)",
+    "--out-dim": "width of the output projection (default: --dim)",
+    "--window": "Swin window attention over windows of M×M tokens (needs --grid)",
+    "--grid": "token grid rows x columns for --window, e.g. 56x56 (then N = 3136)",
+    "--shifted": "shifted windows (Swin SW-MSA): the same cost, counted with the shift",
+    "--causal": "causal mask: also reports the products a mask-skipping kernel saves",
+    "--batch": "batch size B; every count scales with it (default 1)",
+    "--model": "a whole model, part by part: bert (all-MiniLM-L6-v2: 6 layers, C=384, H=12, "
+    "N=128), vit (ViT-B/16 at 224×224) or transformer (base: 6+6 layers, C=512, N=128)",
+    "--layers": "number of layers (transformer: of the encoder and of the decoder each)",
+    "--seq-len": "tokens per sequence (bert; transformer source) (default 128)",
+    "--tgt-len": "target tokens (transformer) (default: --seq-len)",
+    "--ff": "feed-forward hidden width (default: 4 × --dim for the presets)",
+    "--image": "image side in pixels (vit) (default 224)",
+    "--patch": "patch side in pixels (vit) (default 16)",
+}
 
 # Defaults per model: MiniLM-L6 (all-MiniLM-L6-v2), ViT-B/16 at 224², Transformer base.
 MODEL_DEFAULTS = {
@@ -32,7 +71,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "flops",
         help="MACs, FLOPs, parameters and memory of attention layers and models",
-        description=__doc__,
+        description=__doc__.split("\n\n", 1)[1].strip(),
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     layer = p.add_argument_group("one attention layer")
@@ -70,15 +110,34 @@ def register(subparsers) -> None:
     model.add_argument("--ff", type=int, help="feed-forward width")
     model.add_argument("--image", type=int, help="image side in pixels (vit)")
     model.add_argument("--patch", type=int, help="patch side in pixels (vit)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--plot", metavar="FILE.png", help="plot cost and measured time vs length")
-    p.error = _one_line_error  # type: ignore[method-assign]
+    _user_help(p)
+    plot = p.add_argument_group("a plot of cost and measured time against length")
+    plot.add_argument(
+        "--plot",
+        nargs="?",
+        const="cost.png",
+        metavar="NAME.png",
+        help="draw global vs Swin window attention (formula GFLOPs and the forward time "
+        "measured here, one thread, ~20 s) for tokens 64 to 3136 at --dim/--heads/--window "
+        "(defaults 384/6/7) into --out/NAME.png (default name cost.png)",
+    )
+    plot.add_argument(
+        "--plot-max-tokens",
+        type=int,
+        default=3136,
+        metavar="N",
+        help="measure only grids of up to N tokens (at least 64; default 3136 = 56×56)",
+    )
+    add_out_options(p, "flops", "the --plot picture")
+    add_report_options(p)
     p.set_defaults(run=run)
 
 
-def _one_line_error(message: str) -> None:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+def _user_help(p: argparse.ArgumentParser) -> None:
+    for action in p._actions:
+        for flag in action.option_strings:
+            if flag in HELP:
+                action.help = HELP[flag]
 
 
 SIZE_OPTIONS = ("tokens", "dim", "heads", "context", "context_dim", "key_dim", "value_dim",
@@ -119,16 +178,63 @@ def _check_sizes(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         _check_sizes(args)
-        if args.plot:
-            from attnkit.cli.flops_plot import plot
-
-            plot(args.plot, dim=args.dim or 384, heads=args.heads or 6, window=args.window or 7)
-            return 0
+        if args.plot is not None:
+            return _run_plot(args)
         report = _model_report(args) if args.model else _layer_report(args)
     except ValueError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(report["json"]) if args.json else report["text"])
+        raise UsageError(str(err)) from None
+    if not (args.json or args.quiet):
+        print(report["text"])
+    cost = report["json"]
+    line = (
+        f"{report['what']}: {cost['macs']:,} MACs = {cost['flops'] / 1e9:,.3g} GFLOPs, "
+        f"{cost['params']:,} params (nothing written; --plot draws cost against length)"
+    )
+    emit(args, "flops", cost, line)
+    return 0
+
+
+# Options --plot would ignore (it measures square grids of one layer): refused, not ignored.
+PLOT_IGNORES = ("tokens", "context", "context_dim", "kv_heads", "head_dim", "out_dim", "grid",
+                "shifted", "causal", "model", "layers", "seq_len", "tgt_len", "ff", "image",
+                "patch")  # fmt: skip
+
+
+def _run_plot(args: argparse.Namespace) -> int:
+    from attnkit.cli.flops_plot import GRIDS
+
+    if Path(args.plot).name != args.plot or not args.plot.lower().endswith(".png"):
+        raise ValueError(
+            f"--plot takes a file name ending in .png, written inside --out, got {args.plot!r}: "
+            "give the folder with --out DIR"
+        )
+    ignored = [
+        f"--{n.replace('_', '-')}" for n in PLOT_IGNORES if getattr(args, n) not in (None, False)
+    ]
+    if ignored or args.batch != 1:
+        raise ValueError(
+            f"--plot draws one layer of --dim, --heads and --window only: leave out "
+            f"{', '.join(ignored or ['--batch'])}"
+        )
+    if args.plot_max_tokens < GRIDS[0] ** 2:
+        raise ValueError(f"--plot-max-tokens must be at least {GRIDS[0] ** 2}")
+    dim, heads, window = args.dim or 384, args.heads or 6, args.window or 7
+    if dim % heads:
+        raise ValueError(f"--heads {heads} must divide --dim {dim}")
+    out = prepare_out(args.out, [args.plot], force=args.force)
+
+    from attnkit.cli.flops_plot import plot
+
+    grids = tuple(g for g in GRIDS if g * g <= args.plot_max_tokens)
+    path = out / args.plot
+    data = plot(path, dim=dim, heads=heads, window=window, grids=grids, quiet=args.quiet)
+    first, last = data["rows"][0]["n"], data["rows"][-1]["n"]
+    line = (
+        f"measured global vs {window}×{window} window attention (C={dim}, H={heads}) for "
+        f"N={first}..{last} tokens; wrote {args.plot} to {out}/"
+    )
+    summary = {"dim": dim, "heads": heads, "window": window, **data}
+    emit(args, "flops", {**summary, "out": str(out), "files": [str(path)]}, line)
     return 0
 
 
@@ -223,7 +329,8 @@ def _layer_report(args: argparse.Namespace) -> dict:
     lines.append(_elementwise_line(cost))
     data = {**cost.to_dict(), "closed_form": closed, "score_matrix_bytes": scores}
     data["memory_reference"] = mem.to_dict()
-    return {"text": "\n".join(lines), "json": data}
+    what = f"{kind}-attention layer" if args.window is None else "Swin window attention"
+    return {"text": "\n".join(lines), "json": data, "what": what}
 
 
 def _mha_closed_form(args: argparse.Namespace, n: int) -> tuple[str, int]:
@@ -291,7 +398,8 @@ def _model_report(args: argparse.Namespace) -> dict:
     total = cost.total
     lines.append(f"backward ≈ 2 × forward: {total.backward_macs:,} MACs")
     lines.append(_elementwise_line(total))
-    return {"text": "\n".join(lines), "json": {"model": args.model, **cfg, **cost.to_dict()}}
+    data = {"model": args.model, **cfg, **cost.to_dict()}
+    return {"text": "\n".join(lines), "json": data, "what": title.split("  ")[0]}
 
 
 # --------------------------------------------------------------------------- formatting

@@ -5,14 +5,13 @@ costs 4NC² + 2N²C MACs, Swin windows of M×M patches 4NC² + 2M²NC. The plot 
 both costs (GFLOPs, log scale) against N, overlays the forward time of the same
 attention measured on this machine (secondary axis), and compares the achieved
 GFLOP/s with an sgemm rate (a 2048×2048 float32 matmul timed in the same run).
-Measurement runs on one thread, stays under ~20 s and reports progress on
-stderr.
+Measurement runs on one thread, stays under ~20 s and shows a progress bar on
+stderr (not with --quiet).
 """
 
 from __future__ import annotations
 
 import math
-import sys
 import time
 
 import torch
@@ -50,18 +49,18 @@ def sgemm_gflops(size: int = 2048) -> float:
     return 2 * size**3 / _best_time(lambda: a @ b) / 1e9
 
 
-def measure(dim: int, heads: int, window: int) -> dict:
-    """Formula GFLOPs and measured forward seconds for global and window attention."""
+def measure(dim: int, heads: int, window: int, grids=GRIDS, bar=None) -> dict:
+    """Formula GFLOPs and measured forward seconds for global and window attention on
+    g×g token grids (`grids`); `bar` (tqdm) advances once per grid."""
     from attnkit import MultiHeadAttention
 
     torch.manual_seed(0)
     layer = MultiHeadAttention(dim, heads).eval()
     rows, start = [], time.perf_counter()
     with torch.inference_mode():
-        for g in GRIDS:
+        for g in grids:
             if time.perf_counter() - start > BUDGET_S:
-                print(f"  time budget reached, skipping N >= {g * g}", file=sys.stderr)
-                break
+                break  # the rows so far are drawn; the summary gives the largest N measured
             n, m = g * g, min(window, g)
             x = torch.randn(1, n, dim)
             gp = math.ceil(g / m) * m  # padded grid side
@@ -75,29 +74,35 @@ def measure(dim: int, heads: int, window: int) -> dict:
                 "global_s": t_global,
                 "window_s": t_window,
             })  # fmt: skip
-            print(f"  N={n:5d}: global {t_global * 1e3:8.2f} ms, window {t_window * 1e3:7.2f} ms",
-                  file=sys.stderr)  # fmt: skip
+            if bar is not None:
+                bar.set_postfix_str(f"N={n}: global {t_global * 1e3:.2f} ms", refresh=False)
+                bar.update()
+    if bar is not None:
+        bar.set_postfix_str("sgemm rate", refresh=False)
     return {"rows": rows, "sgemm_gflops": sgemm_gflops()}
 
 
-def plot(path: str, *, dim: int, heads: int, window: int) -> None:
-    """Measure, draw and write the PNG atomically (temporary name, then os.replace)."""
+def plot(path, *, dim: int, heads: int, window: int, grids=GRIDS, quiet: bool = False) -> dict:
+    """Measure, draw and write the PNG atomically (temporary name, then os.replace);
+    return the measurements ({"rows": [...], "sgemm_gflops": ...})."""
     if dim % heads:
         raise ValueError(f"--heads {heads} must divide --dim {dim}")
-    if not path.lower().endswith(".png"):
-        raise ValueError(f"--plot must name a .png file, got {path!r}")
+    if not str(path).lower().endswith(".png"):
+        raise ValueError(f"--plot must name a .png file, got {str(path)!r}")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    print(f"attnkit flops: measuring attention C={dim} H={heads} M={window} ...", file=sys.stderr)
+    from attnkit.cli._common import progress
+
     # One thread: on a shared machine an intra-op pool waits for its busiest
     # worker, which turns millisecond calls into 100 ms ones.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        data = measure(dim, heads, window)
+        with progress(len(grids), "flops --plot", quiet=quiet, unit="grid") as bar:
+            data = measure(dim, heads, window, grids, bar)
     finally:
         torch.set_num_threads(threads)
     rows, peak = data["rows"], data["sgemm_gflops"]
@@ -150,4 +155,4 @@ def plot(path: str, *, dim: int, heads: int, window: int) -> None:
         atomic_save_figure(path, fig)
     finally:
         plt.close(fig)
-    print(f"attnkit flops: wrote {path} ({rates})", file=sys.stderr)
+    return data

@@ -19,9 +19,16 @@ from attnkit.cli._errors import EXIT_USAGE, UsageError
 # sets `run`. Add new subcommands to this tuple.
 SUBCOMMANDS = (explain, explain_image, train, seq2seq, lm, flops, bench)
 
-EPILOG = """exit codes: 0 done, 1 failed, 2 bad usage, 130 interrupted (Ctrl-C).
+EPILOG = """\
+Every command writes into attnkit-out/COMMAND/ (or --out DIR) and refuses to overwrite
+earlier results unless --force; --json prints one JSON summary, --quiet only the last line.
+Run `attnkit COMMAND --help` for its options and examples.
+exit codes: 0 done, 1 failed, 2 bad usage, 130 interrupted (Ctrl-C).
+
 examples:
   attnkit explain "The cat sat on the mat." --focus cat
+  attnkit train cnn
+  attnkit eval --json
   attnkit flops --tokens 197 --dim 768 --heads 12"""
 
 
@@ -35,7 +42,9 @@ def build_parser() -> Parser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", help="what to do (attnkit COMMAND --help: its options)"
+    )
     for module in SUBCOMMANDS:
         module.register(sub)
     return parser

@@ -249,72 +249,86 @@ def fit(
     net = _wrap(model, device, world)
     show = progress and rank == 0
     started = time.perf_counter()
-    for epoch in range(start_epoch, config.epochs):
-        if done_steps >= total:
-            break
-        torch.manual_seed(_epoch_seed(config.seed, epoch, rank))
-        sampler.set_epoch(epoch)
-        if hasattr(train_set, "set_epoch"):
-            train_set.set_epoch(epoch)
-        stats, done_steps = _train_epoch(
-            net, step, loader, opt, scheduler, config, device, done_steps, total,
-            desc=f"epoch {epoch + 1}/{config.epochs}", show=show,
-        )  # fmt: skip
-        row = {"epoch": epoch + 1, "step": done_steps, "lr": scheduler.get_last_lr()[0], **stats}
-        stop = False
-        if rank == 0:
-            if evaluate is not None:
-                row.update(_evaluate(model, evaluate))
-            row["seconds"] = round(time.perf_counter() - started, 3)
-            history.append(row)
-            if out is not None:
-                _save(ckpt_path, model, opt, scheduler, epoch + 1, done_steps, history, run_info)
-                metrics = {**row, "history": history, "params": params, "world_size": world}
-                atomic_write_json(out / METRICS, _json_safe(metrics))
-            if show:
-                _print_row(row)
-            stop = stop_when is not None and bool(stop_when(row))
-        if stop_when is not None and _agree(stop, device):
-            break
+    # One bar over all the run's steps, so that its ETA is the time to the end of training.
+    with _progress_bar(total, done_steps, show) as bar:
+        for epoch in range(start_epoch, config.epochs):
+            if done_steps >= total:
+                break
+            torch.manual_seed(_epoch_seed(config.seed, epoch, rank))
+            sampler.set_epoch(epoch)
+            if hasattr(train_set, "set_epoch"):
+                train_set.set_epoch(epoch)
+            bar.set_description(f"epoch {epoch + 1}/{config.epochs}", refresh=False)
+            stats, done_steps = _train_epoch(
+                net, step, loader, opt, scheduler, config, device, done_steps, total, bar
+            )
+            row = {
+                "epoch": epoch + 1,
+                "step": done_steps,
+                "lr": scheduler.get_last_lr()[0],
+                **stats,
+            }
+            stop = False
+            if rank == 0:
+                if evaluate is not None:
+                    row.update(_evaluate(model, evaluate))
+                row["seconds"] = round(time.perf_counter() - started, 3)
+                history.append(row)
+                if out is not None:
+                    _save(
+                        ckpt_path, model, opt, scheduler, epoch + 1, done_steps, history, run_info
+                    )
+                    metrics = {**row, "history": history, "params": params, "world_size": world}
+                    atomic_write_json(out / METRICS, _json_safe(metrics))
+                if show:
+                    _print_row(row)
+                stop = stop_when is not None and bool(stop_when(row))
+            if stop_when is not None and _agree(stop, device):
+                break
     return FitResult(history, params, time.perf_counter() - started)
 
 
-def _train_epoch(net, step, loader, optimizer, scheduler, config, device, done, total, desc, show):
-    """One pass over this rank's shard; returns (mean train metrics over all ranks, steps)."""
+def _progress_bar(total: int, done: int, show: bool):
+    """tqdm on stderr over the run's `total` steps, `done` of them already (a resumed run)."""
     from tqdm.auto import tqdm
 
+    return tqdm(
+        total=total, initial=done, unit="step", disable=not show, leave=False, file=sys.stderr
+    )
+
+
+def _train_epoch(net, step, loader, optimizer, scheduler, config, device, done, total, bar):
+    """One pass over this rank's shard; returns (mean train metrics over all ranks, steps)."""
     net.train()
     sums = torch.zeros(3, dtype=torch.float64)  # loss·count, count, correct
     has_acc = False
-    bar = tqdm(total=min(len(loader), total - done), desc=desc, disable=not show, leave=False)
-    with bar:
-        for batch in loader:
-            if done >= total:
-                break
-            result = step(net, _to_device(batch, device))
-            loss = result.loss.item()
-            if not math.isfinite(loss):
-                raise TrainingDiverged(
-                    f"the training loss is {loss} at step {done + 1}; nothing after the last "
-                    "finite epoch was saved: lower the learning rate (--lr) and train again"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            result.loss.backward()  # DDP averages the gradients over ranks here
-            if config.grad_clip is not None:
-                nn.utils.clip_grad_norm_(net.parameters(), config.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            done += 1
-            has_acc = result.correct is not None
-            sums += torch.tensor(
-                [loss * result.count, result.count, result.correct or 0],
-                dtype=torch.float64,
+    for batch in loader:
+        if done >= total:
+            break
+        result = step(net, _to_device(batch, device))
+        loss = result.loss.item()
+        if not math.isfinite(loss):
+            raise TrainingDiverged(
+                f"the training loss is {loss} at step {done + 1}; nothing after the last "
+                "finite epoch was saved: lower the learning rate (--lr) and train again"
             )
-            postfix = {"loss": f"{sums[0] / sums[1]:.4f}"}
-            if has_acc:
-                postfix["acc"] = f"{sums[2] / sums[1]:.2%}"
-            bar.set_postfix(postfix, refresh=False)
-            bar.update()
+        optimizer.zero_grad(set_to_none=True)
+        result.loss.backward()  # DDP averages the gradients over ranks here
+        if config.grad_clip is not None:
+            nn.utils.clip_grad_norm_(net.parameters(), config.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        done += 1
+        has_acc = result.correct is not None
+        sums += torch.tensor(
+            [loss * result.count, result.count, result.correct or 0],
+            dtype=torch.float64,
+        )
+        postfix = {"loss": f"{sums[0] / sums[1]:.4f}"}
+        if has_acc:
+            postfix["acc"] = f"{sums[2] / sums[1]:.2%}"
+        bar.set_postfix(postfix, refresh=False)
+        bar.update()
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(sums)
     stats = {"train_loss": (sums[0] / sums[1]).item()}
