@@ -1,3 +1,3 @@
-from attnkit.cli.main import main
+from attnkit.cli.main import console
 
-raise SystemExit(main())
+console()

@@ -13,9 +13,6 @@ import time
 import pytest
 
 CASES = {
-    # explain names a step only when it takes over a second: loading on a busy machine,
-    # rendering (about 2 s) on any
-    "explain": (["explain"], ("loading", "rendering")),
     "bench": (["bench", "--quick", "--no-memory", "--sizes", "16", "--repeats", "1"], ("bench",)),
 }
 
@@ -48,6 +45,52 @@ def test_ctrl_c_exits_130_with_one_line_and_no_partial_files(name, tmp_path):
     )
     leftovers = [p.name for p in out.iterdir()] if out.exists() else []
     assert not [n for n in leftovers if n.startswith(".") or n.endswith(".tmp")], leftovers
+
+
+# `explain` finishes in a few seconds and announces no step then, so the test stalls it at a
+# known point instead of guessing one: after the first of its files is written (the others are
+# rendered and waiting), `atomic_write_bytes` says so and sleeps, and Ctrl-C lands there.
+STALL_EXPLAIN = """
+import sys, time
+import attnkit._io as io
+real = io.atomic_write_bytes
+def stalled(path, data):
+    done = real(path, data)
+    print("STALLED after " + done.name, file=sys.stderr, flush=True)
+    time.sleep(120)
+    return done
+io.atomic_write_bytes = stalled
+sys.argv = ["attnkit", "explain", "--out", sys.argv[1]]
+from attnkit.cli.main import console
+console()
+"""
+
+
+def test_ctrl_c_while_explain_writes_keeps_only_complete_files(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STALL_EXPLAIN, str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    seen = ""
+    while "STALLED after" not in seen:
+        line = proc.stderr.readline()
+        assert line, f"explain ended before writing: {seen}"
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    _stdout, rest = proc.communicate(timeout=120)
+    assert proc.returncode == 130, seen + rest
+    assert "Traceback" not in rest
+    assert (
+        rest.strip().splitlines()[-1]
+        == "attnkit explain: interrupted; only complete files were written"
+    )
+    first = seen.split("STALLED after ")[1].split()[0]
+    assert [p.name for p in out.iterdir()] == [first]  # complete, and nothing half-written
 
 
 def test_ctrl_c_during_training_keeps_the_last_finished_epoch(tmp_path):

@@ -75,3 +75,20 @@ def main(argv: list[str] | None = None) -> int:
         line = " ".join(f"{type(e).__name__}: {e}".split())
         print(f"{prog}: failed: {line} (set ATTNKIT_DEBUG=1 for the traceback)", file=sys.stderr)
         return EXIT_FAILURE
+
+
+def console() -> None:
+    """The `attnkit` command and `python -m attnkit`: run `main`, exit with its code.
+
+    After Ctrl-C the exit is `os._exit(130)`, everything flushed first. CPython 3.11 marks a
+    KeyboardInterrupt that passed through a builtin exec() as unhandled even when it is
+    caught later (dataclasses build their methods with exec, which torch's imports do all the
+    time), and then kills itself with SIGINT at exit: exit -2 instead of 130, found as a
+    flaky Ctrl-C test. attnkit writes its files atomically, so nothing is left to finish.
+    """
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
