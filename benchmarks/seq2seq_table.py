@@ -41,6 +41,7 @@ ROWS = [
     ("universal-act", "Universal Transformer + ACT", ["--model", "universal", "--act"]),
 ]
 QUICK = ["--steps", "4", "--eval-every", "2", "--eval-size", "10", "--batch-size", "8"]
+EXAMPLE = "hbdkapcmgfjeo"  # 13 symbols, decoded for the alignment pictures
 SHOWN_LENGTHS = (10, 12, 14, 16, 18, 20)  # columns of the table (the JSON has every length)
 
 
@@ -53,10 +54,18 @@ def _attnkit(*argv: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_row(key: str, label: str, extra: list[str], runs: Path, quick: bool, per_length: int):
+def run_row(
+    key: str, label: str, extra: list[str], runs: Path, quick: bool, per_length: int, collect: bool
+):
     out = runs / key
-    train = _attnkit("train", *extra, "--out", str(out), "--force", *(QUICK if quick else []))
+    if collect:  # the run's latest evaluation, finished or not
+        train = json.loads((out / "metrics.json").read_text())
+    else:
+        train = _attnkit("train", *extra, "--out", str(out), "--force", *(QUICK if quick else []))
     ev = _attnkit("eval", str(out), "--by-length", "--eval-size", str(per_length))
+    budget = 4 if quick else 1500  # the default --steps
+    if key != "rnn-none":  # the same held-out-style example drawn by every model
+        _attnkit("decode", str(out), EXAMPLE, "--alignment-dir", str(out / "picture"))
     print(f"{key}: {train['exact_match']:.3f} in {train['seconds']} s", file=sys.stderr)
     return {
         "key": key,
@@ -68,6 +77,7 @@ def run_row(key: str, label: str, extra: list[str], runs: Path, quick: bool, per
         "params": train["params"],
         "by_length": ev["by_length"],
         "per_length": per_length,
+        "finished": train["step"] >= budget or train["exact_match"] >= 1.0,
     }
 
 
@@ -82,8 +92,9 @@ def markdown(result: dict) -> str:
     ]
     for r in result["rows"]:
         cells = [f"{100 * r['by_length'][n]:.0f}%" if n in r["by_length"] else "-" for n in lengths]
+        label = r["label"] + ("" if r["finished"] else " *(unfinished)*")
         lines.append(
-            f"| {r['label']} | {r['params']:,} | {100 * r['exact_match']:.1f}% | {r['step']} | "
+            f"| {label} | {r['params']:,} | {100 * r['exact_match']:.1f}% | {r['step']} | "
             f"{r['seconds']:.0f} | " + " | ".join(cells) + " |"
         )
     meta = result["meta"]
@@ -94,7 +105,25 @@ def markdown(result: dict) -> str:
         f"length L. Train time: wall clock on {meta['machine']}, 1 thread, load average "
         f"{meta['load_start']} at start and {meta['load_end']} at end ({meta['note']})."
     )
+    if not all(r["finished"] for r in result["rows"]):
+        lines.append(
+            "*(unfinished)*: the run was still training when the table was collected "
+            "(`--collect`); its figures are those of its latest evaluation."
+        )
     return "\n".join(lines) + "\n"
+
+
+BEGIN = "<!-- seq2seq-table: written by benchmarks/seq2seq_table.py -->"
+END = "<!-- /seq2seq-table -->"
+QUOTED_IN = (ROOT / "README.md", ROOT / "docs" / "seq2seq-results.md")
+
+
+def quote(table: str, path: Path) -> None:
+    """Put `table` between the BEGIN and END markers of `path`."""
+    text = path.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    path.write_text(f"{head}{BEGIN}\n{table}{END}{tail}")
 
 
 def main() -> None:
@@ -106,13 +135,19 @@ def main() -> None:
     p.add_argument("--per-length", type=int, default=100, help="held-out examples per length")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (1 for honest times)")
     p.add_argument("--quick", action="store_true", help="4 training steps: a smoke run")
+    p.add_argument(
+        "--collect",
+        action="store_true",
+        help="train nothing: tabulate the runs already in --runs (finished or not)",
+    )
     p.add_argument("--note", default="a quiet machine", help="what else ran (for the table)")
     args = p.parse_args()
     rows = [r for r in ROWS if args.only is None or r[0] in args.only]
     load_start = [round(x, 1) for x in os.getloadavg()]
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [
-            pool.submit(run_row, *row, args.runs, args.quick, args.per_length) for row in rows
+            pool.submit(run_row, *row, args.runs, args.quick, args.per_length, args.collect)
+            for row in rows
         ]
         done = [f.result() for f in futures]
     previous = json.loads(args.out.read_text())["rows"] if args.only and args.out.exists() else []
@@ -138,9 +173,12 @@ def main() -> None:
     args.out.with_suffix(".md").write_text(markdown(result))
     if not args.quick:
         for r in done:
-            picture = args.runs / r["key"] / "alignment_0.png"
+            picture = args.runs / r["key"] / "picture" / "alignment_0.png"
             if picture.exists():
                 shutil.copyfile(picture, args.images / f"seq2seq-{r['key']}-alignment.png")
+    if not args.quick and args.out == HERE / "results" / "seq2seq.json":
+        for path in QUOTED_IN:
+            quote(markdown(result), path)
     print(markdown(result))
 
 

@@ -1,10 +1,12 @@
 """Models built from attnkit modules: a BERT encoder that loads Hugging Face checkpoints,
-the encoder-decoder Transformer with cached decoding, a decoder-only causal LM, and
+the encoder-decoder Transformer with cached decoding, a decoder-only causal LM, RNN
+encoder-decoders (with and without attention), the Universal Transformer, and
 ViT / T2T-ViT / a small CNN with CBAM for images (presets in `attnkit.models.vit.PRESETS`)."""
 
 from attnkit.models.bert import BertConfig, BertEncoder, BertOutput
 from attnkit.models.checkpoint import default_checkpoint
 from attnkit.models.decoding import CachedMultiHeadAttention, KVCache, beam_search, greedy
+from attnkit.models.rnn import RNNConfig, RNNSeq2Seq
 from attnkit.models.tokenize import Encoding, Tokenizer, mean_pool, sentence_embedding
 from attnkit.models.transformer import (
     PRESETS,
@@ -15,6 +17,7 @@ from attnkit.models.transformer import (
     pad_mask,
     preset,
 )
+from attnkit.models.universal import UniversalConfig, UniversalOutput, UniversalTransformer
 from attnkit.models.vit import CNNConfig, PatchEmbed, SmallCNN, T2TEmbed, ViT, ViTConfig
 
 __all__ = [
@@ -29,11 +32,16 @@ __all__ = [
     "Encoding",
     "KVCache",
     "PatchEmbed",
+    "RNNConfig",
+    "RNNSeq2Seq",
     "SmallCNN",
     "T2TEmbed",
     "Tokenizer",
     "Transformer",
     "TransformerConfig",
+    "UniversalConfig",
+    "UniversalOutput",
+    "UniversalTransformer",
     "ViT",
     "ViTConfig",
     "beam_search",
