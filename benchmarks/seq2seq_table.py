@@ -123,7 +123,9 @@ def quote(table: str, path: Path) -> None:
     text = path.read_text()
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
-    path.write_text(f"{head}{BEGIN}\n{table}{END}{tail}")
+    from attnkit._io import atomic_write_text
+
+    atomic_write_text(path, f"{head}{BEGIN}\n{table}{END}{tail}")
 
 
 def main() -> None:
@@ -168,9 +170,11 @@ def main() -> None:
         },
         "rows": [merged[key] for key, _, _ in ROWS if key in merged],
     }
+    from attnkit._io import atomic_write_text
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result))
+    atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
+    atomic_write_text(args.out.with_suffix(".md"), markdown(result))
     if not args.quick:
         for r in done:
             picture = args.runs / r["key"] / "picture" / "alignment_0.png"

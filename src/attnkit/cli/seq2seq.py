@@ -123,16 +123,27 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     norm.add_argument("--post-norm", dest="norm_first", action="store_false")
     p.add_argument("--positions", choices=("sinusoidal", "learned"), help="transformer")
     p.add_argument("--cell", choices=CELLS, help="rnn: recurrent cell (default gru)")
-    p.add_argument("--attention", choices=ATTENTIONS, help="rnn: none, additive (default), dot")
     p.add_argument(
-        "--ut-steps", type=positive_int, help="universal: recurrence steps T (default 4)"
+        "--attention",
+        choices=ATTENTIONS,
+        help="rnn: none, additive (Bahdanau, default), dot or general (Luong)",
+    )
+    p.add_argument(
+        "--ut-steps",
+        type=positive_int,
+        metavar="T",
+        help="universal: recurrence steps T, with --act the most a position takes (default 4)",
     )
     p.add_argument(
         "--act", action="store_true", default=None, help="universal: adaptive computation time"
     )
     p.add_argument("--label-smoothing", type=float)
     p.add_argument(
-        "--steps", "--max-steps", type=positive_int, default=d.steps, help="training budget"
+        "--steps",
+        "--max-steps",
+        type=positive_int,
+        default=d.steps,
+        help="training budget in optimizer steps (default 1500)",
     )
     p.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="global batch")
     p.add_argument("--lr", type=_finite_positive, default=d.lr)
