@@ -154,14 +154,16 @@ class RNNSeq2Seq(nn.Module):
         """
         self._check_tokens("src", src)
         real = src != self.cfg.pad_id  # (B, S)
-        if bool((real[:, 1:] & ~real[:, :-1]).any()):
-            raise ValueError("src must be padded on the right: a pad_id precedes a token")
-        lengths = real.sum(1).clamp(min=1)  # an all-padding row runs over one pad token
-        packed = pack_padded_sequence(
-            self.drop(self.embed(src)), lengths.cpu(), batch_first=True, enforce_sorted=False
-        )
-        out, _ = self.encoder(packed)
-        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
+        x = self.drop(self.embed(src))  # (B, S, E)
+        if src.device.type == "meta":  # shapes only: packing needs the lengths' values
+            memory = self.encoder(x)[0]
+        else:
+            if bool((real[:, 1:] & ~real[:, :-1]).any()):
+                raise ValueError("src must be padded on the right: a pad_id precedes a token")
+            lengths = real.sum(1).clamp(min=1)  # an all-padding row runs over one pad token
+            packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            out, _ = self.encoder(packed)
+            memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
         mask = real[:, None, None, :]  # (B, 1, 1, S)
         if self.attention is None:
             final = _final_state(memory, mask)[:, None]  # (B, 1, H)

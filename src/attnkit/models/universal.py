@@ -33,7 +33,13 @@ from torch import Tensor, nn
 
 from attnkit.functional.positional import sinusoidal
 from attnkit.models.decoding import KVCache
-from attnkit.models.transformer import DecoderBlock, TransformerConfig, pad_mask
+from attnkit.models.transformer import (
+    DecoderBlock,
+    TokenTable,
+    TransformerConfig,
+    _TiedModule,
+    pad_mask,
+)
 from attnkit.modules._checks import positive_int, probability
 from attnkit.modules.blocks import EncoderBlock
 
@@ -163,7 +169,20 @@ class UniversalOutput(NamedTuple):
     ponder_cost: Tensor  # () mean ρ over real source and target positions (0 without ACT)
 
 
-class UniversalTransformer(nn.Module):
+class _HaltingUnit(nn.Linear):
+    """h = sigmoid(w · state + b) is taken by the caller; b starts at `bias_init` (Graves
+    2016, §2: a positive bias makes early halting likely, short ponder at the start)."""
+
+    def __init__(self, dim: int, bias_init: float, **fk) -> None:
+        self.bias_init = bias_init
+        super().__init__(dim, 1, **fk)
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        nn.init.constant_(self.bias, self.bias_init)
+
+
+class UniversalTransformer(_TiedModule):
     """Encoder-decoder Universal Transformer with one shared block per side.
 
     forward(src (B, S), tgt (B, T)) -> UniversalOutput(logits (B, T, V), ponder_cost ()).
@@ -195,8 +214,7 @@ class UniversalTransformer(nn.Module):
             norm_first=cfg.norm_first,
             pad_id=cfg.pad_id,
         )
-        self.table = nn.Embedding(cfg.vocab, cfg.d_model, **fk)
-        nn.init.normal_(self.table.weight, std=cfg.d_model**-0.5)  # ·√C: unit variance
+        self.table = TokenTable(cfg.vocab, cfg.d_model, **fk)  # N(0, 1/C); ·√C: unit variance
         self.encoder = EncoderBlock(
             cfg.d_model,
             cfg.num_heads,
@@ -210,15 +228,16 @@ class UniversalTransformer(nn.Module):
         self.decoder = DecoderBlock(block_cfg, **fk)
         norm = lambda: nn.LayerNorm(cfg.d_model, **fk) if cfg.norm_first else nn.Identity()  # noqa: E731
         self.encoder_norm, self.decoder_norm = norm(), norm()
-        # One halting unit per side (Graves: a sigmoid unit on the state); Identity-free:
-        # unused without ACT, but always built so checkpoints of both modes share names.
-        self.encoder_halt = nn.Linear(cfg.d_model, 1, **fk)
-        self.decoder_halt = nn.Linear(cfg.d_model, 1, **fk)
-        for unit in (self.encoder_halt, self.decoder_halt):
-            nn.init.constant_(unit.bias, cfg.act_bias)
+        # One halting unit per side (Graves: a sigmoid unit on the state): unused without
+        # ACT, but always built, so that checkpoints of both modes share their names.
+        self.encoder_halt = _HaltingUnit(cfg.d_model, cfg.act_bias, **fk)
+        self.decoder_halt = _HaltingUnit(cfg.d_model, cfg.act_bias, **fk)
         self.generator = nn.Linear(cfg.d_model, cfg.vocab, bias=False, **fk)
-        self.generator.weight = self.table.weight  # tied, as the Transformer of attnkit.seq2seq
+        self._retie()  # tied, as the Transformer of attnkit.seq2seq
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
+
+    def _retie(self) -> None:
+        self.generator.weight = self.table.weight
 
     def _embed(self, tokens: Tensor) -> Tensor:
         if tokens.dim() != 2 or tokens.dtype.is_floating_point:
