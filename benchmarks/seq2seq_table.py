@@ -64,7 +64,7 @@ def run_row(
         train = _attnkit("train", *extra, "--out", str(out), "--force", *(QUICK if quick else []))
     ev = _attnkit("eval", str(out), "--by-length", "--eval-size", str(per_length))
     budget = 4 if quick else 1500  # the default --steps
-    if key != "rnn-none":  # the same held-out-style example drawn by every model
+    if key != "rnn-none" and not (out / "alignment_0.png").exists():  # an unfinished run
         _attnkit("decode", str(out), EXAMPLE, "--alignment-dir", str(out / "picture"))
     print(f"{key}: {train['exact_match']:.3f} in {train['seconds']} s", file=sys.stderr)
     return {
@@ -177,7 +177,10 @@ def main() -> None:
     atomic_write_text(args.out.with_suffix(".md"), markdown(result))
     if not args.quick:
         for r in done:
-            picture = args.runs / r["key"] / "picture" / "alignment_0.png"
+            # the first held-out sequence, as the train command drew it at the end
+            picture = args.runs / r["key"] / "alignment_0.png"
+            if not picture.exists():
+                picture = args.runs / r["key"] / "picture" / "alignment_0.png"
             if picture.exists():
                 shutil.copyfile(picture, args.images / f"seq2seq-{r['key']}-alignment.png")
     if not args.quick and args.out == HERE / "results" / "seq2seq.json":
