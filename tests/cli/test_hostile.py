@@ -132,6 +132,72 @@ CASES = [
         2,
         ["--temperature"],
     ),
+    ("seq2seq-bad-model", ["seq2seq", "train", "--model", "lstm"], 2, ["--model"]),
+    ("seq2seq-bad-cell", ["seq2seq", "train", "--model", "rnn", "--cell", "rnn"], 2, ["--cell"]),
+    (
+        "seq2seq-bad-attention",
+        ["seq2seq", "train", "--model", "rnn", "--attention", "luong"],
+        2,
+        ["--attention"],
+    ),
+    ("seq2seq-cell-not-rnn", ["seq2seq", "train", "--cell", "gru"], 2, ["--cell", "rnn"]),
+    (
+        "seq2seq-act-not-universal",
+        ["seq2seq", "train", "--model", "rnn", "--act"],
+        2,
+        ["--act", "universal"],
+    ),
+    (
+        "seq2seq-attention-not-rnn",
+        ["seq2seq", "train", "--model", "universal", "--attention", "dot"],
+        2,
+        ["--attention", "rnn"],
+    ),
+    ("seq2seq-ut-steps-zero", ["seq2seq", "train", "--ut-steps", "0"], 2, ["--ut-steps"]),
+    (
+        "seq2seq-ut-steps-huge",
+        ["seq2seq", "train", "--model", "universal", "--ut-steps", "100000"],
+        2,
+        ["--ut-steps"],
+    ),
+    ("seq2seq-ut-steps-word", ["seq2seq", "train", "--ut-steps", "many"], 2, ["--ut-steps"]),
+    ("seq2seq-lr-nan", ["seq2seq", "train", "--lr", "nan"], 2, ["--lr"]),
+    ("seq2seq-batch-zero", ["seq2seq", "train", "--batch-size", "0"], 2, ["--batch-size"]),
+    (
+        "seq2seq-preset-rnn",
+        ["seq2seq", "train", "--model", "rnn", "--preset", "big"],
+        2,
+        ["--preset"],
+    ),
+    ("seq2seq-bad-preset", ["seq2seq", "train", "--preset", "huge"], 2, ["preset"]),
+    ("seq2seq-out-too-long", ["seq2seq", "train", "--out", LONG], 2, ["--out", "too long"]),
+    ("seq2seq-out-taken", ["seq2seq", "train", "--out", "{taken_s2s}"], 2, ["--out", "--force"]),
+    (
+        "seq2seq-resume-force",
+        ["seq2seq", "train", "--out", "{taken_s2s}", "--resume", "--force"],
+        2,
+        ["--resume", "--force"],
+    ),
+    (
+        "seq2seq-resume-missing",
+        ["seq2seq", "train", "--resume", "--out", "{missing}"],
+        2,
+        ["--resume"],
+    ),
+    ("seq2seq-eval-garbage", ["seq2seq", "eval", "{garbage}"], 2, ["not"]),
+    ("seq2seq-eval-file", ["seq2seq", "eval", "{file}"], 2, ["model.pt", "not"]),
+    (
+        "seq2seq-eval-size-zero",
+        ["seq2seq", "eval", "{garbage}", "--eval-size", "0"],
+        2,
+        ["--eval-size"],
+    ),
+    (
+        "seq2seq-decode-beam-zero",
+        ["seq2seq", "decode", "{garbage}", "ab", "--beam", "0"],
+        2,
+        ["--beam"],
+    ),
     ("bench-threads-zero", ["bench", "--threads", "0"], 2, ["--threads"]),
     ("bench-sizes-zero", ["bench", "--sizes", "0"], 2, ["--sizes"]),
     ("bench-out-file", ["bench", "--quick", "--out", "{file}"], 2, ["--out", "is a file"]),
@@ -151,9 +217,11 @@ def place(tmp_path, monkeypatch):
     torch.save({"model": {}, "run_info": {}}, tmp_path / "foreign" / "checkpoint.pt")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "attention.json").write_text("{}")
+    (tmp_path / "taken_s2s").mkdir()
+    (tmp_path / "taken_s2s" / "checkpoint.pt").write_bytes(b"an earlier run")
     (tmp_path / "taken_bench").mkdir()
     (tmp_path / "taken_bench" / "bench.json").write_text("{}")
-    names = ("garbage", "empty", "foreign", "taken", "taken_bench")
+    names = ("garbage", "empty", "foreign", "taken", "taken_bench", "taken_s2s")
     return {"file": "model.pt", "missing": "nowhere", **{n: n for n in names}}
 
 

@@ -69,5 +69,9 @@ def test_seq2seq_and_train_spell_the_library_names():
 
     assert tuple(sorted(PRESETS)) == train.PRESET_NAMES
     assert tuple(TASKS) == seq2seq.TASKS
+    from attnkit.models.rnn import ATTENTIONS, CELLS
+    from attnkit.seq2seq.kinds import KINDS
+
+    assert (KINDS, CELLS, ATTENTIONS) == (seq2seq.KINDS, seq2seq.CELLS, seq2seq.ATTENTIONS)
     d = TrainConfig()
     assert {k: getattr(d, k) for k in seq2seq.TRAIN_DEFAULTS} == seq2seq.TRAIN_DEFAULTS

@@ -25,7 +25,7 @@ def test_torchrun_seq2seq_two_processes(tmp_path):
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
         "-m", "attnkit", "seq2seq", "train", "--task", "reverse", "--max-steps", "3",
-        "--out", str(out), *TINY,
+        "--out", str(out), "--json", *TINY,
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]

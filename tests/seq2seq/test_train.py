@@ -46,10 +46,19 @@ def test_cli_smoke_train_resume_decode(tmp_path, capsys):
 
     capsys.readouterr()
     assert main(["seq2seq", "train", "--out", str(out), "--steps", "5", *SMOKE]) == 2
-    assert "already holds checkpoint.pt; pass resume=True (--resume)" in capsys.readouterr().err
+    assert "already holds checkpoint.pt, config.json, metrics.json: pass --force" in (
+        capsys.readouterr().err
+    )
     assert main(["seq2seq", "decode", str(out), "abc", "ed", "--beam", "2"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split("\t")[0] for line in lines] == ["abc", "ed"]
+
+
+def _main(argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's own errors
+        return e.code
 
 
 @pytest.mark.parametrize(
@@ -57,12 +66,14 @@ def test_cli_smoke_train_resume_decode(tmp_path, capsys):
     [
         (["seq2seq", "decode", "/nonexistent/run", "abc"], "no file /nonexistent/run"),
         (["seq2seq", "train", "--resume"], "resume: no checkpoint at attnkit-out/seq2seq"),
-        (["seq2seq", "train", "--steps", "0", "--no-progress"], "steps must be >= 1, got 0"),
+        (["seq2seq", "train", "--steps", "0", "--no-progress"], "--steps/--max-steps: must be"),
         (["seq2seq", "train", "--num-symbols", "40"], "num_symbols must be in [2, 26], got 40"),
+        (["seq2seq", "train", "--warmup", "-1"], "warmup >= 0"),
     ],
 )
-def test_cli_errors_exit_2_with_one_line(argv, message, capsys):
-    assert main(argv) == 2
+def test_cli_errors_exit_2_with_one_line(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
 

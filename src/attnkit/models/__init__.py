@@ -1,7 +1,8 @@
 """Models built from attnkit modules: a BERT encoder that loads Hugging Face checkpoints,
 the encoder-decoder Transformer with cached decoding, a GPT and a decoder-only causal LM
 that `generate` continues (greedy or sampled), DETR's transformer (positions in every layer,
-learned object queries), and ViT / T2T-ViT / a small CNN with CBAM for images (presets in
+learned object queries), RNN encoder-decoders (with and without attention), the Universal
+Transformer, and ViT / T2T-ViT / a small CNN with CBAM for images (presets in
 `attnkit.models.vit.PRESETS`)."""
 
 from attnkit.models.bert import BertConfig, BertEncoder, BertOutput
@@ -11,6 +12,7 @@ from attnkit.models.decoding import CachedMultiHeadAttention, KVCache, beam_sear
 from attnkit.models.detr import DetrDecoder, DetrEncoder, DetrTransformer
 from attnkit.models.generate import generate
 from attnkit.models.gpt import GPT, GPTBlock, GPTConfig
+from attnkit.models.rnn import RNNConfig, RNNSeq2Seq
 from attnkit.models.tokenize import (
     Encoding,
     TextTooLong,
@@ -27,6 +29,7 @@ from attnkit.models.transformer import (
     pad_mask,
     preset,
 )
+from attnkit.models.universal import UniversalConfig, UniversalOutput, UniversalTransformer
 from attnkit.models.vit import CNNConfig, PatchEmbed, SmallCNN, T2TEmbed, ViT, ViTConfig
 
 __all__ = [
@@ -48,12 +51,17 @@ __all__ = [
     "GPTConfig",
     "KVCache",
     "PatchEmbed",
+    "RNNConfig",
+    "RNNSeq2Seq",
     "SmallCNN",
     "T2TEmbed",
     "TextTooLong",
     "Tokenizer",
     "Transformer",
     "TransformerConfig",
+    "UniversalConfig",
+    "UniversalOutput",
+    "UniversalTransformer",
     "ViT",
     "ViTConfig",
     "beam_search",

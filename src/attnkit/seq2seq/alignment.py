@@ -1,7 +1,11 @@
-"""Seeing the alignment: cross-attention maps of a Transformer, scores and heatmaps.
+"""Seeing the alignment: cross-attention maps of a seq2seq model, scores and heatmaps.
 
 Dimensions: L decoder layers, B batch, H heads, T target (query) positions,
 S source (key) positions.
+
+What counts as a "layer": each decoder block of a Transformer; each application of the
+shared decoder block of a Universal Transformer (its recurrence steps); the one attention of
+an RNN encoder-decoder (H = 1), whose per-step maps are joined along T.
 """
 
 from __future__ import annotations
@@ -10,25 +14,29 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from attnkit.models.transformer import Transformer
+from attnkit.models.rnn import RNNSeq2Seq
 from attnkit.viz.record import record_attention
 
 __all__ = ["cross_attention", "mirror_accuracy", "save_alignment_png", "write_alignments"]
 
 
 @torch.no_grad()
-def cross_attention(model: Transformer, src: Tensor, tgt: Tensor) -> Tensor:
+def cross_attention(model: nn.Module, src: Tensor, tgt: Tensor) -> Tensor:
     """Cross-attention probabilities (L, B, H, T, S) of a teacher-forced pass.
 
     src (B, S) token ids; tgt (B, T) decoder input (BOS y1 ...). Captured with
     `record_attention`, which records one entry per call: one forward gives
-    one (B, H, T, S) map per decoder layer.
+    one (B, H, T, S) map per decoder layer (per step of a shared block), and an
+    RNN decoder one (B, 1, 1, S) per target step. Raises ValueError for a model
+    without cross-attention (an RNN without attention).
     """
     with record_attention(model) as rec:
         model(src, tgt)
-    maps = [rec[name] for name in rec.names if ".cross_attn." in name]
+    if isinstance(model, RNNSeq2Seq):
+        return torch.cat(rec.calls["attention"], dim=2)[None]  # (1, B, 1, T, S)
+    maps = [m for name in rec.names if ".cross_attn." in name for m in rec.calls[name]]
     if not maps:
         raise ValueError(f"{type(model).__name__} recorded no cross-attention: {rec.names}")
     return torch.stack(maps)
@@ -77,7 +85,7 @@ def save_alignment_png(
 
 
 def write_alignments(
-    model: Transformer,
+    model: nn.Module,
     vocab: Sequence[str],
     src: Tensor,
     pred: Tensor,

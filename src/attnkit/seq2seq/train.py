@@ -1,4 +1,5 @@
-"""Training a Transformer on a synthetic task, with checkpoints, metrics and resume.
+"""Training a seq2seq model (Transformer, RNN, Universal Transformer) on a synthetic task,
+with checkpoints, metrics and resume.
 
 The loop is the shared `attnkit.train.fit` (progress bar, atomic checkpoints,
 resume, Ctrl-C safety, DDP under torchrun); this module only maps the
@@ -8,15 +9,19 @@ seed every epoch; `max_steps` is `steps`; `stop_when` ends the run once the
 held-out exact match reaches `stop_at`.
 
 Files in `out` (rank 0, each written atomically): ``checkpoint.pt`` (model,
-optimizer, schedule, step, history; model config and task in its run_info),
+optimizer, schedule, step, history; model kind, config and task in its run_info),
 ``config.json`` (model, task, held-out set, training), ``metrics.json`` (the
 latest held-out exact match, step and seconds at top level, the history,
 world size), ``alignment_<i>.png`` (cross-attention of a few held-out
-examples, after training).
+examples, after training; none for an RNN without attention).
+
+The model kinds are in `attnkit.seq2seq.kinds`; a Universal Transformer with adaptive
+computation time adds its ponder cost times `ponder_weight` to the loss.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -27,8 +32,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnkit.models.decoding import greedy
-from attnkit.models.transformer import Transformer, TransformerConfig, config_from_dict, preset
 from attnkit.seq2seq.alignment import write_alignments
+from attnkit.seq2seq.kinds import (
+    ModelConfig,
+    config_from_dict_of,
+    kind_of,
+    make_config,
+    make_model,
+)
 from attnkit.seq2seq.tasks import (
     BOS,
     EOS,
@@ -41,7 +52,16 @@ from attnkit.seq2seq.tasks import (
 )
 from attnkit.train import loop
 
-__all__ = ["TrainConfig", "build_model", "evaluate", "load_checkpoint", "predict", "train"]
+__all__ = [
+    "TrainConfig",
+    "build_model",
+    "evaluate",
+    "evaluate_by_length",
+    "has_attention",
+    "load_checkpoint",
+    "predict",
+    "train",
+]
 
 
 @dataclass(frozen=True)
@@ -67,15 +87,15 @@ class TrainConfig:
             raise ValueError(f"need lr > 0 and warmup >= 0, got lr={self.lr}, warmup={self.warmup}")
 
 
-def build_model(task: Task, name: str = "tiny", **overrides) -> Transformer:
-    """A `Transformer` sized for `task` from preset `name` (shared embeddings, tied generator)."""
-    size = len(task.vocab)
-    longest = max(task.longest_source, task.longest_target)
-    overrides = {"share_embeddings": True, "max_len": max(256, longest), **overrides}
-    return Transformer(preset(name, src_vocab=size, tgt_vocab=size, pad_id=PAD, **overrides))
+def build_model(
+    task: Task, name: str = "tiny", *, kind: str = "transformer", **overrides
+) -> nn.Module:
+    """A model of `kind` sized for `task` (see `attnkit.seq2seq.kinds.make_config`); for a
+    Transformer, preset `name` with shared embeddings and a tied generator."""
+    return make_model(make_config(task, kind, name, **overrides))
 
 
-def predict(model: Transformer, task: Task, src: torch.Tensor, batch: int = 250) -> torch.Tensor:
+def predict(model: nn.Module, task: Task, src: torch.Tensor, batch: int = 250) -> torch.Tensor:
     """Greedy outputs (B, T) for sources (B, S), decoded `batch` rows at a time."""
     was_training = model.training
     model.eval()
@@ -90,9 +110,24 @@ def predict(model: Transformer, task: Task, src: torch.Tensor, batch: int = 250)
     return torch.cat(outs).cpu()
 
 
-def evaluate(model: Transformer, task: Task, src: torch.Tensor, tgt: torch.Tensor) -> dict:
+def evaluate(model: nn.Module, task: Task, src: torch.Tensor, tgt: torch.Tensor) -> dict:
     """Held-out exact sequence match of greedy decoding: {"exact_match": float in [0, 1]}."""
     return {"exact_match": exact_match(predict(model, task, src), tgt).float().mean().item()}
+
+
+def evaluate_by_length(
+    model: nn.Module, task: Task, per_length: int, seed: int = 1234
+) -> dict[int, float]:
+    """Held-out exact match per source length n = task.min_len .. task.max_len, from
+    `per_length` examples of each length (copy, reverse and sort)."""
+    if task.name == "add":
+        raise ValueError("evaluate_by_length: for copy, reverse and sort (add has no length)")
+    result = {}
+    for n in range(task.min_len, task.max_len + 1):
+        sub = dataclasses.replace(task, min_len=n, max_len=n)
+        src, tgt = heldout(sub, per_length, seed=seed + n)
+        result[n] = evaluate(model, sub, src, tgt)["exact_match"]
+    return result
 
 
 def _step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> loop.StepResult:
@@ -102,13 +137,19 @@ def _step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> loop.St
     (a call to the wrapped module's own `loss` would skip the gradient sync).
     """
     src, tgt = batch
-    logits = model(src, tgt[:, :-1])  # (B, T-1, V)
+    out = model(src, tgt[:, :-1])  # logits (B, T-1, V), or UniversalOutput
+    logits = out if isinstance(out, torch.Tensor) else out.logits
     labels = tgt[:, 1:]  # (B, T-1)
     real = labels != PAD
-    smoothing = getattr(model, "module", model).cfg.label_smoothing
+    cfg = getattr(model, "module", model).cfg
     loss = F.cross_entropy(
-        logits.flatten(0, 1), labels.flatten(), ignore_index=PAD, label_smoothing=smoothing
+        logits.flatten(0, 1),
+        labels.flatten(),
+        ignore_index=PAD,
+        label_smoothing=cfg.label_smoothing,
     )  # mean over the real tokens, as Transformer.loss
+    if not isinstance(out, torch.Tensor) and getattr(cfg, "act", False):
+        loss = loss + cfg.ponder_weight * out.ponder_cost  # ACT (Graves 2016, eq. 12)
     correct = ((logits.argmax(-1) == labels) & real).sum().item()
     return loop.StepResult(loss, int(real.sum()), int(correct))
 
@@ -129,7 +170,7 @@ def fit_config(cfg: TrainConfig) -> loop.TrainConfig:
 
 def train(
     task: Task,
-    model_cfg: TransformerConfig | None = None,
+    model_cfg: ModelConfig | None = None,
     cfg: TrainConfig | None = None,
     *,
     out: str | Path | None = None,
@@ -137,7 +178,7 @@ def train(
     progress: bool = True,
     alignments: int = 3,
     device: torch.device | str = "cpu",
-) -> tuple[Transformer, dict]:
+) -> tuple[nn.Module, dict]:
     """Train on `task` and return the model and its final metrics.
 
     With `out`, writes the files listed in the module docstring after every
@@ -149,9 +190,10 @@ def train(
     """
     cfg = cfg or TrainConfig()
     torch.manual_seed(cfg.seed)
-    model = Transformer(model_cfg) if model_cfg is not None else build_model(task)
+    model = make_model(model_cfg) if model_cfg is not None else build_model(task)
     src_eval, tgt_eval = heldout(task, cfg.eval_size, seed=cfg.seed + 1)
     run_info = {
+        "kind": kind_of(model),
         "model": model.cfg.to_dict(),
         "task": task.to_dict(),
         "heldout": {"size": cfg.eval_size, "seed": cfg.seed + 1},
@@ -176,7 +218,7 @@ def train(
     model.eval().cpu()
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
         return model, {}
-    if out is not None and alignments > 0:
+    if out is not None and alignments > 0 and has_attention(model):
         src = src_eval[:alignments]
         write_alignments(
             model, task.vocab, src, predict(model, task, src), out, eos=EOS, bos=BOS, pad=PAD
@@ -194,7 +236,12 @@ def train(
     return model, metrics
 
 
-def load_checkpoint(path: str | Path) -> tuple[Transformer, Task]:
+def has_attention(model: nn.Module) -> bool:
+    """Whether the decoder attends to the source (all but the RNN without attention)."""
+    return getattr(model, "attention", True) is not None
+
+
+def load_checkpoint(path: str | Path) -> tuple[nn.Module, Task]:
     """Model (eval mode) and task from a training directory or a checkpoint file."""
     path = Path(path)
     file = path / loop.CHECKPOINT if path.is_dir() else path
@@ -203,11 +250,14 @@ def load_checkpoint(path: str | Path) -> tuple[Transformer, Task]:
     # ValueError for a file that is not ours; the earlier seq2seq-only loop wrote no marker
     ckpt = loop.read_checkpoint(file, legacy_keys=("model", "model_config", "task"))
     try:
+        kind = "transformer"  # checkpoints written before the other kinds existed
         if "run_info" in ckpt:  # written by attnkit.train.fit
-            model_dict, task_dict = ckpt["run_info"]["model"], ckpt["run_info"]["task"]
+            info = ckpt["run_info"]
+            model_dict, task_dict = info["model"], info["task"]
+            kind = info.get("kind", kind)
         else:
             model_dict, task_dict = ckpt["model_config"], ckpt["task"]
-        model = Transformer(config_from_dict(model_dict))
+        model = make_model(config_from_dict_of(kind, model_dict))
         model.load_state_dict(ckpt["model"])
         task = Task(**task_dict)
     except (KeyError, RuntimeError, OSError, EOFError, TypeError, AttributeError) as e:
