@@ -184,9 +184,9 @@ def _nan_where_q_is_not_finite(res: AttentionOutput, q: Tensor) -> AttentionOutp
     N = 16) are skipped. The sum is non-finite when any entry is, or when finite entries
     overflow it; then the exact row-wise path runs, so the check can cost time, never truth.
     """
+    if _eager_cpu(q) and math.isfinite(q.detach().sum().item()):
+        return res  # (a float16 sum may overflow where float32 would not: a slower path only)
     acc = torch.promote_types(q.dtype, torch.float32)
-    if _eager_cpu(q) and math.isfinite(q.detach().sum(dtype=acc).item()):
-        return res
     poison = q.detach().sum(-1, keepdim=True, dtype=acc).mul_(0)  # (B, H, N, 1): 0, or NaN
     out = res.out.add(poison.to(res.out.dtype))
     lse = None if res.lse is None else res.lse.add(poison[..., 0].to(res.lse.dtype))
@@ -290,7 +290,7 @@ def _eager_cpu(t: Tensor) -> bool:
     """Whether a data-dependent shortcut (reading a tensor's values on the host) is cheap and
     safe: eager mode on the CPU. Elsewhere the branch-free path runs (no host sync on CUDA, one
     graph under compile and export, the right answer for every input under jit.trace)."""
-    return t.device.type == "cpu" and not _tracing()
+    return t.is_cpu and not _tracing()
 
 
 def _allowed(mask: Tensor | None, causal: bool, n: int, s: int, device) -> Tensor | None:
