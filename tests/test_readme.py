@@ -37,6 +37,25 @@ def test_readme_quotes_the_benchmark_table_verbatim():
     assert written.read_text().strip() in README.read_text()
 
 
+def test_readme_quotes_the_cli_timings_verbatim():
+    """The CLI timing table is benchmarks/bench_cli.py's (results/cli.md, from cli.json), and
+    what the README says of it holds for the recorded run: explain within 3 s and within
+    0.5 s of `import torch`, --help and --version under half a second."""
+    import json
+
+    results = README.parent / "benchmarks" / "results"
+    assert (results / "cli.md").read_text().strip() in README.read_text()
+    median = {
+        row["case"]: row["median_s"]
+        for row in json.loads((results / "cli.json").read_text())["rows"]
+    }
+    explain = median["attnkit explain (defaults)"]
+    assert explain <= 3.0 and explain - median["python -c 'import torch'"] <= 0.5
+    assert median["attnkit --help"] < 0.5 and median["attnkit --version"] < 0.5
+    for case, seconds in median.items():
+        assert f"| {case} | {seconds:.3f} |" in README.read_text()
+
+
 def test_readme_install_size_table_is_the_measured_one():
     """The install-size table is benchmarks/install_size.py's markdown of install-size.json,
     quoted verbatim in the README's install section."""
