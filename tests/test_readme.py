@@ -56,6 +56,12 @@ def test_readme_quotes_the_cli_timings_verbatim():
         assert f"| {case} | {seconds:.3f} |" in README.read_text()
 
 
+def test_readme_quotes_the_transformers_benchmark_verbatim():
+    """The attnkit-vs-sdpa-vs-eager table is benchmarks/bench_hf.py's (results/hf.md)."""
+    written = README.parent / "benchmarks" / "results" / "hf.md"
+    assert written.read_text().strip() in README.read_text()
+
+
 def test_readme_install_size_table_is_the_measured_one():
     """The install-size table is benchmarks/install_size.py's markdown of install-size.json,
     quoted verbatim in the README's install section."""
