@@ -186,3 +186,14 @@ def write_folder(directory: str | Path, files: Mapping[str, bytes]) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def config_from_fields(cls, fields: Mapping):
+    """The config dataclass `cls` from its saved fields (the inverse of ``asdict``); a field
+    `cls` does not have is a ValueError naming it and the known ones (a config from another
+    version or another model kind, never silently dropped)."""
+    known = set(cls.__dataclass_fields__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields {unknown}; known: {sorted(known)}")
+    return cls(**fields)

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from attnkit.models.checkpoint import config_from_fields
 from attnkit.models.decoding import KVCache
 from attnkit.modules._checks import positive_int, probability
 from attnkit.modules.additive import AdditiveAttention, LuongAttention
@@ -79,10 +80,7 @@ class RNNConfig:
 
 def rnn_config_from_dict(d: dict) -> RNNConfig:
     """Inverse of `RNNConfig.to_dict` (unknown keys are an error)."""
-    unknown = sorted(set(d) - set(RNNConfig.__dataclass_fields__))
-    if unknown:
-        raise ValueError(f"unknown RNNConfig fields {unknown}")
-    return RNNConfig(**d)
+    return config_from_fields(RNNConfig, d)
 
 
 def _score(cfg: RNNConfig, fk: dict) -> nn.Module | None:

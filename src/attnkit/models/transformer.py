@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.models.checkpoint import config_from_fields
 from attnkit.models.decoding import CachedMultiHeadAttention, KVCache
 from attnkit.models.generate import generate
 from attnkit.modules._checks import nonnegative_int, positive_int, probability
@@ -457,8 +458,4 @@ class CausalLM(_TiedModule):
 
 def config_from_dict(d: dict) -> TransformerConfig:
     """Inverse of `TransformerConfig.to_dict` (unknown keys are an error)."""
-    fields = set(TransformerConfig.__dataclass_fields__)
-    unknown = sorted(set(d) - fields)
-    if unknown:
-        raise ValueError(f"unknown TransformerConfig fields {unknown}; known: {sorted(fields)}")
-    return TransformerConfig(**d)
+    return config_from_fields(TransformerConfig, d)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.functional.positional import sinusoidal
+from attnkit.models.checkpoint import config_from_fields
 from attnkit.models.decoding import KVCache
 from attnkit.models.transformer import (
     DecoderBlock,
@@ -96,10 +97,7 @@ class UniversalConfig:
 
 def universal_config_from_dict(d: dict) -> UniversalConfig:
     """Inverse of `UniversalConfig.to_dict` (unknown keys are an error)."""
-    unknown = sorted(set(d) - set(UniversalConfig.__dataclass_fields__))
-    if unknown:
-        raise ValueError(f"unknown UniversalConfig fields {unknown}")
-    return UniversalConfig(**d)
+    return config_from_fields(UniversalConfig, d)
 
 
 def coordinate_signal(step: int, n: int, dim: int, *, dtype=None, device=None) -> Tensor:

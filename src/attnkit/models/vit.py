@@ -9,13 +9,13 @@ soft split with overlap -> token transformer -> reshape to a grid, repeated).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from attnkit.functional.positional import sincos_2d
+from attnkit.models.checkpoint import config_from_fields
 from attnkit.modules._checks import (
     check_image,
     nonnegative_int,
@@ -351,12 +351,8 @@ def config_from_dict(kind: str, fields: dict) -> ViTConfig | CNNConfig:
     cls = {"ViTConfig": ViTConfig, "CNNConfig": CNNConfig}.get(kind)
     if cls is None:
         raise ValueError(f"config kind must be 'ViTConfig' or 'CNNConfig', got {kind!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(fields) - names)
-    if unknown:
-        raise ValueError(f"unknown {kind} fields {unknown}; known: {sorted(names)}")
     # JSON turns tuples into lists; dataclass fields here that are sequences are tuples
-    return cls(**{k: _tuples(v) for k, v in fields.items()})
+    return config_from_fields(cls, {k: _tuples(v) for k, v in fields.items()})
 
 
 def _tuples(v):
