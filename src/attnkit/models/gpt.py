@@ -153,7 +153,8 @@ class GPT(_TiedModule):
             mask = keep[:, None, None, :]  # (B, 1, 1, S)
             pos = (keep.cumsum(-1) - 1).clamp(min=0)[:, offset:]  # (B, N): real tokens before
             x = x + F.embedding(pos, self.positions.weight)
-        x = self.drop(x)
+        if self.training:  # eval: dropout is the identity (one module call saved per step)
+            x = self.drop(x)
         for block in self.blocks:
             x = block(x, mask=mask, cache=cache)
         if cache is not None:
