@@ -13,14 +13,13 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from attnkit.distributed import RingMultiHeadAttention, shard, ulysses_attention
 from attnkit.distributed import ring_attention as ring
 from attnkit.functional.chunked import chunked_attention
 from attnkit.modules.attention import MultiHeadAttention
 from attnkit.modules.positions import RotaryEmbedding
-from tests.train.test_ddp import _free_port
+from tests.distributed._spawn import free_port, run
 
 STRATEGIES = {"ring": ring, "ulysses": ulysses_attention}
 CASES = list(
@@ -221,7 +220,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 def results(request, tmp_path_factory):
     world = request.param
     tmp = tmp_path_factory.mktemp(f"ring{world}")
-    mp.spawn(_worker, args=(world, _free_port(), str(tmp)), nprocs=world, join=True)
+    run(_worker, args=(world, free_port(), str(tmp)), nprocs=world)
     return [torch.load(tmp / f"rank{r}.pt") for r in range(world)]
 
 

@@ -12,12 +12,11 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from attnkit.distributed import train_demo
 from attnkit.models.gpt import GPT
 from attnkit.train.loop import read_checkpoint
-from tests.train.test_ddp import _free_port
+from tests.distributed._spawn import free_port, run
 
 ARGS = [
     "--seq-len", "32", "--steps", "6", "--width", "16", "--heads", "2", "--vocab", "8",
@@ -63,7 +62,7 @@ def _reference(argv: list[str], steps: int) -> tuple[list[float], GPT]:
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("cp") / "run"
     argv = ["--out", str(out), *ARGS, "--budget-mib", _budget()]
-    mp.spawn(_worker, args=(2, _free_port(), argv), nprocs=2, join=True)
+    run(_worker, args=(2, free_port(), argv), nprocs=2)
     return out, argv
 
 
