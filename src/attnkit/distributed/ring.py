@@ -21,6 +21,11 @@ src > r skipped. Zigzag (rank r holds chunks r and 2P-1-r): src == r causal; src
 against the first (early) half of the keys; src > r the second (late) half of the queries
 against all keys; every other pair is fully masked. All non-skipped non-diagonal blocks are
 non-causal, and every rank does the same work.
+
+Bias: the block of an additive bias for (my queries, src's keys) is cut from this rank's
+rows of a tensor bias by src's global positions, or computed by ``bias_fn`` from both sides'
+global positions; it never travels. Its gradient is the block's dS (Algorithm 2 line 13),
+scattered back into the same columns, on this rank.
 """
 
 from __future__ import annotations

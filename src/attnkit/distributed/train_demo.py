@@ -28,7 +28,8 @@ n = N/P, C width, V vocabulary, L layers.
   continues from the checkpoint.
 
 Attention dropout is 0 (ring attention refuses it); ``--dropout`` acts on the residual
-branches and embeddings only, where it is local to each position.
+branches and embeddings only, where it is local to each position. Each rank draws its own
+masks, so with ``--dropout`` > 0 the run is not step-for-step the single-process one.
 """
 
 from __future__ import annotations
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
     _check(args, int(os.environ.get("WORLD_SIZE", "1")))
     rank, world, device = _init()
     model = context_parallel(build(args), layout=args.layout, strategy=args.strategy).to(device)
+    torch.manual_seed(args.seed + 1 + rank)  # --dropout: each rank its own masks, not copies
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     run_info = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     run_info = {k: v for k, v in run_info.items() if k not in ("out", "resume", "steps")}
