@@ -196,6 +196,27 @@ def _module_case(rank: int, world: int, strategy: str) -> list[float]:
     return errs
 
 
+def _subgroup_case(rank: int, world: int, strategy: str) -> list[float]:
+    """Two rings side by side: ranks {0, 1} and {2, 3} (with P = 2: one group of both, not the
+    default one), each a process group of its own passed as ``group`` (peers are found by
+    their global ranks). Zigzag, causal, tensor bias, masked, GQA; float64 against the truth."""
+    members = [[0, 1], [2, 3]] if world == 4 else [[0, 1]]
+    groups = [dist.new_group(m) for m in members]  # every rank creates every group
+    group, sub = groups[rank // 2], rank % 2
+    q, k, v, mask, dout, dlse = _inputs(1, True, 12)
+    bias = _full_bias(True, 12)
+    truth = _run(lambda *a, **b: _single(*a, "torch", **b), q, k, v, mask, dout, dlse, True, bias)
+    sh = lambda t: shard(t, sub, 2, layout="zigzag")  # noqa: E731
+    fn = STRATEGIES[strategy]
+
+    def call(q, k, v, m, cz, **b):
+        return fn(q, k, v, mask=m, causal=cz, layout="zigzag", group=group, **b)[::2]
+
+    m_local = shard(mask, sub, 2, dim=3, layout="zigzag")
+    got = _run(call, *(sh(t) for t in (q, k, v)), m_local, sh(dout), sh(dlse), True, sh(bias))
+    return _errs(got, [sh(t) for t in truth])
+
+
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -205,6 +226,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         res.update(_bias_cases(rank, world))
         for s in STRATEGIES:
             res[f"module-{s}"] = {"err": _module_case(rank, world, s), "nan": False}
+            res[f"subgroup-{s}"] = _subgroup_case(rank, world, s)
         q = torch.zeros(1, 3, 4, 2)  # 3 heads do not split over 2 or 4 ranks
         try:
             ulysses_attention(q, q, q)
@@ -256,6 +278,13 @@ def test_bias_equals_single_process_attention_with_the_gathered_bias(results, ca
 def test_ring_multihead_attention_equals_the_module_on_the_full_sequence(results, strategy):
     for res in results:
         assert max(res[f"module-{strategy}"]["err"]) <= 1e-12
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_process_group_other_than_the_world_is_used_for_every_transfer(results, strategy):
+    for rank, res in enumerate(results):
+        errs = res[f"subgroup-{strategy}"]
+        assert len(errs) == 6 and max(errs) <= 1e-12, f"rank {rank}: {errs}"
 
 
 def test_ulysses_refuses_heads_not_divisible_by_ranks(results):
