@@ -194,30 +194,31 @@ def _page(title: str, payload: dict) -> str:
   <h1>{html.escape(title)}</h1>
   <p class="ak-sub">{html.escape(subtitle)}</p>
   <div class="ak-controls">
-    <label>Layer <select id="ak-layer" aria-label="layer"></select></label>
-    <label>Head <select id="ak-head" aria-label="head"></select></label>
+    <label>Layer <select id="ak-layer" class="ak-layer" aria-label="layer"></select></label>
+    <label>Head <select id="ak-head" class="ak-head" aria-label="head"></select></label>
     <span class="ak-legend" aria-label="legend">
       <span class="ak-swatch" id="ak-swatch"></span>
       <span>line opacity = attention weight (0 → 1)</span>
     </span>
   </div>
   <p class="ak-hint">Hover (or focus) a query on the left to see only its row, a key on
-  the right to see only its column. <span id="ak-status"></span></p>
+  the right to see only its column. <span id="ak-status" class="ak-status"></span></p>
 </header>
 <main class="ak-scroll">
   <div class="ak-grid ak-colheads"><div>queries</div><div></div><div>keys</div></div>
   <div class="ak-grid">
-    <div class="ak-col ak-left" id="ak-queries"></div>
-    <svg class="ak-lines" id="ak-svg" role="img" aria-label="attention lines">
-      <g id="ak-all"></g><g id="ak-focus"></g>
+    <div class="ak-col ak-left ak-queries" id="ak-queries"></div>
+    <svg class="ak-lines ak-svg" id="ak-svg" role="img" aria-label="attention lines">
+      <g id="ak-all" class="ak-all"></g><g id="ak-focus" class="ak-focus"></g>
     </svg>
-    <div class="ak-col ak-right" id="ak-keys"></div>
+    <div class="ak-col ak-right ak-keys" id="ak-keys"></div>
   </div>
 </main>
-<footer class="ak-notes"><ul id="ak-notes"></ul></footer>
+<footer class="ak-notes"><ul id="ak-notes" class="ak-notes-list"></ul></footer>
 <script type="application/json" id="ak-data">{_json_for_script(payload)}</script>
 <script>
 {_asset("head_view.js")}
+window.attnkitViz.headView(document.body);
 </script>
 </body>
 </html>
