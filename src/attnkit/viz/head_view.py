@@ -62,6 +62,23 @@ def head_view(
     The mean of heads is computed from the full (L, H, N, S) maps before anything is
     dropped. Write the result with :func:`write_html`.
     """
+    layer_index, head_index = _check(maps, layer, head, max_tokens, top_k, threshold)
+    payload = _encode(maps, max_tokens=max_tokens, top_k=top_k, threshold=threshold)
+    payload["initialLayer"] = layer_index
+    payload["initialHead"] = head_index
+    return _page(title or "Attention head view", payload)
+
+
+def _check(
+    maps: AttentionMaps,
+    layer: int,
+    head: int | Literal["mean"] | None,
+    max_tokens: int,
+    top_k: int,
+    threshold: float,
+) -> tuple[int, int]:
+    """Validate the arguments of the head view; return (layer, head) as indices, where
+    head == H stands for the mean of heads."""
     if not isinstance(maps, AttentionMaps):
         raise ValueError(f"maps: expected AttentionMaps, got {type(maps).__name__}")
     L, H = maps.shape[:2]
@@ -88,11 +105,7 @@ def head_view(
         or not 0 <= threshold < 1
     ):
         raise ValueError(f"threshold: expected a float in [0, 1), got {threshold!r}")
-
-    payload = _encode(maps, max_tokens=max_tokens, top_k=top_k, threshold=threshold)
-    payload["initialLayer"] = layer % L
-    payload["initialHead"] = head_index
-    return _page(title or "Attention head view", payload)
+    return layer % L, head_index
 
 
 def write_html(path: str | os.PathLike[str], html_text: str) -> Path:

@@ -216,6 +216,13 @@ class AttentionMaps:
             self.tokens, self.maps.mean(dim=1, keepdim=True), self.key_tokens, self.layer_names
         )
 
+    def _repr_html_(self) -> str:
+        """Jupyter shows maps as the interactive head view (last layer, mean of heads; at
+        most 128 tokens and ~1 MB of data embedded): see `attnkit.viz.show`."""
+        from attnkit.viz.notebook import maps_html
+
+        return maps_html(self)
+
     # ------------------------------------------------------------------ JSON
     def to_json_dict(self, decimals: int = 4) -> dict[str, Any]:
         """A JSON-serialisable dict: tokens, shape and the maps as nested lists (L, H, N, S)
