@@ -131,7 +131,7 @@ def maps_html(maps: AttentionMaps) -> str:
     """`AttentionMaps._repr_html_`: the last layer, mean of heads; a one-line message if
     the maps are too large to embed."""
     try:
-        return show(maps).html
+        return show(maps, max_bytes=MAX_BYTES).html
     except ValueError as e:
         return f"<p>AttentionMaps {tuple(maps.shape)}: not shown inline ({html.escape(str(e))})</p>"
 
