@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,6 +140,27 @@ def test_record_with_maps_of_two_shapes():
         rec.to_maps(["a"], prefix="enc")
     with pytest.raises(ValueError, match="batch_index: 1 out of range"):
         rec.to_maps(prefix="enc", batch_index=1)
+
+
+def test_repr_works_whatever_was_imported_first():
+    """The renderers register from attnkit.viz/__init__.py, which Python runs before any
+    attnkit.viz module: a fresh process that imports only the data classes can display."""
+    code = (
+        "import torch\n"
+        "from attnkit.viz.maps import AttentionMaps\n"
+        "m = AttentionMaps(['a', 'b'], torch.full((1, 1, 2, 2), 0.5))\n"
+        "print(m._repr_html_()[:24])\n"
+        "import attnkit\n"
+        "with attnkit.record_attention(attnkit.EncoderBlock(8, 2, 16)) as rec:\n"
+        "    pass\n"
+        "print(rec._repr_html_())\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    first, second = out.stdout.splitlines()
+    assert first.startswith('<div id="akv-') and second == "None"  # nothing recorded: None
 
 
 @pytest.mark.parametrize(

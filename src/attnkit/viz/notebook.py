@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from attnkit.viz.head_view import _asset, _check, _encode, _json_for_script
-from attnkit.viz.maps import AttentionMaps
+from attnkit.viz.maps import REPR_HTML, AttentionMaps
 from attnkit.viz.record import AttentionRecord, _maps_of
 
 __all__ = ["HeadViewHTML", "show"]
@@ -134,6 +134,10 @@ def maps_html(maps: AttentionMaps) -> str:
         return show(maps, max_bytes=MAX_BYTES).html
     except ValueError as e:
         return f"<p>AttentionMaps {tuple(maps.shape)}: not shown inline ({html.escape(str(e))})</p>"
+
+
+REPR_HTML["AttentionMaps"] = maps_html
+REPR_HTML["AttentionRecord"] = record_html
 
 
 def _size(payload: dict) -> int:

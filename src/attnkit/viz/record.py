@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.modules.attention import Attend
-from attnkit.viz.maps import AttentionMaps
+from attnkit.viz.maps import REPR_HTML, AttentionMaps
 
 __all__ = ["AttentionRecord", "record_attention"]
 
@@ -117,11 +117,8 @@ class AttentionRecord:
     def _repr_html_(self) -> str | None:
         """Jupyter shows a recording as the head view of its first example (see
         `attnkit.viz.show`); None (plain repr) when nothing was recorded."""
-        if not self.calls:
-            return None
-        from attnkit.viz.notebook import record_html
-
-        return record_html(self)
+        render = REPR_HTML.get("AttentionRecord")
+        return None if render is None or not self.calls else render(self)
 
 
 def _maps_of(
