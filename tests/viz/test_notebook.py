@@ -142,6 +142,18 @@ def test_record_with_maps_of_two_shapes():
         rec.to_maps(prefix="enc", batch_index=1)
 
 
+def test_repr_never_raises_on_bad_maps():
+    rec = AttentionRecord()
+    rec.calls["enc"] = [torch.full((1, 1, 2, 2), float("nan"))]
+    html = rec._repr_html_()
+    assert html.startswith("<p>AttentionRecord: not shown inline (maps: contains NaN")
+    view = show(AttentionMaps(["a"], torch.ones(1, 1, 1, 1)))
+    assert (
+        repr(view)
+        == f"HeadViewHTML(view_id={view.view_id!r}, {len(view.html):,} characters of HTML)"
+    )
+
+
 def test_repr_works_whatever_was_imported_first():
     """The renderers register from attnkit.viz/__init__.py, which Python runs before any
     attnkit.viz module: a fresh process that imports only the data classes can display."""

@@ -146,8 +146,8 @@ def _size(payload: dict) -> int:
 
 def _fit(maps: AttentionMaps, *, max_tokens: int, top_k: int, threshold: float, cap: int) -> dict:
     """`_encode`'s payload with top_k lowered until the embedded data is at most `cap`."""
-    k = top_k
-    payload = _encode(maps, max_tokens=max_tokens, top_k=k, threshold=threshold)
+    payload = _encode(maps, max_tokens=max_tokens, top_k=top_k, threshold=threshold)
+    first = k = payload["topK"]  # top_k, or the number of keys if that is smaller
     while _size(payload) > cap and k > 1:
         # Entries dominate the size (3 bytes each, 1 count byte per row): scale k down,
         # by at least one, and encode again.
@@ -159,9 +159,9 @@ def _fit(maps: AttentionMaps, *, max_tokens: int, top_k: int, threshold: float, 
             f"one weight per query row, over max_bytes={cap:,}; show fewer layers "
             f"(maps.select(layers=...)) or fewer tokens (max_tokens=...)"
         )
-    if k < top_k:
+    if k < first:
         payload["notes"].insert(
-            0, f"top_k lowered from {top_k} to {k} to keep the embedded data under {cap:,} bytes."
+            0, f"top_k lowered from {first} to {k} to keep the embedded data under {cap:,} bytes."
         )
     return payload
 
