@@ -137,8 +137,8 @@ for t2t, out in ((t2t1, out1), (t2t4, out4)):
 #
 # Every row of the score maps is 100 long: each token attends to all 100 tokens of
 # its image, whatever the number of heads. With one head, "v (merged)" is just v
-# without its head axis (the reference code writes `v.squeeze(1)`, which is why it
-# only runs with one head); with 4 heads, the heads of v are put back side by side,
+# without its head axis (the reference code, whose reshape gives every head the full
+# width chan and so only works with one head, writes `v.squeeze(1)`); with 4 heads, the heads of v are put back side by side,
 # exactly as the attention output is merged.
 #
 # ## The parameter count
@@ -164,10 +164,11 @@ print(f"49·64·3 = {49 * 64 * 3:,}   64·64 + 64 = {64 * 64 + 64:,}")
 #
 # Scaled dot-product attention divides the scores by √d_k, the width of the vectors
 # in the dot product: here the head width chan/H. But the T2T-ViT reference code
-# computes its scale from the **input** width: `head_dim = dim // num_heads` with
-# `dim` = 49, so it multiplies by 49^-0.5 = 1/7 where 1/√64 = 1/8 would be the
-# textbook value. Implementations that build the T2T attention from a standard
-# multi-head attention get 1/8. Both train; they are not the same function, and
+# (`models/token_transformer.py`) computes its scale from the **input** width:
+# `head_dim = dim // num_heads` with `dim` = 49, so it multiplies by 49^-0.5 = 1/7
+# where 1/√64 = 1/8 would be the textbook value. An implementation that builds the
+# T2T attention from a standard multi-head attention takes the scale from the head
+# width and gets 1/8. Both train; they are not the same function, and
 # weights trained with one do not give the same outputs under the other.
 #
 # `attnkit.T2TAttention` makes the choice explicit with `scale=`:

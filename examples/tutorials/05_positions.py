@@ -77,7 +77,8 @@ print("mha(x[:, perm]) == mha(x)[:, perm]:", torch.allclose(mha(x[:, perm]), y[:
 #     PE[pos, 2i+1] = cos(pos / 10000^(2i/C))
 #
 # Each pair of channels is a sine and a cosine at one frequency, from one turn per
-# 2π positions (channels 0 and 1) to one turn per 10000·2π positions (the last pair).
+# 2π positions (channels 0 and 1) down to almost one turn per 10000·2π positions (the
+# last pair).
 # Nothing is learned, and it exists for any position.
 
 # %%
