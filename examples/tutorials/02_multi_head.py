@@ -173,6 +173,8 @@ print("equal:", torch.allclose(paper, y, atol=1e-5))
 #
 # Concatenating the heads is the merge `transpose(1, 2).flatten(2)` above: head i
 # fills channels i·16 to i·16 + 15. W^O then mixes the heads' results.
+# `attnkit.paper_attention(512, 8, dropout=0.1)` builds the paper's base configuration
+# (d_model 512, 8 heads of 64, dropout on the attention weights).
 #
 # ## BERT's formulation
 #

@@ -48,6 +48,8 @@ print("after a ViT block:", tuple(block(patches).shape))
 # T2T's *soft split* is an `nn.Unfold` whose windows overlap: 7 × 7 windows moved by
 # 3 pixels (padding 3) give 10 × 10 = 100 windows per image, and each window's
 # 7 · 7 = 49 pixels become one token. The tokens are not projected: they are 49 wide.
+# (T2T-ViT's first split on 224-pixel colour images moves its 7 × 7 windows by 4 pixels
+# and gives 3,136 tokens of width 3 · 49 = 147; the idea is the same.)
 
 # %%
 soft_split = torch.nn.Unfold(kernel_size=7, stride=3, padding=3)
@@ -138,8 +140,8 @@ for t2t, out in ((t2t1, out1), (t2t4, out4)):
 # Every row of the score maps is 100 long: each token attends to all 100 tokens of
 # its image, whatever the number of heads. With one head, "v (merged)" is just v
 # without its head axis (the reference code, whose reshape gives every head the full
-# width chan and so only works with one head, writes `v.squeeze(1)`); with 4 heads, the heads of v are put back side by side,
-# exactly as the attention output is merged.
+# width chan and so only works with one head, writes `v.squeeze(1)`); with 4 heads, the
+# heads of v are put back side by side, exactly as the attention output is merged.
 #
 # ## The parameter count
 #
