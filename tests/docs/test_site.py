@@ -16,6 +16,7 @@ pytest.importorskip("mkdocs_static_i18n", reason="the docs extra is not installe
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
+CONFIG = ROOT / "mkdocs.yml"
 CHINESE = re.compile(r"[\u4e00-\u9fff]")
 
 
@@ -35,9 +36,10 @@ def built_html(site: Path, page: Path, lang: str) -> Path:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
+    build = [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(CONFIG)]
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-        cwd=ROOT,  # mkdocs.yml, and the snippets' base path (CHANGELOG.md, benchmarks/results)
+        [*build, "--site-dir", str(out)],
+        cwd=out,  # not the repository: nothing in the config may depend on the cwd
         capture_output=True,
         text=True,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
