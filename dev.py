@@ -4,12 +4,14 @@
     python3 dev.py explain [ARGS...]   # the main job: `attnkit explain` on the embedded model
     python3 dev.py test [PYTEST ARGS]  # ruff (lint + format check), then the whole test suite
     python3 dev.py attnkit ARGS...     # any other attnkit subcommand inside the project venv
+    python3 dev.py docs                # serve the docs site on http://127.0.0.1:8000 (live reload)
+    python3 dev.py docs --build DIR    # build the site (mkdocs build --strict) into DIR
 
 On first use it creates `.venv/` next to this file, installs the CPU build of
 torch pinned at 2.13.0 *first* (a looser spec pulls a multi-GB CUDA build),
 then attnkit itself in editable mode with its test extras (which include the
-model, viz and train extras), then the embedded checkpoint with --no-deps. Later runs reuse the
-venv; it is rebuilt when pyproject.toml or the pins below change. Only the
+model, viz, train, hf and docs extras), then the embedded checkpoint with --no-deps.
+Later runs reuse the venv; it is rebuilt when pyproject.toml or the pins below change. Only the
 standard library is used here, so a bare Python is enough.
 """
 
@@ -104,8 +106,31 @@ def ensure_test_tools() -> None:
         )
 
 
+def docs(python: Path, rest: list[str]) -> int:
+    """Serve the site (mkdocs serve) or, with --build DIR, build it strictly into DIR."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    if rest[:1] == ["--build"]:
+        if len(rest) != 2:
+            print("usage: python3 dev.py docs [--build DIR]", file=sys.stderr)
+            return 2
+        out = Path(rest[1]).resolve()
+        cmd = [str(python), "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)]
+        code = subprocess.call(cmd, cwd=ROOT, env=env)
+        if code == 0:
+            _say(f"site built in {out} (open {out / 'index.html'})")
+        return code
+    if rest:
+        print("usage: python3 dev.py docs [--build DIR]", file=sys.stderr)
+        return 2
+    _say("serving the docs on http://127.0.0.1:8000 (Ctrl-C to stop)")
+    # mkdocs.yml and the snippets it includes (CHANGELOG.md, benchmarks/results) sit in ROOT
+    return subprocess.call(
+        [str(python), "-m", "mkdocs", "serve", "-a", "127.0.0.1:8000"], cwd=ROOT, env=env
+    )
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"explain", "test", "attnkit"}:
+    if not argv or argv[0] not in {"explain", "test", "attnkit", "docs"}:
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -115,6 +140,8 @@ def main(argv: list[str]) -> int:
         return subprocess.call([str(python), "-m", "attnkit", "explain", *rest], env=env)
     if command == "attnkit":
         return subprocess.call([str(python), "-m", "attnkit", *rest], env=env)
+    if command == "docs":
+        return docs(python, rest)
     ensure_test_tools()
     for check in (["check", "."], ["format", "--check", "."]):
         _say("ruff " + " ".join(check))

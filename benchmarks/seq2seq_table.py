@@ -5,7 +5,7 @@ source length and training time.
 Each row is one command, run as its own process (`python -m attnkit seq2seq train ...
 --json`), then `seq2seq eval --by-length --json` on the checkpoint. Writes
 benchmarks/results/seq2seq.json (what the README's table is checked against) and
-seq2seq.md (the table), and copies each run's first alignment picture into docs/img/.
+seq2seq.md (the table), and copies each run's first alignment picture into docs/assets/img/.
 
     PYTHONPATH=src python benchmarks/seq2seq_table.py            # all rows, ~15-30 min
     PYTHONPATH=src python benchmarks/seq2seq_table.py --only rnn-additive --jobs 2
@@ -82,7 +82,7 @@ def run_row(
 
 
 def markdown(result: dict) -> str:
-    """The table the README and docs/seq2seq-results.md quote."""
+    """The table the README and docs/en/results/seq2seq.md quote."""
     lengths = [str(n) for n in SHOWN_LENGTHS]
     head = "| model | params | exact match | steps | train time (s) | "
     head += " | ".join(f"n={n}" for n in lengths) + " |"
@@ -115,7 +115,11 @@ def markdown(result: dict) -> str:
 
 BEGIN = "<!-- seq2seq-table: written by benchmarks/seq2seq_table.py -->"
 END = "<!-- /seq2seq-table -->"
-QUOTED_IN = (ROOT / "README.md", ROOT / "docs" / "seq2seq-results.md")
+# the docs site quotes it on both language versions of its results page
+QUOTED_IN = (
+    ROOT / "README.md",
+    *(ROOT / "docs" / lang / "results" / "seq2seq.md" for lang in ("en", "zh")),
+)
 
 
 def quote(table: str, path: Path) -> None:
@@ -133,7 +137,9 @@ def main() -> None:
     p.add_argument("--only", nargs="+", choices=[r[0] for r in ROWS], help="rows to run")
     p.add_argument("--runs", type=Path, default=Path("attnkit-out/seq2seq-table"))
     p.add_argument("--out", type=Path, default=HERE / "results" / "seq2seq.json")
-    p.add_argument("--images", type=Path, default=ROOT / "docs" / "img", help="alignment PNGs")
+    p.add_argument(
+        "--images", type=Path, default=ROOT / "docs" / "assets" / "img", help="alignment PNGs"
+    )
     p.add_argument("--per-length", type=int, default=100, help="held-out examples per length")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (1 for honest times)")
     p.add_argument("--quick", action="store_true", help="4 training steps: a smoke run")

@@ -4,7 +4,7 @@
 
 Each model is trained by `python -m attnkit train MODEL` in a fresh process
 (one after the other); wall-clock time includes data loading and evaluation
-after every epoch. Results: DIR/vision_digits.json and docs/vision-results.md.
+after every epoch. Results: DIR/vision_digits.json and docs/en/results/vision.md.
 """
 
 from __future__ import annotations

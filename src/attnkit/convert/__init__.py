@@ -1,7 +1,7 @@
 """Weights in and out of the implementations people already have.
 
 Each peer has one module here with its parameter-name table in the module
-docstring (and in docs/interop.md). `from_torch`, `to_torch`, `from_keras` and
+docstring (and in docs/en/guides/interop.md). `from_torch`, `to_torch`, `from_keras` and
 `to_keras` dispatch on the type of their argument to the right converter. Imports
 go one way: converters import the modules they convert, never the reverse. A state
 dict that does not fit raises ValueError naming each missing, unexpected or

@@ -327,7 +327,7 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 PRESETS: dict[str, ViTConfig | CNNConfig] = {
     # 16 tokens of 2 × 2 pixels + a class token, width 64, 2 pre-norm blocks, 2-D sin-cos
     # positions, no dropout (on 1,437 images shift augmentation regularises better; see
-    # docs/vision-results.md for the settings tried)
+    # docs/en/results/vision.md for the settings tried)
     "vit": ViTConfig(),
     # the same with mean pooling over the patch tokens instead of a class token
     "vit-mean": ViTConfig(pool="mean"),
