@@ -1,0 +1,157 @@
+"""Every documentation page's code runs and prints what the page shows, in both languages.
+
+The English page of each pair is executed; its Chinese twin must carry the identical code and
+outputs (only the prose is translated), so running it again would prove nothing new.
+
+ATTNKIT_DOCS_UPDATE=1 turns the output checks into a report: the actual outputs of each page
+go to /tmp/attnkit-docs-actual/<lang>/<page> and the pictures the tutorials make are copied
+into docs/assets/, for the author to paste and commit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.docs import make_examples
+from tests.docs.pages import (
+    DOCS,
+    LANGS,
+    ROOT,
+    images,
+    matches,
+    mismatches,
+    pages,
+    parse,
+    png_size,
+    relative_pages,
+    run,
+)
+
+UPDATE = os.environ.get("ATTNKIT_DOCS_UPDATE") == "1"
+ACTUAL = Path("/tmp/attnkit-docs-actual")
+GENERATED_IMAGES = DOCS / "assets" / "tutorials"
+
+_EXECUTED = [p for p in pages("en") if parse(p.read_text(encoding="utf-8"))]
+
+
+def _id(page: Path) -> str:
+    return str(page.relative_to(DOCS / "en"))
+
+
+def test_every_page_exists_in_both_languages():
+    english, chinese = relative_pages("en"), relative_pages("zh")
+    assert english - chinese == set(), f"pages without a Chinese twin: {sorted(english - chinese)}"
+    assert chinese - english == set(), f"pages without an English twin: {sorted(chinese - english)}"
+
+
+@pytest.mark.parametrize("rel", sorted(relative_pages("en") & relative_pages("zh")), ids=str)
+def test_both_languages_show_the_same_code_and_outputs(rel):
+    english, chinese = (parse((DOCS / lang / rel).read_text(encoding="utf-8")) for lang in LANGS)
+    assert [b.key() for b in chinese] == [b.key() for b in english], (
+        f"docs/zh/{rel} and docs/en/{rel} differ in their code or output blocks "
+        "(translate the prose, never the code)"
+    )
+
+
+@pytest.mark.parametrize("rel", sorted(relative_pages("en") | relative_pages("zh")), ids=str)
+def test_every_image_a_page_shows_is_committed(rel):
+    for lang in LANGS:
+        page = DOCS / lang / rel
+        if page.exists():
+            missing = [str(p) for p in images(page) if not p.exists()]
+            assert not missing, f"{page.relative_to(ROOT)} shows missing images: {missing}"
+
+
+@pytest.mark.parametrize("page", _EXECUTED, ids=_id)
+def test_page_code_prints_what_the_page_shows(page, tmp_path):
+    results = run(page, tmp_path)
+    made = [p for p in images(page) if GENERATED_IMAGES in p.parents]
+    if UPDATE:
+        _write_actual(page, results)
+        for image in made:
+            if (tmp_path / image.name).exists():
+                image.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(tmp_path / image.name, image)
+        return
+    bad = mismatches(page, results)
+    assert not bad, "\n\n".join(bad)
+    for image in made:
+        produced = tmp_path / image.name
+        assert produced.exists(), (
+            f"{_id(page)} shows {image.relative_to(ROOT)} but its code did not write "
+            f"{image.name} in the current directory"
+        )
+        if image.suffix == ".png":
+            assert png_size(produced) == png_size(image), (
+                f"{image.relative_to(ROOT)} is not what the page's code draws now "
+                f"({png_size(image)} vs {png_size(produced)}); regenerate with "
+                "ATTNKIT_DOCS_UPDATE=1"
+            )
+
+
+def _write_actual(page: Path, results) -> None:
+    target = ACTUAL / page.relative_to(DOCS)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for block, outs in results:
+        parts.append(f"<!-- line {block.line} ({block.kind}) -->")
+        if block.kind == "python":
+            parts.append("```python\n" + block.code + "\n```\n\n```text\n" + outs[0].rstrip())
+            parts.append("```")
+        else:
+            body = "".join(
+                f"$ {cmd}\n{out}" for (cmd, _), out in zip(block.commands, outs, strict=True)
+            )
+            parts.append("```console\n" + body.rstrip() + "\n```")
+    target.write_text("\n".join(parts) + "\n", encoding="utf-8")
+
+
+def test_tutorial_examples_are_in_sync_with_their_pages():
+    stale = make_examples.stale()
+    assert not stale, (
+        f"out of date: {[str(p.relative_to(ROOT)) for p in stale]}; "
+        "run python tests/docs/make_examples.py"
+    )
+
+
+# The runner itself: it must be able to fail.
+
+
+def test_runner_pairs_outputs_and_reads_console_blocks():
+    page = (
+        "# t\n\n```python\nprint(2 + 2)\n```\n\n```text\n4\n```\n\nprose\n\n```text\nfree\n```\n\n"
+        "```python\nx = 1\n```\n\n```console\n$ attnkit --version\nattnkit ...\n```\n"
+        "```bash\npip install attnkit\n```\n"
+    )
+    blocks = parse(page)
+    assert [b.kind for b in blocks] == ["python", "python", "console"]
+    assert blocks[0].expected == "4" and blocks[1].expected is None
+    assert blocks[2].commands == [("attnkit --version", "attnkit ...\n")]
+    with pytest.raises(ValueError, match="only `\\$ attnkit"):
+        parse("```console\n$ rm -rf /\n```\n")
+    with pytest.raises(ValueError, match="unclosed"):
+        parse("```python\nprint(1)\n")
+
+
+def test_runner_compares_with_ellipsis_and_catches_drift(tmp_path):
+    assert matches("took ... s\ndone", "took 1.23 s\ndone  \n")
+    assert matches("a\n...\nz", "a\nb\nc\nz")
+    assert not matches("4", "5")
+    assert not matches("a", "a\nb")
+    page = tmp_path / "p.md"
+    page.write_text(
+        "```python\nprint('now')\n```\n\n```text\nthen\n```\n\n"
+        "```console\n$ attnkit --version\nattnkit ...\n"
+        "$ attnkit --nonsense\nattnkit: error: unrecognized arguments: --nonsense ...\n```\n",
+        encoding="utf-8",
+    )
+    work = tmp_path / "w"
+    work.mkdir()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr("tests.docs.pages.ROOT", tmp_path)
+        bad = mismatches(page, run(page, work))
+    assert len(bad) == 1 and "then" in bad[0] and "now" in bad[0]  # the console lines match
