@@ -64,7 +64,7 @@ it = tokens.index("it")
 for layer in range(maps.shape[0]):
     row = maps[layer, :, it].mean(0)  # mean over heads: (N,)
     top = row.topk(3)
-    words = "  ".join(f"{tokens[j]} {w:.2f}" for w, j in zip(top.values, top.indices))
+    words = "  ".join(f"{tokens[j]} {w:.2f}" for w, j in zip(top.values, top.indices, strict=True))
     print(f"layer {layer}: {words}")
 
 # %% [markdown]
@@ -215,7 +215,7 @@ x_train, y_train = digits.train.tensors
 x_test, y_test = digits.test.tensors
 vit = ViT(ViTConfig(dim=32, depth=2, num_heads=4, patch_size=2))
 opt = torch.optim.AdamW(vit.parameters(), lr=3e-3)
-for epoch in range(15):
+for _ in range(15):  # epochs
     order = torch.randperm(len(x_train))
     for i in range(0, len(order), 64):
         batch = order[i : i + 64]

@@ -196,9 +196,9 @@ print(f"SAGAN's q·kᵀ and weights·v: P²·Ck + P²·C = {P * P * (C // 8) + P
 #
 # The gates cost almost nothing and see either everything at once (SE: a global average)
 # or a 7×7 neighbourhood (spatial). SAGAN costs 270× as much as CBAM here, two thirds of it
-# in the two P² products (P = 256; a 32×32 map would make them 16× larger) and in exchange lets any position read any other with
-# content-dependent weights: this is the same attention as in a Transformer, with pixels
-# as tokens. ViT goes all the way: it drops the convolutions and makes patches the tokens.
+# in the two P² products (P = 256; a 32×32 map would make them 16× larger), and in
+# exchange lets any position read any other with content-dependent weights: this is the
+# same attention as in a Transformer, with pixels as tokens. ViT goes all the way: it drops the convolutions and makes patches the tokens.
 #
 # ## Try next
 #

@@ -40,8 +40,12 @@ def report(name, got, want):
     print(f"{name:28} {'OK' if err < 1e-5 else f'WRONG (max |error| {err:.2f})'}")
 
 
-reference = attnkit.attention(q, k, v).out  # (B, H, N, d)
+def attend(q, k, v, scale):
+    """softmax(q·kᵀ·scale)·v, written out."""
+    return torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v
 
+
+reference = attnkit.attention(q, k, v).out  # (B, H, N, d)
 
 # %% [markdown]
 # ## 1. The wrong scale
@@ -52,10 +56,6 @@ reference = attnkit.attention(q, k, v).out  # (B, H, N, d)
 # (no square root), or by √C, the model width, in multi-head code.
 
 # %%
-def attend(q, k, v, scale):
-    return torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v
-
-
 report("scale 1/d_k", attend(q, k, v, 1 / d), reference)
 report("scale 1/√C (model width)", attend(q, k, v, C**-0.5), reference)
 report("scale 1/√d_k (head width)", attend(q, k, v, d**-0.5), reference)
@@ -125,6 +125,10 @@ def merge_right(o):
     return o.transpose(1, 2).reshape(B, N, C)  # (B, H, N, d) -> (B, N, H, d) -> (B, N, C)
 
 
+def merge_no_transpose(o):
+    return o.reshape(B, N, C)  # wrong (section 5): (B, H, N, d) read as (B, N, H·d)
+
+
 with torch.no_grad():
     want = mha(x)
     report("split with view only", mha_by_hand(x, split_view, merge_right), want)
@@ -190,7 +194,6 @@ with torch.no_grad():
         again = attn2d(layout(other)).reshape(B, 9, C)[0]
         print(f"{name:20} image 0 unchanged when image 1 changes:", torch.equal(first, again))
 
-
 # %% [markdown]
 # ```text
 # view                 image 0 unchanged when image 1 changes: True
@@ -206,13 +209,10 @@ with torch.no_grad():
 # ## 5. A merge that forgets the head axis
 #
 # The way back mirrors the split: (B, H, N, d) → transpose → (B, N, H, d) → (B, N, C).
-# A bare `.reshape(B, N, C)` skips the transpose and has the right shape again.
+# A bare `.reshape(B, N, C)` (`merge_no_transpose`, defined with the others in section 3)
+# skips the transpose and has the right shape again.
 
 # %%
-def merge_no_transpose(o):
-    return o.reshape(B, N, C)  # wrong: (B, H, N, d) read as (B, N, H·d)
-
-
 with torch.no_grad():
     report("merge without transpose", mha_by_hand(x, split_right, merge_no_transpose), want)
     report("merge with transpose", mha_by_hand(x, split_right, merge_right), want)
