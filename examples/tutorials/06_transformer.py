@@ -191,8 +191,9 @@ print(task.decode(src1[0].tolist()), "->", task.decode(out))
 # dhacfbge -> egbfcahd
 # ```
 #
-# The self-attention cache holds 7 positions after 8 steps: the last token, `<eos>`, was
-# never fed back. The cross-attention cache holds the 9 source positions, projected once.
+# Nine steps wrote eight letters and `<eos>`. The self-attention cache holds the 9 tokens
+# that were fed in (`<bos>` and the 8 letters; the final `<eos>` is never fed back), one
+# appended per step. The cross-attention cache holds the 9 source positions, projected once.
 #
 # The check: the cached step-by-step logits must equal one full teacher-forced pass over
 # the same tokens, and `greedy` must produce the same letters.

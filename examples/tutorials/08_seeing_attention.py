@@ -189,7 +189,7 @@ fig.savefig("head_stats.png", dpi=100)
 # above (distance 0.93, entropy 0: one key, right next door). Most heads of layer 0 sit at
 # the top: diffuse, reading the whole sentence. The sharp heads far to the right (layers 1
 # to 4) are not "global readers": they look at one token far away, `[CLS]`, which is where
-# they park their weight (58–64% on special tokens in those layers). Distance and entropy
+# they park their weight (55–64% on special tokens in those layers). Distance and entropy
 # together with the special-token share tell these habits apart. One short sentence gives
 # rough numbers; record a batch of sentences and pass `query_mask` to average over all.
 #
