@@ -11,14 +11,21 @@ gloo on the CPU, nccl on CUDA (one GPU per rank), unchanged. Across machines, th
 command with torchrun's --nnodes/--node-rank/--rdzv-endpoint.
 
 Per length, one training step (forward + backward of the attention alone, float32, B=1) is
-timed three ways, best of --repeats, slowest rank: the real step; the same step with every
-transfer replaced by a local copy ("compute"); the same transfers with no computation
-("comm"). Overlap = (compute + comm - step) / min(compute, comm): 1 when the shorter is
-hidden entirely, 0 when they run back to back. Peak memory per rank: the highest resident
+timed, best of --repeats, slowest rank, with the time each rank spends blocked in the ring's
+waits on transfers ("exposed": transfer time the computation did not hide, plus any wait for
+a slower neighbour). The same transfers are then timed with no computation ("comm"), and the
+same step with every transfer replaced by a local copy ("compute").
+Overlap = 1 - exposed / comm, clipped to [0, 1]: 1 when no transfer was waited on, 0 when
+every transfer was waited on in full. (The first version computed
+(compute + comm - step) / min(compute, comm) from three separate best-of runs: with comm
+1-2% of a step, the jitter between runs was several times comm, so it read 0.00 whatever
+happened.) Peak memory per rank: the highest resident
 set size sampled every 2 ms during the step, minus the RSS before it (CPU), or
 torch.cuda.max_memory_allocated (CUDA). Bytes: what this rank sends per step, counted at the
 send calls, against the ideal of receiving every other rank's K/V once and reduce-scattering
 dK/dV once: (P-1)·(|K|+|V|) forward + (P-1)·(|dK|+|dV|) backward.
+
+The numbers mean something only on an otherwise idle machine: take them quietly.
 """
 
 from __future__ import annotations
@@ -88,7 +95,30 @@ class SendCounter:
         ring_mod.exchange = self.real
 
 
-def step(fn, q, k, v, causal, layout):
+class WaitTimer:
+    """Wraps ring._wait: seconds blocked on transfers, per step (reset by `step`)."""
+
+    def __init__(self):
+        self.per_step: list[float] = []
+        self.real = ring_mod._wait
+
+    def __call__(self, reqs):
+        t0 = time.perf_counter()
+        self.real(reqs)
+        if self.per_step:
+            self.per_step[-1] += time.perf_counter() - t0
+
+    def __enter__(self):
+        ring_mod._wait = self
+        return self
+
+    def __exit__(self, *exc):
+        ring_mod._wait = self.real
+
+
+def step(fn, q, k, v, causal, layout, waits: WaitTimer | None = None):
+    if waits is not None:
+        waits.per_step.append(0.0)
     q.grad = k.grad = v.grad = None
     out = fn(q, k, v, causal=causal, layout=layout).out
     out.backward(torch.ones_like(out))
@@ -117,9 +147,14 @@ def timed(fn, repeats, device) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
-    slowest = torch.tensor([best], dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, dist.ReduceOp.MAX)
-    return float(slowest.cpu())
+    return slowest(best, device)
+
+
+def slowest(seconds: float, device) -> float:
+    """The largest value over the ranks."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, dist.ReduceOp.MAX)
+    return float(t.cpu())
 
 
 def measure(args, n: int, rank: int, world: int, device) -> dict:
@@ -130,11 +165,14 @@ def measure(args, n: int, rank: int, world: int, device) -> dict:
     k = torch.randn(kv_shape, generator=g).to(device).requires_grad_()
     v = torch.randn(kv_shape, generator=g).to(device).requires_grad_()
     fn = ring_attention if args.strategy == "ring" else ulysses_attention
-    run = lambda: step(fn, q, k, v, args.causal, args.layout)  # noqa: E731
+    waits = WaitTimer()
+    run = lambda: step(fn, q, k, v, args.causal, args.layout, waits)  # noqa: E731
+    run_local = lambda: step(fn, q, k, v, args.causal, args.layout)  # noqa: E731
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    with PeakRSS() as mem, SendCounter() as sent:
+    with PeakRSS() as mem, SendCounter() as sent, waits:
         t_step = timed(run, args.repeats, device)
+    exposed = slowest(min(waits.per_step), device)  # the least of the repeats, slowest rank
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else mem.peak - mem.base
     row = {"P": world, "N": n, "step_s": t_step, "peak_mib_per_rank": peak / 2**20}
     if args.strategy == "ring" and world > 1:
@@ -142,24 +180,27 @@ def measure(args, n: int, rank: int, world: int, device) -> dict:
         row["sent_mib_per_step"] = sent.sent / args.repeats / 2**20
         row["ideal_mib_per_step"] = 2 * (world - 1) * kv_bytes / 2**20
         with SendCounter(local=True):
-            t_comp = timed(run, args.repeats, device)
+            t_comp = timed(run_local, args.repeats, device)
         kv = [k.detach(), v.detach()]
         t_comm = timed(lambda: comm_only(kv, kv, world, rank), args.repeats, device)
-        hidden = (t_comp + t_comm - t_step) / min(t_comp, t_comm)
-        row.update(compute_s=t_comp, comm_s=t_comm, overlap=max(0.0, min(1.0, hidden)))
+        hidden = 1.0 - exposed / t_comm if t_comm > 0 else 1.0
+        row.update(
+            compute_s=t_comp, comm_s=t_comm, exposed_s=exposed, overlap=max(0.0, min(1.0, hidden))
+        )
     return row
 
 
 def table(rows: list[dict]) -> str:
     head = (
         "| P | N | step (s) | peak MiB / rank | sent MiB / step | ideal MiB | compute (s) | "
-        "comm (s) | overlap |\n|---|---|---|---|---|---|---|---|---|\n"
+        "comm (s) | exposed (s) | overlap |\n|---|---|---|---|---|---|---|---|---|---|\n"
     )
     f = lambda r, k, fmt: format(r[k], fmt) if k in r else "-"  # noqa: E731
     body = "".join(
         f"| {r['P']} | {r['N']} | {r['step_s']:.2f} | {r['peak_mib_per_rank']:.0f} | "
         f"{f(r, 'sent_mib_per_step', '.1f')} | {f(r, 'ideal_mib_per_step', '.1f')} | "
-        f"{f(r, 'compute_s', '.2f')} | {f(r, 'comm_s', '.2f')} | {f(r, 'overlap', '.2f')} |\n"
+        f"{f(r, 'compute_s', '.2f')} | {f(r, 'comm_s', '.2f')} | {f(r, 'exposed_s', '.3f')} | "
+        f"{f(r, 'overlap', '.2f')} |\n"
         for r in sorted(rows, key=lambda r: (r["N"], r["P"]))
     )
     return head + body

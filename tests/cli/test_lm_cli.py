@@ -88,3 +88,17 @@ def test_default_corpus_is_the_standard_library_read_deterministically():
     b, _ = read_corpus(None, 20_000)
     assert a == b and len(a) == 20_000
     assert "standard library" in source and "import" in a
+
+
+def test_rotary_model_trains_saves_and_samples(tmp_path, capsys):
+    (tmp_path / "t.txt").write_text(TEXT)
+    out = tmp_path / "rope"
+    argv = ["lm", "train", "--text", str(tmp_path / "t.txt"), "--out", str(out), "--rotary"]
+    assert main([*argv, *TINY, "--quiet"]) == 0
+    model, vocab = load_lm(out)
+    assert model.cfg.rotary and model.positions is None
+    sample = ["lm", "sample", "--checkpoint", str(out), "--prompt", "the", "--temperature", "0"]
+    assert main([*sample, "--max-new-tokens", "5", "--json"]) == 0
+    text = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"]
+    ids = torch.tensor([[vocab.index(c) for c in "the"]])
+    assert text == "".join(vocab[i] for i in model.generate(ids, 5)[0].tolist())

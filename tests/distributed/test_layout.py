@@ -12,6 +12,8 @@ from attnkit.distributed import (
     unshard,
 )
 from attnkit.functional.chunked import chunked_attention
+from attnkit.modules.attention import MultiHeadAttention
+from attnkit.modules.positions import RotaryEmbedding
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
@@ -48,6 +50,8 @@ def test_bad_arguments_name_themselves():
         ring_attention(q[:, :, :5], q[:, :, :5], q[:, :, :5], layout="zigzag")
     with pytest.raises(ValueError, match="strategy must be one of"):
         RingMultiHeadAttention(8, 2, strategy="tree")
+    with pytest.raises(ValueError, match="context must be None"):
+        RingMultiHeadAttention(8, 2)(torch.zeros(1, 4, 8), torch.zeros(1, 4, 8))
 
 
 @pytest.mark.parametrize("fn", [ring_attention, ulysses_attention])
@@ -65,3 +69,64 @@ def test_without_a_process_group_it_is_single_process_attention(fn):
     torch.testing.assert_close(res.out, ref, rtol=0, atol=1e-12)
     torch.testing.assert_close(res.lse, ref_lse, rtol=0, atol=1e-12)
     assert not res.out.isnan().any() and bool((res.out[1] == 0).all())
+
+
+@pytest.mark.parametrize("fn", [ring_attention, ulysses_attention])
+def test_bias_and_dropout_errors_name_the_argument(fn):
+    q = torch.randn(1, 2, 6, 4)
+    name = fn.__name__
+    with pytest.raises(ValueError, match=f"{name}: dropout_p must be 0, got 0.1"):
+        fn(q, q, q, dropout_p=0.1)
+    with pytest.raises(
+        ValueError, match=r"bias must be a float tensor of shape \(B\|1, H\|1, N/P=6"
+    ):
+        fn(q, q, q, bias=torch.zeros(1, 2, 6, 5))
+    with pytest.raises(ValueError, match="pass bias or bias_fn, not both"):
+        fn(q, q, q, bias=torch.zeros(1, 2, 6, 6), bias_fn=lambda i, j: torch.zeros(1, 1, 1, 1))
+    with pytest.raises(ValueError, match=r"bias_fn\(q_pos \(nq,\), k_pos \(nk,\)\) must return"):
+        fn(q, q, q, bias_fn=lambda i, j: torch.zeros(i.numel(), j.numel()))
+    slope = torch.ones((), requires_grad=True)  # a learned slope cannot go through bias_fn
+    with torch.no_grad(), pytest.raises(ValueError, match="bias_fn's result requires grad"):
+        fn(q, q, q, bias_fn=lambda i, j: slope * (j - i[:, None]).float()[None, None])
+
+
+@pytest.mark.parametrize("fn", [ring_attention, ulysses_attention])
+def test_bias_without_a_process_group_is_single_process_attention_with_that_bias(fn):
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 10, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    bias = torch.randn(1, 4, 10, 10, generator=g, dtype=torch.float64)
+    bias[0, 2, 4] = float("-inf")  # a row masked by its bias alone
+    ins = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    ref = chunked_attention(
+        *ins[:3], mask=None, bias=ins[3], causal=True, scale=8**-0.5, dropout_p=0.0,
+        training=False, kernel="torch",
+    )[0]  # fmt: skip
+    want = torch.autograd.grad(ref.square().sum(), ins)
+    got_t = fn(*ins[:3], bias=ins[3], causal=True).out
+    got = torch.autograd.grad(got_t.square().sum(), ins)
+    torch.testing.assert_close(got_t, ref, rtol=0, atol=1e-12)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    assert bool((got_t[0, 2, 4] == 0).all()) and bool((got[3][0, 2, 4] == 0).all())
+
+
+def test_ring_module_refuses_dropout_in_training_and_is_exact_in_eval():
+    torch.manual_seed(0)
+    mod = RingMultiHeadAttention(8, 2, dropout=0.1)
+    x = torch.randn(2, 6, 8)
+    with pytest.raises(ValueError, match=r"dropout must be 0 in training, got 0\.1"):
+        mod(x, causal=True)
+    full = MultiHeadAttention(8, 2, dropout=0.1)
+    full.load_state_dict(mod.state_dict())
+    mod.eval(), full.eval()
+    torch.testing.assert_close(mod(x, causal=True), full(x, causal=True))
+
+
+def test_ring_module_takes_only_attnkit_rotary():
+    with pytest.raises(ValueError, match=r"rotary must be an attnkit\.modules\.RotaryEmbedding"):
+        RingMultiHeadAttention(8, 2, rotary=torch.nn.Identity())
+    mod = RingMultiHeadAttention(8, 2, rotary=RotaryEmbedding(4), layout="zigzag").double()
+    full = MultiHeadAttention(8, 2, rotary=RotaryEmbedding(4)).double()
+    full.load_state_dict(mod.state_dict())
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    torch.testing.assert_close(mod(x, causal=True), full(x, causal=True), rtol=0, atol=1e-12)

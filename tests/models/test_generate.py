@@ -17,9 +17,14 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def gpt(context: int = 32) -> GPT:
+def gpt(context: int = 32, rotary: bool = False) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=V, n_layer=2, n_head=2, d_model=16, context=context)).eval()
+    cfg = GPTConfig(vocab_size=V, n_layer=2, n_head=2, d_model=16, context=context, rotary=rotary)
+    return GPT(cfg).eval()
+
+
+def gpt_rope(context: int = 32) -> GPT:
+    return gpt(context, rotary=True)
 
 
 def causal_lm(max_len: int = 32) -> CausalLM:
@@ -44,7 +49,7 @@ def nanogpt_greedy(model, x: torch.Tensor, steps: int, context: int) -> torch.Te
     return x
 
 
-@pytest.mark.parametrize("make", [gpt, causal_lm], ids=["gpt", "causal-lm"])
+@pytest.mark.parametrize("make", [gpt, gpt_rope, causal_lm], ids=["gpt", "gpt-rope", "causal-lm"])
 def test_greedy_is_the_argmax_of_the_uncached_forward(make):
     m = make()
     x = ids(3, 5)
@@ -53,7 +58,7 @@ def test_greedy_is_the_argmax_of_the_uncached_forward(make):
     assert torch.equal(got, nanogpt_greedy(m, x, 12, 32))
 
 
-@pytest.mark.parametrize("make", [gpt, causal_lm], ids=["gpt", "causal-lm"])
+@pytest.mark.parametrize("make", [gpt, gpt_rope, causal_lm], ids=["gpt", "gpt-rope", "causal-lm"])
 @pytest.mark.parametrize("prompt", [5, 11], ids=["short-prompt", "prompt-over-context"])
 def test_text_longer_than_the_context_slides_the_window_like_nanogpt(make, prompt):
     m = make(8)
@@ -62,8 +67,9 @@ def test_text_longer_than_the_context_slides_the_window_like_nanogpt(make, promp
     assert torch.equal(got, nanogpt_greedy(m, x, 14, 8))
 
 
-def test_left_padded_prompts_get_what_each_prompt_gets_alone():
-    m = gpt(context=10)
+@pytest.mark.parametrize("rotary", [False, True], ids=["learned", "rope"])
+def test_left_padded_prompts_get_what_each_prompt_gets_alone(rotary):
+    m = gpt(context=10, rotary=rotary)
     a, b, c = ids(1, 6), ids(1, 2, seed=2), ids(1, 4, seed=3)
     pad = 7  # any id: the mask says it is padding
     batch = torch.cat(

@@ -229,3 +229,27 @@ def test_causal_lm_default_has_no_pad_and_caches_exactly_with_token_zero():
 def test_causal_lm_loss_with_only_pad_labels_is_zero_not_nan():
     lm = causal_lm(pad_id=0)
     assert float(lm.loss(torch.tensor([[5, 0, 0, 0]]))) == 0.0
+
+
+def test_rotary_gpt_has_no_position_table_and_caches_exactly():
+    m = make(torch.float64, rotary=True)
+    assert m.positions is None
+    assert all(b.attn.fn.rotary is not None for b in m.blocks)
+    assert not any("positions" in name for name in m.state_dict())
+    x = ids(2, 10)
+    full = m(x)
+    cache = KVCache(capacity=16)
+    steps = [m(x[:, :4], cache=cache)] + [m(x[:, i : i + 1], cache=cache) for i in range(4, 10)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-12, rtol=0)
+
+
+def test_rotary_gpt_sees_order_and_only_relative_positions():
+    """Swapping two earlier tokens changes the last prediction (RoPE is applied); the same
+    tokens after a left-padded prefix give the same logits (only distances count)."""
+    m = make(torch.float64, rotary=True)
+    x = ids(1, 6)
+    swapped = x[:, [1, 0, 2, 3, 4, 5]]
+    assert not torch.allclose(m(x)[:, -1], m(swapped)[:, -1])
+    padded = torch.cat([torch.zeros(1, 3, dtype=x.dtype), x], 1)
+    mask = torch.tensor([[0, 0, 0] + [1] * 6])
+    torch.testing.assert_close(m(padded, attention_mask=mask)[:, 3:], m(x), atol=1e-12, rtol=0)

@@ -62,3 +62,34 @@ def test_positional_modules():
         learned(torch.zeros(1, 17, 8))
     with pytest.raises(ValueError, match=r"x must have shape \(B, N, 8\)"):
         sin(torch.zeros(2, 5, 7))
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_t2t_scale_is_an_explicit_choice(heads):
+    x = torch.randn(2, 10, 49, dtype=torch.float64)
+    by_input = T2TAttention(49, 64, heads, dtype=torch.float64).eval()
+    assert by_input.attn.attend.scale == (49 // heads) ** -0.5  # the reference code's default
+    by_head = T2TAttention(49, 64, heads, scale="head", dtype=torch.float64).eval()
+    assert by_head.attn.attend.scale == (64 // heads) ** -0.5  # 1/sqrt(d_k)
+    by_head.load_state_dict(by_input.state_dict())
+    # the same weights with scale 1/sqrt(d_k) equal a float64 rewrite with that multiplier
+    q, k, v = by_head.attn.heads_qkv(x)
+    p = torch.softmax(q @ k.transpose(-1, -2) * (64 // heads) ** -0.5, -1)
+    merge = by_head.attn.merge_heads
+    want = merge(v) + by_head.attn.proj(merge(p @ v))
+    torch.testing.assert_close(by_head(x), want, rtol=0, atol=1e-12)
+    assert not torch.allclose(by_head(x), by_input(x))  # the choice changes the output
+    assert T2TAttention(49, 64, heads, scale=0.25).attn.attend.scale == 0.25
+    assert T2TAttention(49, 64, heads, scale=None).attn.attend.scale == by_input.attn.attend.scale
+
+
+@pytest.mark.parametrize("bad", ["width", "", 0.0, -1.0, float("nan"), float("inf"), True])
+def test_t2t_scale_refuses_unknown_choices(bad):
+    with pytest.raises(ValueError, match="scale must be"):
+        T2TAttention(49, 64, scale=bad)
+
+
+def test_t2t_input_scale_needs_dim_at_least_heads():
+    with pytest.raises(ValueError, match=r"dim=1, num_heads=2"):
+        T2TAttention(1, 4, 2)
+    assert T2TAttention(1, 4, 2, scale="head").attn.attend.scale == 2**-0.5

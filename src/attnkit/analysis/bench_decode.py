@@ -64,6 +64,8 @@ class PlainGPT(nn.Module):
     def __init__(self, gpt) -> None:
         super().__init__()
         cfg = gpt.cfg
+        if cfg.rotary:
+            raise ValueError("PlainGPT copies learned positions: build the GPT with rotary=False")
         self.context, self.heads = cfg.context, cfg.n_head
         self.wte, self.wpe = (
             nn.Embedding(cfg.vocab_size, cfg.d_model),

@@ -53,7 +53,10 @@ def _train(args, text, source, split, fmt, files, tqdm) -> dict:
     data = torch.tensor([index[ch] for ch in text], dtype=torch.long)  # (chars,)
     train_ids, held = data[:split], data[split:]
     torch.manual_seed(args.seed)
-    cfg = GPTConfig(len(vocab), args.layers, args.heads, args.d_model, args.context)
+    cfg = GPTConfig(
+        len(vocab), args.layers, args.heads, args.d_model, args.context,
+        rotary=getattr(args, "rotary", False),
+    )  # fmt: skip
     model = GPT(cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.1)
     total = args.epochs * args.steps_per_epoch

@@ -105,6 +105,11 @@ def _add_train(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, type=kind, default=d[name], help=f"{what} (default {d[name]})")
     p.add_argument("--seed", type=int, default=d["seed"], help="model init and window order")
     p.add_argument(
+        "--rotary",
+        action="store_true",
+        help="rotary positions (RoPE) on queries and keys instead of a learned position table",
+    )
+    p.add_argument(
         "--threads",
         type=positive_int,
         default=1,

@@ -21,6 +21,11 @@ src > r skipped. Zigzag (rank r holds chunks r and 2P-1-r): src == r causal; src
 against the first (early) half of the keys; src > r the second (late) half of the queries
 against all keys; every other pair is fully masked. All non-skipped non-diagonal blocks are
 non-causal, and every rank does the same work.
+
+Bias: the block of an additive bias for (my queries, src's keys) is cut from this rank's
+rows of a tensor bias by src's global positions, or computed by ``bias_fn`` from both sides'
+global positions; it never travels. Its gradient is the block's dS (Algorithm 2 line 13),
+scattered back into the same columns, on this rank.
 """
 
 from __future__ import annotations
@@ -29,90 +34,19 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from attnkit.distributed.layout import check_layout
-from attnkit.functional import chunked, native
-from attnkit.functional._dropout import NO_DROPOUT
+from attnkit.distributed._block import (
+    BiasFn,
+    bias_block,
+    block_backward,
+    block_forward,
+    block_geometry,
+    check_bias,
+    merge_into,
+)
+from attnkit.distributed.layout import check_layout, positions
 from attnkit.functional.attention import AttentionOutput
 
 __all__ = ["ring_attention"]
-
-_ALL = slice(None)
-
-
-# --------------------------------------------------------------------------- one block
-
-
-def _native_ok(q: Tensor) -> bool:
-    return q.device.type == "cpu" and q.dtype == torch.float32 and native.available()
-
-
-def _plan(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> chunked._Plan:
-    bq, bk = (
-        (chunked.CAUSAL_BLOCK_Q, chunked.CAUSAL_BLOCK_K)
-        if causal
-        else (chunked.DEFAULT_BLOCK_Q, chunked.DEFAULT_BLOCK_K)
-    )
-    pl = chunked._Plan(q, k, v, causal, bq, bk)
-    pl.scale, pl.inv_keep = scale, 1.0  # no dropout: inv_keep only rescales 1/l
-    return pl
-
-
-def block_forward(q, k, v, mask, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    """One query block against one key block: out (B, H, nq, Dv) and lse (B, H, nq).
-
-    q, k, v in the compute dtype (float32 or float64); mask bool (B|1, H|1, 1, nk) or None.
-    The compiled CPU kernel for float32 on the CPU, the PyTorch chunked kernel elsewhere.
-    """
-    if _native_ok(q):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        return native._forward(q, k, v, mask, None, causal, scale, NO_DROPOUT, 1.0, None)
-    pl = _plan(q, k, v, causal, scale)
-    return chunked._forward(pl, q, k, v, chunked._as4d(mask), None, NO_DROPOUT, None)
-
-
-def block_backward(dout, dlse, q, k, v, out, lse, mask, causal: bool, scale: float):
-    """dq, dk, dv of one block given the GLOBAL out (B, H, nq, Dv) and lse (B, H, nq)."""
-    if _native_ok(q):
-        c = [t.contiguous() for t in (dout, q, k, v, out, lse)]
-        dlse = None if dlse is None else dlse.contiguous()
-        return native._backward(
-            c[0], dlse, *c[1:], mask, None, causal, scale, NO_DROPOUT, 1.0, None
-        )
-    pl = _plan(q, k, v, causal, scale)
-    mask4 = chunked._as4d(mask)
-    dq, dk, dv, _ = chunked._backward(
-        pl, q, k, v, mask4, None, out, lse, dout, dlse, NO_DROPOUT, None, False
-    )
-    return dq, dk, dv
-
-
-def block_geometry(rank: int, src: int, world: int, layout: str, causal: bool, n: int):
-    """(query rows, key rows, causal) of this rank's queries against src's keys, or None."""
-    if not causal:
-        return _ALL, _ALL, False
-    if src == rank:
-        return _ALL, _ALL, True  # the diagonal: positions increase within a shard
-    if layout == "contiguous":
-        return (_ALL, _ALL, False) if src < rank else None
-    half = n // 2
-    if src < rank:  # src's early chunk precedes both of ours; its late chunk follows both
-        return _ALL, slice(0, half), False
-    return slice(half, None), _ALL, False  # only our late chunk sees src's chunks
-
-
-def merge_into(out: Tensor, lse: Tensor, rows: slice, o_b: Tensor, l_b: Tensor) -> None:
-    """out[rows], lse[rows] <- the log-sum-exp merge with a block's (o_b, l_b), in place.
-
-    Rows that saw nothing so far or in this block have lse -inf; they are shifted by 0 so
-    that exp(-inf - 0) = 0 (never -inf - -inf = NaN).
-    """
-    lo = lse[:, :, rows]  # (B, H, nq)
-    new = torch.logaddexp(lo, l_b)
-    safe = torch.where(torch.isinf(new) & (new < 0), torch.zeros_like(new), new)
-    wa = (lo - safe).exp().unsqueeze(-1)  # (B, H, nq, 1)
-    wb = (l_b - safe).exp().unsqueeze(-1)
-    out[:, :, rows] = wa * out[:, :, rows] + wb * o_b
-    lse[:, :, rows] = new
 
 
 # --------------------------------------------------------------------------- the ring
@@ -144,13 +78,14 @@ def _wait(reqs) -> None:
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal, scale, layout, group):
+    def forward(ctx, q, k, v, mask, bias, bias_fn, causal, scale, layout, group):
         rank, world = group_info(group)
         cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
         qc, kc, vc = (t.to(cdt).contiguous() for t in (q, k, v))
         b, h, n, _ = q.shape
         out = torch.zeros(b, h, n, v.shape[3], dtype=cdt, device=q.device)
         lse = torch.full((b, h, n), float("-inf"), dtype=cdt, device=q.device)
+        pos = _positions(n, rank, world, layout, q.device)
         # the mask travels as uint8 (every backend can send bytes)
         kv = [kc, vc] + ([mask.to(torch.uint8).contiguous()] if mask is not None else [])
         for step in range(world):
@@ -163,23 +98,28 @@ class _RingAttention(torch.autograd.Function):
             if geo is not None:
                 rows, cols, c = geo
                 m = kv[2][..., cols].bool() if mask is not None else None
+                bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
                 o_b, l_b = block_forward(
-                    qc[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], m, c, scale
+                    qc[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], m, bb, c, scale
                 )
                 merge_into(out, lse, rows, o_b, l_b)
             if reqs is not None:
                 _wait(reqs)
                 kv = nxt
-        ctx.save_for_backward(qc, kc, vc, mask, out, lse)
-        ctx.args = (causal, scale, layout, group, q.dtype, k.dtype, v.dtype)
+        ctx.save_for_backward(qc, kc, vc, mask, bias, out, lse)
+        ctx.args = (bias_fn, causal, scale, layout, group, q.dtype, k.dtype, v.dtype)
         return out.to(q.dtype), lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        qc, kc, vc, mask, out, lse = ctx.saved_tensors
-        causal, scale, layout, group, qdt, kdt, vdt = ctx.args
+        qc, kc, vc, mask, bias, out, lse = ctx.saved_tensors
+        bias_fn, causal, scale, layout, group, qdt, kdt, vdt = ctx.args
         rank, world = group_info(group)
         cdt, n = qc.dtype, qc.shape[2]
+        pos = _positions(n, rank, world, layout, qc.device)
+        want_dbias = bias is not None and ctx.needs_input_grad[4]
+        # this rank's query rows against every key: the gradient never leaves the rank
+        dbias = torch.zeros(bias.shape, dtype=cdt, device=bias.device) if want_dbias else None
         dout = dout.to(cdt)
         dlse = None if dlse is None else dlse.to(cdt)
         dq = torch.zeros_like(qc)
@@ -196,12 +136,15 @@ class _RingAttention(torch.autograd.Function):
             if geo is not None:
                 rows, cols, c = geo
                 m = kv[2][..., cols].bool() if mask is not None else None
+                bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
                 grads = block_backward(
                     dout[:, :, rows], None if dlse is None else dlse[:, :, rows],
                     qc[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols],
-                    out[:, :, rows], lse[:, :, rows], m, c, scale,
+                    out[:, :, rows], lse[:, :, rows], m, bb, c, scale, want_dbias,
                 )  # fmt: skip
                 dq[:, :, rows] += grads[0]
+                if want_dbias:  # (B|1, H|1, nq, nk) into src's key columns
+                    dbias[:, :, rows].index_add_(3, pos(src)[cols], grads[3])
             # our own block's dk/dv stay home (step 0); every other block's accumulator
             # arrives from rank-1 (or starts at zero), gains ours and moves on: P-1 hops,
             # the reduce-scatter's minimum
@@ -226,7 +169,20 @@ class _RingAttention(torch.autograd.Function):
             _wait(dkv_reqs)
             dk_own += dkv_in[0]
             dv_own += dkv_in[1]
-        return dq.to(qdt), dk_own.to(kdt), dv_own.to(vdt), None, None, None, None, None
+        dbias = dbias.to(bias.dtype) if want_dbias else None
+        return (dq.to(qdt), dk_own.to(kdt), dv_own.to(vdt), None, dbias) + (None,) * 5
+
+
+def _positions(n: int, rank: int, world: int, layout: str, device):
+    """src -> the global positions (n,) of src's shard, on ``device`` (cached per call)."""
+    cache: dict[int, Tensor] = {}
+
+    def pos(src: int) -> Tensor:
+        if src not in cache:
+            cache[src] = positions(n * world, src, world, layout).to(device)
+        return cache[src]
+
+    return pos
 
 
 def check_inputs(q, k, v, mask, name: str = "ring_attention") -> None:
@@ -260,6 +216,16 @@ def check_inputs(q, k, v, mask, name: str = "ring_attention") -> None:
             )
 
 
+def check_dropout(dropout_p, name: str) -> None:
+    """Attention dropout is refused, not approximated: see the module docstrings."""
+    if dropout_p != 0:
+        raise ValueError(
+            f"{name}: dropout_p must be 0, got {dropout_p!r}: attention dropout across ranks "
+            "is not supported (no single-process run draws the same keep pattern, so it could "
+            "not be checked); put dropout outside attention (on the residual branch) instead"
+        )
+
+
 def ring_attention(
     q: Tensor,
     k: Tensor,
@@ -267,7 +233,10 @@ def ring_attention(
     *,
     causal: bool = False,
     mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    bias_fn: BiasFn | None = None,
     scale: float | None = None,
+    dropout_p: float = 0.0,
     group=None,
     layout: str = "contiguous",
 ) -> AttentionOutput:
@@ -280,23 +249,43 @@ def ring_attention(
         causal: global position i sees keys j <= i (N = S, so no alignment question).
         mask: boolean key-padding mask of this rank's keys (B|1, H|1, 1, N/P), True = may
             attend; it travels around the ring with its keys.
+        bias: additive float bias (B|1, H|1, N/P, N): this rank's query rows (in its shard's
+            order) against ALL N keys in global position order (what
+            ``bias_full[:, :, positions(N, rank, P, layout)]`` gives), may hold -inf. The
+            columns of the visiting key block are sliced out of it. Differentiable: its
+            gradient is exact and stays on this rank. It costs N/P x N per (B|1, H|1), so
+            it is for moderate N or learned biases.
+        bias_fn: the long-sequence form: ``bias_fn(q_pos, k_pos)`` with the global positions
+            (nq,), (nk,) (int64) of one block returns its bias (B|1, H|1, nq, nk), so no rank
+            ever holds N columns; ALiBi (``-slope_h * (q_pos[:, None] - k_pos)``) and T5
+            buckets of ``k_pos - q_pos`` are the uses. It is called once per block in the
+            forward and again in the backward, and is a constant: a result that requires
+            grad is a ValueError (pass a learned bias as ``bias``). Not with ``bias``.
         scale: multiplies q·kᵀ; defaults to 1/sqrt(D).
+        dropout_p: must be 0 (ValueError otherwise). Attention dropout is refused rather than
+            approximated: no single-process reference draws the same keep pattern.
         group: the process group (default the world); without an initialised process group
             the call is single-process attention.
         layout: "contiguous" or "zigzag" (balances causal work).
 
     Returns AttentionOutput(out (B, H, N/P, Dv) in q's dtype, None, lse (B, H, N/P) in float32,
     or float64 for float64 input). out and lse are differentiable; gradients for q, k, v are
-    this rank's shards. A query that may attend to nothing gets out 0, lse -inf, gradient 0.
-    Every rank must call with the same shapes, flags and layout.
+    this rank's shards. A query that may attend to nothing (mask, causal and -inf bias
+    together) gets out 0, lse -inf, gradient 0. Every rank must call with the same shapes,
+    flags and layout.
     """
     check_layout(layout)
     check_inputs(q, k, v, mask)
+    check_dropout(dropout_p, "ring_attention")
+    _, world = group_info(group)
+    check_bias(bias, bias_fn, q, q.shape[2] * world, "ring_attention")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if layout == "zigzag" and q.shape[2] % 2:
         raise ValueError(
             f"ring_attention: layout='zigzag' needs an even local length (two chunks), "
             f"got N/P={q.shape[2]}"
         )
-    out, lse = _RingAttention.apply(q, k, v, mask, bool(causal), scale, layout, group)
+    out, lse = _RingAttention.apply(
+        q, k, v, mask, bias, bias_fn, bool(causal), scale, layout, group
+    )
     return AttentionOutput(out, None, lse)

@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from attnkit.distributed._block import BiasFn, check_bias
 from attnkit.distributed.layout import check_layout, positions
-from attnkit.distributed.ring import check_inputs, group_info
+from attnkit.distributed.ring import check_dropout, check_inputs, group_info
 from attnkit.functional.attention import AttentionOutput
 from attnkit.functional.chunked import chunked_attention
 
@@ -83,7 +84,10 @@ def ulysses_attention(
     *,
     causal: bool = False,
     mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    bias_fn: BiasFn | None = None,
     scale: float | None = None,
+    dropout_p: float = 0.0,
     group=None,
     layout: str = "contiguous",
 ) -> AttentionOutput:
@@ -91,12 +95,18 @@ def ulysses_attention(
 
     q (B, H, N/P, D), k (B, Hkv, N/P, D), v (B, Hkv, N/P, Dv) this rank's shards in
     ``layout``; mask a key-padding mask of this rank's keys (B|1, 1, 1, N/P), True = may
-    attend. H must be divisible by P (ValueError otherwise). Returns AttentionOutput(out
-    (B, H, N/P, Dv), None, lse (B, H, N/P)); fully masked rows give out 0, lse -inf.
+    attend. H must be divisible by P (ValueError otherwise). ``bias`` (B|1, H|1, N/P, N) and
+    ``bias_fn`` as in `ring_attention`; since each rank attends whole heads over the full
+    sequence, the bias it needs is (B|1, H/P, N, N) (the tensor ``bias`` goes through the same
+    all-to-all as q, its gradient back; ``bias_fn`` is called once on all N positions).
+    ``dropout_p`` must be 0. Returns AttentionOutput(out (B, H, N/P, Dv), None, lse
+    (B, H, N/P)); fully masked rows give out 0, lse -inf.
     """
     check_layout(layout)
     check_inputs(q, k, v, mask, "ulysses_attention")
-    _, world = group_info(group)
+    check_dropout(dropout_p, "ulysses_attention")
+    rank, world = group_info(group)
+    check_bias(bias, bias_fn, q, q.shape[2] * world, "ulysses_attention")
     h, n = q.shape[1], q.shape[2]
     if h % world:
         raise ValueError(
@@ -119,6 +129,7 @@ def ulysses_attention(
     qh, kh, vh = (_SeqToHeads.apply(t, world, group) for t in (q, k, v))  # (B, H/P, N, ·)
     if perm is not None:  # into global order, so that causal means position order
         qh, kh, vh = (t.index_select(2, perm) for t in (qh, kh, vh))
+    full_bias = _head_bias(bias, bias_fn, q, rank, world, group, perm)  # (B|1, H/P|1, N, N)
     full_mask = None
     if mask is not None:
         parts = [mask]
@@ -129,7 +140,7 @@ def ulysses_attention(
         if perm is not None:
             full_mask = full_mask.index_select(3, perm)
     out, lse = chunked_attention(
-        qh, kh, vh, mask=full_mask, bias=None, causal=causal, scale=scale, dropout_p=0.0,
+        qh, kh, vh, mask=full_mask, bias=full_bias, causal=causal, scale=scale, dropout_p=0.0,
         training=False,
     )  # fmt: skip
     if perm is not None:  # back to rank order
@@ -137,3 +148,28 @@ def ulysses_attention(
     out = _HeadsToSeq.apply(out, world, group)  # (B, H, n, Dv)
     lse = _HeadsToSeq.apply(lse.unsqueeze(-1), world, group).squeeze(-1)  # (B, H, n)
     return AttentionOutput(out, None, lse)
+
+
+def _head_bias(bias, bias_fn, q: Tensor, rank: int, world: int, group, perm) -> Tensor | None:
+    """The bias of this rank's H/P heads over the full sequence, rows and columns in position
+    order: (B|1, H/P, N, N), or (B|1, 1, N, N) from a ``bias_fn`` that broadcasts over heads."""
+    _, h, n, _ = q.shape
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if bias is not None:
+        # rows travel like q's positions; a bias shared by all heads is repeated first, since
+        # every rank gets different heads (autograd sums the repeat back)
+        full = bias.to(cdt).expand(bias.shape[0], h, n, n * world).contiguous()  # (B|1, H, n, N)
+        full = _SeqToHeads.apply(full, world, group)  # (B|1, H/P, N, N), rows in rank order
+        return full if perm is None else full.index_select(2, perm)
+    if bias_fn is None:
+        return None
+    pos = torch.arange(n * world, device=q.device)
+    with torch.no_grad():
+        full = bias_fn(pos, pos).to(cdt)  # (B|1, H|1, N, N)
+    if tuple(full.shape[2:]) != (n * world,) * 2:
+        raise ValueError(
+            f"bias_fn must return (B|1, H|1, nq, nk) with (nq, nk) = {(n * world,) * 2}, "
+            f"got {tuple(full.shape)}"
+        )
+    hp = h // world
+    return full if full.shape[1] == 1 else full[:, rank * hp : (rank + 1) * hp]

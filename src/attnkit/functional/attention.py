@@ -399,10 +399,7 @@ def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:
     # kernel also gives NaN rows for a scale <= 0 (the masked -inf times the scale), so such
     # calls pass the causal limit as a boolean mask instead (found by the hypothesis test).
     if mask is None and bias is None and (not causal or (n == s and scale > 0)):
-        out = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
-        )
-        return AttentionOutput(out)
+        return AttentionOutput(_sdpa_unmasked(q, k, v, scale, dropout_p, causal, gqa))
     allowed = _allowed(mask, causal, n, s, q.device)
     if q.device.type == "cpu" and _SDPA_ZEROES_EMPTY_ROWS:
         dead = None  # SDPA itself gives such rows output 0 and gradient 0
@@ -429,6 +426,34 @@ def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:
     if dead is not None:
         out = out.masked_fill(dead, 0.0)
     return AttentionOutput(out)
+
+
+def _sdpa_unmasked(q, k, v, scale: float, dropout_p: float, causal: bool, gqa: bool) -> Tensor:
+    return F.scaled_dot_product_attention(
+        q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
+    )
+
+
+def attention_without_checks(q: Tensor, k: Tensor, v: Tensor, *, scale=None, backend="auto"):
+    """`attention(q, k, v, scale=scale, backend=backend).out` for a call with no mask, bias,
+    causal limit, dropout or weights, skipping the input checks; None when that call would
+    not run SDPA (another backend chosen): the caller then calls `attention`.
+
+    For callers whose q (B, H, N, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv) are right by
+    construction, where the checks are most of the cost: the KV-cached decode step
+    (`CachedMultiHeadAttention`), a few µs of SDPA per layer and token. Rule 1 of the
+    non-finite contract (NaN where q is not finite) still holds.
+    """
+    if backend not in ("auto", "fused") or (backend == "auto" and _override is not None):
+        return None
+    if k.shape[2] == 0 or q.numel() == 0:
+        return None  # `_no_work`'s empty results
+    low_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if backend == "auto" and q.dtype == torch.bfloat16 and not _NATIVE_BF16 and low_grad:
+        return None  # auto takes chunked here (see `_choose_backend`)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    out = _sdpa_unmasked(q, k, v, scale, 0.0, False, bool(k.shape[1] != q.shape[1]))
+    return _nan_where_q_is_not_finite(AttentionOutput(out), q).out
 
 
 def _surely_at_least(value, bound: int) -> bool:

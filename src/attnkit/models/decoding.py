@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
+from attnkit.functional.attention import attention_without_checks
 from attnkit.modules.attention import MultiHeadAttention
+from attnkit.modules.projection import FusedQKV
 
 __all__ = ["CachedMultiHeadAttention", "KVCache", "beam_search", "greedy"]
 
@@ -75,9 +78,10 @@ class KVCache:
                 shape = (*k.shape[:2], self.capacity, k.shape[3])  # (B, Hkv, S_max, Dh)
                 self.buffers[module] = (k.new_empty(shape), v.new_empty(*shape[:3], v.shape[3]))
             kb, vb = self.buffers[module]
-            kb[:, :, start:end] = k
-            vb[:, :, start:end] = v
-            k, v = kb[:, :, :end], vb[:, :, :end]  # (B, Hkv, S, Dh) views
+            # narrow + copy_: the same writes as kb[:, :, start:end] = k, with less Python
+            kb.narrow(2, start, end - start).copy_(k)
+            vb.narrow(2, start, end - start).copy_(v)
+            k, v = kb.narrow(2, 0, end), vb.narrow(2, 0, end)  # (B, Hkv, S, Dh) views
         self.entries[module] = (k, v)
         return k, v
 
@@ -141,6 +145,8 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             return super().forward(
                 x, context, mask=mask, bias=bias, causal=causal, pos=pos, context_pos=context_pos
             )
+        if self._one_new_token(x, context, mask, bias, pos):
+            return self._decode_one(x, cache)
         cached = cache.entries.get(self)
         if context is None:
             q, k, v = self.heads_qkv(x, pos=pos)  # (B, H, N, Dh), (B, Hkv, N, Dh) x2
@@ -160,6 +166,66 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             k, v = cached
         o = self.attend(q, k, v, mask=mask, bias=bias, causal=causal).out  # (B, H, N, Dh)
         return self.proj(self.merge_heads(o))
+
+    def _one_new_token(self, x, context, mask, bias, pos) -> bool:
+        """Whether this call is the plain decode step `_decode_one` serves: one new token of
+        self-attention through the fused projection, no mask, bias or positions."""
+        return (
+            context is None
+            and mask is None
+            and bias is None
+            and pos is None
+            and isinstance(x, Tensor)
+            and x.dim() == 3
+            and x.shape[1] == 1
+            and x.shape[2] == self.dim
+            and isinstance(self.in_proj, FusedQKV)
+        )
+
+    def _decode_one(self, x: Tensor, cache: KVCache) -> Tensor:
+        """One new token x (B, 1, C) over the cache -> (B, 1, Co).
+
+        The same computation as the general path (the same projection weights, `rotate`,
+        `KVCache.append` and `Attend`, so hooks and recording still see it), with the Python
+        work of a decode step cut: one query needs no causal mask, and with one token the head
+        split is a view, not a transpose. A cached GPT step spends most of its time here.
+        """
+        b, h, hkv = x.shape[0], self.num_heads, self.num_kv_heads
+        qkv = self.in_proj.qkv(x)  # (B, 1, Q + K + V)
+        q, k, v = qkv.split(self._qkv_widths, dim=-1)
+        q = q.view(b, h, 1, self.head_dim)  # (B, H, 1, Dk)
+        k = k.view(b, hkv, 1, self.head_dim)  # (B, Hkv, 1, Dk)
+        v = v.view(b, hkv, 1, self.v_head_dim)  # (B, Hkv, 1, Dv)
+        if self.rotary is not None:
+            cached = cache.entries.get(self)
+            q, k = self.rotate(q, k, offset=0 if cached is None else cached[0].shape[2])
+        k, v = cache.append(self, k, v)  # (B, Hkv, S, Dk), (B, Hkv, S, Dv)
+        o = None
+        if _plain(self.attend):  # nothing watches Attend: the same call without its checks
+            o = attention_without_checks(
+                q, k, v, scale=self.attend.scale, backend=self.attend.backend
+            )
+        if o is None:
+            o = self.attend(q, k, v, mask=None, bias=None, causal=False).out  # (B, H, 1, Dv)
+        return self.proj(o.view(b, 1, h * self.v_head_dim))
+
+    @property
+    def _qkv_widths(self) -> tuple[int, int, int]:
+        p = self.in_proj
+        return p.q_width, p.k_width, p.v_width
+
+
+def _plain(attend: nn.Module) -> bool:
+    """Whether calling `attend` would only compute attention: no hook, no recording, no
+    dropout in force (so its result is `attention_without_checks`' whenever that applies)."""
+    return not (
+        attend.need_weights
+        or (attend.training and attend.dropout > 0)
+        or attend._forward_hooks
+        or attend._forward_pre_hooks
+        or _global_forward_hooks
+        or _global_forward_pre_hooks
+    )
 
 
 def _check_src(src: Tensor, max_len: int) -> None:

@@ -3,7 +3,8 @@
 Dimensions: B batch, N new tokens, S tokens seen so far (cached + new), C model width
 (d_model), F feed-forward width, H heads, V vocabulary.
 
-    tokens -> token table + learned positions -> dropout
+    tokens -> token table + learned positions -> dropout      (rotary=True: no position table;
+                                                               RoPE rotates q and k instead)
            -> n_layer x [x + attn(LN(x)), causal] [x + FF(LN(x))]   (pre-norm, GPT-2)
            -> LN -> token table^T (tied) -> logits
 
@@ -29,6 +30,7 @@ from attnkit.models.transformer import _TiedModule, lm_loss
 from attnkit.modules._checks import positive_int, probability
 from attnkit.modules.blocks import ACTIVATIONS, FeedForward, PreNormResidual
 from attnkit.modules.embed import LearnedPositionalEmbedding
+from attnkit.modules.positions import RotaryEmbedding
 
 __all__ = ["GPT", "GPTBlock", "GPTConfig"]
 
@@ -49,6 +51,7 @@ class GPTConfig:
     norm_eps: float = 1e-5  # LayerNorm epsilon
     label_smoothing: float = 0.0  # of the loss; 0 is plain next-token cross-entropy
     pad_id: int | None = None  # a label the loss ignores (None: every id is real)
+    rotary: bool = False  # RoPE on q and k (rotate-half, the whole head width) for positions
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "context"):
@@ -85,9 +88,11 @@ class GPTBlock(nn.Module):
         super().__init__()
         fk = {"device": device, "dtype": dtype}
         c = cfg.d_model
+        rotary = RotaryEmbedding(c // cfg.n_head, **fk) if cfg.rotary else None
         attn = CachedMultiHeadAttention(
-            c, cfg.n_head, dropout=cfg.dropout, qkv_bias=cfg.bias, out_bias=cfg.bias, **fk
-        )
+            c, cfg.n_head, dropout=cfg.dropout, qkv_bias=cfg.bias, out_bias=cfg.bias,
+            rotary=rotary, **fk,
+        )  # fmt: skip
         hidden = cfg.d_ff or 4 * c
         ff = FeedForward(c, hidden, activation=cfg.activation, bias=cfg.bias, **fk)
         self.attn = PreNormResidual(attn, nn.LayerNorm(c, eps=cfg.norm_eps, **fk), cfg.dropout)
@@ -114,7 +119,9 @@ class GPT(_TiedModule):
         fk = {"device": device, "dtype": dtype}
         self.cfg = cfg
         self.tokens = _TokenTable(cfg.vocab_size, cfg.d_model, **fk)
-        self.positions = LearnedPositionalEmbedding(cfg.context, cfg.d_model, **fk)
+        self.positions = (
+            None if cfg.rotary else LearnedPositionalEmbedding(cfg.context, cfg.d_model, **fk)
+        )
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(GPTBlock(cfg, **fk) for _ in range(cfg.n_layer))
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, **fk)
@@ -147,13 +154,18 @@ class GPT(_TiedModule):
         x = self.tokens(_check_ids(ids))  # (B, N, C)
         if attention_mask is None:
             mask = None
-            x = self.positions(x, offset)  # positions offset .. offset + N - 1
+            if self.positions is not None:
+                x = self.positions(x, offset)  # positions offset .. offset + N - 1
         else:
             keep = _check_mask(attention_mask, ids, offset)  # (B, S) bool
             mask = keep[:, None, None, :]  # (B, 1, 1, S)
-            pos = (keep.cumsum(-1) - 1).clamp(min=0)[:, offset:]  # (B, N): real tokens before
-            x = x + F.embedding(pos, self.positions.weight)
-        x = self.drop(x)
+            if self.positions is not None:
+                pos = (keep.cumsum(-1) - 1).clamp(min=0)[:, offset:]  # (B, N): real tokens before
+                x = x + F.embedding(pos, self.positions.weight)
+            # RoPE needs no such count: q·k depends on the distance between two tokens only, and
+            # left padding shifts the query and every real key of a row alike.
+        if self.training:  # eval: dropout is the identity (one module call saved per step)
+            x = self.drop(x)
         for block in self.blocks:
             x = block(x, mask=mask, cache=cache)
         if cache is not None:

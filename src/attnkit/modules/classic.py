@@ -5,6 +5,9 @@ Dimensions: B batch, N tokens, C input width, Co output width, H heads.
 
 from __future__ import annotations
 
+import math
+from typing import Literal
+
 import torch
 from torch import Tensor, nn
 
@@ -57,9 +60,20 @@ class T2TAttention(nn.Module):
     Tokens of width `dim` (e.g. 7·7 = 49 after a soft split) attend with a fused
     qkv of width 3·`chan`, heads of width chan / H, a projection chan -> chan,
     and — because input and output widths differ — the skip connection runs
-    through V instead of x: out = v + proj(attention). The reference code scales
-    scores by (dim // H)^-0.5 (the *input* width), kept as the default here;
-    pass `scale` to override.
+    through V instead of x: out = v + proj(attention).
+
+    Which width sets the softmax scale differs between implementations, so it is
+    an explicit choice, `scale`:
+
+    * ``"input"`` (default): (dim // H)^-0.5, the *input* width per head, as the
+      reference code (`T2T-ViT/models/token_transformer.py`: ``head_dim = dim //
+      num_heads`` with dim the input width). For 49 -> 64 with one head: 1/7.
+    * ``"head"``: (chan // H)^-0.5, the width of the q·k heads, the usual
+      1/sqrt(d_k) of scaled dot-product attention (and `MultiHeadAttention`'s
+      default). For 49 -> 64 with one head: 1/8.
+    * a positive float: that multiplier. None means ``"input"``.
+
+    The chosen multiplier is `self.attn.attend.scale`.
     """
 
     def __init__(
@@ -69,7 +83,7 @@ class T2TAttention(nn.Module):
         num_heads: int = 1,
         *,
         qkv_bias: bool = False,
-        scale: float | None = None,
+        scale: float | Literal["input", "head"] | None = "input",
         attn_dropout: float = 0.0,
         proj_dropout: float = 0.0,
         device: torch.device | str | None = None,
@@ -85,7 +99,7 @@ class T2TAttention(nn.Module):
             out_dim=chan,
             head_dim=chan // num_heads,
             qkv_bias=qkv_bias,
-            scale=(dim // num_heads) ** -0.5 if scale is None else scale,
+            scale=_t2t_scale(scale, dim, chan, num_heads),
             dropout=probability("attn_dropout", attn_dropout),
             device=device,
             dtype=dtype,
@@ -99,3 +113,20 @@ class T2TAttention(nn.Module):
         o = self.attn.attend(q, k, v, mask=mask).out  # (B, H, N, chan/H)
         merge = self.attn.merge_heads
         return merge(v) + self.drop(self.attn.proj(merge(o)))  # (B, N, chan)
+
+
+def _t2t_scale(scale, dim: int, chan: int, num_heads: int) -> float:
+    """The scores multiplier T2TAttention's `scale` names (see its docstring)."""
+    if scale is None or scale == "input":
+        if dim < num_heads:
+            raise ValueError(
+                f'scale="input" needs dim >= num_heads (it scales by (dim // num_heads)^-0.5), '
+                f"got dim={dim}, num_heads={num_heads}"
+            )
+        return (dim // num_heads) ** -0.5
+    if scale == "head":
+        return (chan // num_heads) ** -0.5
+    number = isinstance(scale, (int, float)) and not isinstance(scale, bool)
+    if number and math.isfinite(scale) and scale > 0:
+        return float(scale)
+    raise ValueError(f'scale must be "input", "head" or a positive finite float, got {scale!r}')

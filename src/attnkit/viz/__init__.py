@@ -2,21 +2,26 @@
 
 Data and rendering are apart: `record_attention` captures per-layer (B, H, N, S)
 probabilities from any model; :class:`AttentionMaps` holds (L, H, N, S) for one
-example; :func:`head_view` turns it into a self-contained HTML page and
-:func:`model_view` into a matplotlib figure (layers × heads heatmaps).
+example; :func:`head_view` turns it into a self-contained HTML page,
+:func:`show` into the same view inside a Jupyter notebook (recordings and maps also
+display themselves there) and :func:`model_view` into a matplotlib figure (layers × heads
+heatmaps).
 """
 
 from attnkit.viz.head_view import head_view, write_html
 from attnkit.viz.maps import AttentionMaps
+from attnkit.viz.notebook import HeadViewHTML, show
 from attnkit.viz.record import AttentionRecord, record_attention
 
 __all__ = [
     "AttentionMaps",
     "AttentionRecord",
+    "HeadViewHTML",
     "head_view",
     "model_view",
     "record_attention",
     "save_model_view",
+    "show",
     "write_html",
 ]
 

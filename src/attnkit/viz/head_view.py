@@ -62,6 +62,23 @@ def head_view(
     The mean of heads is computed from the full (L, H, N, S) maps before anything is
     dropped. Write the result with :func:`write_html`.
     """
+    layer_index, head_index = _check(maps, layer, head, max_tokens, top_k, threshold)
+    payload = _encode(maps, max_tokens=max_tokens, top_k=top_k, threshold=threshold)
+    payload["initialLayer"] = layer_index
+    payload["initialHead"] = head_index
+    return _page(title or "Attention head view", payload)
+
+
+def _check(
+    maps: AttentionMaps,
+    layer: int,
+    head: int | Literal["mean"] | None,
+    max_tokens: int,
+    top_k: int,
+    threshold: float,
+) -> tuple[int, int]:
+    """Validate the arguments of the head view; return (layer, head) as indices, where
+    head == H stands for the mean of heads."""
     if not isinstance(maps, AttentionMaps):
         raise ValueError(f"maps: expected AttentionMaps, got {type(maps).__name__}")
     L, H = maps.shape[:2]
@@ -88,11 +105,7 @@ def head_view(
         or not 0 <= threshold < 1
     ):
         raise ValueError(f"threshold: expected a float in [0, 1), got {threshold!r}")
-
-    payload = _encode(maps, max_tokens=max_tokens, top_k=top_k, threshold=threshold)
-    payload["initialLayer"] = layer % L
-    payload["initialHead"] = head_index
-    return _page(title or "Attention head view", payload)
+    return layer % L, head_index
 
 
 def write_html(path: str | os.PathLike[str], html_text: str) -> Path:
@@ -194,30 +207,31 @@ def _page(title: str, payload: dict) -> str:
   <h1>{html.escape(title)}</h1>
   <p class="ak-sub">{html.escape(subtitle)}</p>
   <div class="ak-controls">
-    <label>Layer <select id="ak-layer" aria-label="layer"></select></label>
-    <label>Head <select id="ak-head" aria-label="head"></select></label>
+    <label>Layer <select id="ak-layer" class="ak-layer" aria-label="layer"></select></label>
+    <label>Head <select id="ak-head" class="ak-head" aria-label="head"></select></label>
     <span class="ak-legend" aria-label="legend">
       <span class="ak-swatch" id="ak-swatch"></span>
       <span>line opacity = attention weight (0 → 1)</span>
     </span>
   </div>
   <p class="ak-hint">Hover (or focus) a query on the left to see only its row, a key on
-  the right to see only its column. <span id="ak-status"></span></p>
+  the right to see only its column. <span id="ak-status" class="ak-status"></span></p>
 </header>
 <main class="ak-scroll">
   <div class="ak-grid ak-colheads"><div>queries</div><div></div><div>keys</div></div>
   <div class="ak-grid">
-    <div class="ak-col ak-left" id="ak-queries"></div>
-    <svg class="ak-lines" id="ak-svg" role="img" aria-label="attention lines">
-      <g id="ak-all"></g><g id="ak-focus"></g>
+    <div class="ak-col ak-left ak-queries" id="ak-queries"></div>
+    <svg class="ak-lines ak-svg" id="ak-svg" role="img" aria-label="attention lines">
+      <g id="ak-all" class="ak-all"></g><g id="ak-focus" class="ak-focus"></g>
     </svg>
-    <div class="ak-col ak-right" id="ak-keys"></div>
+    <div class="ak-col ak-right ak-keys" id="ak-keys"></div>
   </div>
 </main>
-<footer class="ak-notes"><ul id="ak-notes"></ul></footer>
+<footer class="ak-notes"><ul id="ak-notes" class="ak-notes-list"></ul></footer>
 <script type="application/json" id="ak-data">{_json_for_script(payload)}</script>
 <script>
 {_asset("head_view.js")}
+window.attnkitViz.headView(document.body);
 </script>
 </body>
 </html>

@@ -9,7 +9,7 @@ together with the token strings, validated once so that every renderer can trust
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,12 @@ JSON_VERSION = 1
 
 # Row sums farther than this from 1 (and from 0, a fully masked row) trigger a warning.
 _ROW_SUM_TOL = 1e-2
+
+# Jupyter renderers by class name ("AttentionMaps", "AttentionRecord"). They live in
+# attnkit.viz.notebook, above this module, and register here when it is imported: importing
+# any attnkit.viz module first runs attnkit/viz/__init__.py, which imports it. So imports
+# point one way and every `_repr_html_` finds its renderer.
+REPR_HTML: dict[str, Callable[[Any], str | None]] = {}
 
 
 def _check_tokens(name: str, tokens: Any) -> list[str]:
@@ -215,6 +221,12 @@ class AttentionMaps:
         return AttentionMaps(
             self.tokens, self.maps.mean(dim=1, keepdim=True), self.key_tokens, self.layer_names
         )
+
+    def _repr_html_(self) -> str | None:
+        """Jupyter shows maps as the interactive head view (last layer, mean of heads; at
+        most 128 tokens and ~1 MB of data embedded): see `attnkit.viz.show`."""
+        render = REPR_HTML.get("AttentionMaps")
+        return None if render is None else render(self)
 
     # ------------------------------------------------------------------ JSON
     def to_json_dict(self, decimals: int = 4) -> dict[str, Any]:

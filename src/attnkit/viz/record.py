@@ -8,13 +8,14 @@ While recording, each one is hooked and asked for its weights; outside the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from attnkit.modules.attention import Attend
+from attnkit.viz.maps import REPR_HTML, AttentionMaps
 
 __all__ = ["AttentionRecord", "record_attention"]
 
@@ -89,6 +90,62 @@ class AttentionRecord:
         if len(shapes) > 1:
             raise ValueError(f"recorded maps differ in shape {sorted(shapes)}; select a prefix")
         return torch.stack(maps)
+
+    def to_maps(
+        self,
+        tokens: Sequence[str] | None = None,
+        *,
+        key_tokens: Sequence[str] | None = None,
+        prefix: str = "",
+        batch_index: int = 0,
+    ) -> AttentionMaps:
+        """One example as :class:`AttentionMaps` (L, H, N, S), for the renderers.
+
+        The last map of each module under `prefix` becomes a layer (named by its path);
+        `batch_index` picks the example from the recorded (B, H, N, S). `tokens` (N) and
+        `key_tokens` (S, cross-attention) default to "0", "1", ... ValueError if nothing is
+        recorded under `prefix`, if the maps differ in shape (pass a `prefix`, e.g.
+        ``"decoder."``) or if the tokens do not match N and S.
+        """
+        names = [name for name in self.calls if name.startswith(prefix)]
+        if not names:
+            raise ValueError(
+                f"prefix: no attention recorded under {prefix!r}; recorded: {self.names}"
+            )
+        return _maps_of(self, names, tokens, key_tokens, batch_index)
+
+    def _repr_html_(self) -> str | None:
+        """Jupyter shows a recording as the head view of its first example (see
+        `attnkit.viz.show`); None (plain repr) when nothing was recorded."""
+        render = REPR_HTML.get("AttentionRecord")
+        return None if render is None or not self.calls else render(self)
+
+
+def _maps_of(
+    record: AttentionRecord,
+    names: list[str],
+    tokens: Sequence[str] | None,
+    key_tokens: Sequence[str] | None,
+    batch_index: int,
+) -> AttentionMaps:
+    """AttentionMaps from the last call of each module in `names`."""
+    layers = [record.calls[name][-1] for name in names]
+    shapes = {tuple(m.shape) for m in layers}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"prefix: the maps recorded under it differ in shape {sorted(shapes)}; pass a "
+            f"prefix that selects maps of one shape (recorded: {record.names})"
+        )
+    n, s = layers[0].shape[-2:]
+    if isinstance(batch_index, bool) or not isinstance(batch_index, int):
+        raise ValueError(f"batch_index: expected an int, got {type(batch_index).__name__}")
+    if tokens is None:
+        tokens = [str(i) for i in range(n)]
+    if key_tokens is None and s != n:
+        key_tokens = [str(j) for j in range(s)]
+    return AttentionMaps.from_layers(
+        tokens, layers, key_tokens=key_tokens, layer_names=names, batch_index=batch_index
+    )
 
 
 def _owner_name(path: str) -> str:

@@ -1,0 +1,300 @@
+# Made from docs/en/tutorials/04-masks.md by tests/docs/make_examples.py; edit the page, not this file.
+# %% [markdown]
+# # Masks: who may attend to whom
+#
+# Attention lets every query look at every key. Often that is wrong: padding tokens
+# are not words, a language model must not read the future, and a decoder should
+# look at the real words of the source sentence only. A **mask** says, for each
+# query and each key, whether the query may attend to that key.
+#
+# You will learn:
+#
+# - attnkit's one convention: a boolean mask, **True = may attend**, broadcast to (B, H, N, S);
+# - padding masks, causal masks, and both at once;
+# - masks in cross-attention between a decoder and an encoder (and causal masks when N ≠ S);
+# - what happens to a query that may attend to nothing (0 in attnkit, NaN in `torch.nn.MultiheadAttention`);
+# - the polarities of PyTorch, Keras and Hugging Face, and attnkit's converters.
+#
+# ## The convention, and a padding mask
+#
+# Two sentences padded to 5 tokens: the first has 5 real tokens, the second 2. A
+# mask is boolean, True where the query may attend to the key, and its shape
+# broadcasts to (B, H, N, S): batch, heads, queries, keys. `masks.padding` gives
+# (B, 1, 1, S): the same keys for every head and every query. The helper `show`
+# prints a mask with ■ for "may attend" and · for "blocked".
+
+# %%
+import torch
+
+import attnkit
+from attnkit import masks
+
+torch.manual_seed(0)
+
+
+def show(mask2d):
+    """Print a 2-D boolean mask: rows are queries, columns keys; ■ may attend, · blocked."""
+    for row in mask2d.tolist():
+        print("  " + " ".join("■" if allowed else "·" for allowed in row))
+
+
+lengths = torch.tensor([5, 2])  # real tokens per sentence
+pad = masks.padding(lengths, 5)  # (B, 1, 1, S): True = a real key
+print("padding mask:", tuple(pad.shape))
+print("sentence 2, as every query sees it:")
+show(pad[1, 0].expand(5, 5))
+
+# %% [markdown]
+# ```text
+# padding mask: (2, 1, 1, 5)
+# sentence 2, as every query sees it:
+#   ■ ■ · · ·
+#   ■ ■ · · ·
+#   ■ ■ · · ·
+#   ■ ■ · · ·
+#   ■ ■ · · ·
+# ```
+#
+# The weights of blocked keys are exactly 0, so whatever sits in the padding cannot
+# reach the real tokens. Check it: fill the padding with other numbers and compare.
+
+# %%
+mha = attnkit.MultiHeadAttention(16, 2).eval()  # width 16, 2 heads
+x = torch.randn(2, 5, 16)  # (B, N, C)
+with attnkit.record_attention(mha) as rec:
+    y = mha(x, mask=pad)
+row = rec["attend"][1, 0, 0]  # sentence 2, head 0, query 0: (S,)
+print("weights of sentence 2, head 0, query 0:", [round(w, 4) for w in row.tolist()])
+
+x_other = x.clone()
+x_other[1, 2:] = torch.randn(3, 16)  # different padding content
+y_other = mha(x_other, mask=pad)
+print("real tokens unchanged:", torch.allclose(y[1, :2], y_other[1, :2]))
+
+# %% [markdown]
+# ```text
+# weights of sentence 2, head 0, query 0: [0.4677, 0.5323, 0.0, 0.0, 0.0]
+# real tokens unchanged: True
+# ```
+#
+# The padded *queries* (the last three rows of sentence 2) still get outputs: they attend
+# to the real keys. Nothing reads them if the loss and the next layers' keys ignore
+# padding, which is what the mask does for the keys.
+#
+# ## Causal masks
+#
+# A language model predicts token i + 1 from tokens 0..i, so query i may attend to
+# keys 0..i only: the lower triangle. `causal=True` builds it inside the call;
+# `masks.causal(n)` gives it as a tensor (1, 1, N, N).
+
+# %%
+causal = masks.causal(5)  # (1, 1, N, S)
+print("causal mask:", tuple(causal.shape))
+show(causal[0, 0])
+y_flag = mha(x, causal=True)
+print("causal=True is the same mask:", torch.allclose(y_flag, mha(x, mask=causal)))
+
+x_future = x.clone()
+x_future[:, 4] = torch.randn(2, 16)  # change the last token only
+y_future = mha(x_future, causal=True)
+print("earlier outputs unchanged:", torch.allclose(y_flag[:, :4], y_future[:, :4]))
+
+# %% [markdown]
+# ```text
+# causal mask: (1, 1, 5, 5)
+#   ■ · · · ·
+#   ■ ■ · · ·
+#   ■ ■ ■ · ·
+#   ■ ■ ■ ■ ·
+#   ■ ■ ■ ■ ■
+# causal=True is the same mask: True
+# earlier outputs unchanged: True
+# ```
+#
+# Padding and causality together: `masks.combine` is a logical AND that broadcasts.
+# (Passing `mask=pad, causal=True` does the same.)
+
+# %%
+both = masks.combine(pad, causal)  # (B, 1, N, S)
+print("combined:", tuple(both.shape), "- sentence 2:")
+show(both[1, 0])
+y_both = mha(x, mask=both)
+print("same as mask + causal=True:", torch.allclose(y_both, mha(x, mask=pad, causal=True)))
+
+# %% [markdown]
+# ```text
+# combined: (2, 1, 5, 5) - sentence 2:
+#   ■ · · · ·
+#   ■ ■ · · ·
+#   ■ ■ · · ·
+#   ■ ■ · · ·
+#   ■ ■ · · ·
+# same as mask + causal=True: True
+# ```
+#
+# ## Cross-attention: a decoder reads the encoder
+#
+# In an encoder-decoder Transformer, the decoder's queries (N target tokens) attend
+# to the encoder's output (S source tokens). The keys are the source, so the mask is
+# the **source** padding mask, (B, 1, 1, S), and it broadcasts over the N decoder
+# queries. The decoder's own self-attention uses a causal mask (plus its own padding).
+
+# %%
+memory = torch.randn(2, 5, 16)  # encoder output (B, S, C): the padded source sentences
+target = torch.randn(2, 3, 16)  # decoder states (B, N, C): 3 target tokens so far
+cross = attnkit.MultiHeadAttention(16, 2).eval()
+with attnkit.record_attention(cross) as rec:
+    z = cross(target, memory, mask=pad)  # query from the decoder, keys/values from memory
+print("decoder queries:", tuple(target.shape), " memory:", tuple(memory.shape))
+print("out:", tuple(z.shape))
+print("weights:", tuple(rec["attend"].shape), "(B, H, N, S) - sentence 2, head 0:")
+for row in rec["attend"][1, 0]:
+    print("  ", [round(w, 4) for w in row.tolist()])
+
+# %% [markdown]
+# ```text
+# decoder queries: (2, 3, 16)  memory: (2, 5, 16)
+# out: (2, 3, 16)
+# weights: (2, 2, 3, 5) (B, H, N, S) - sentence 2, head 0:
+#    [0.3417, 0.6583, 0.0, 0.0, 0.0]
+#    [0.6316, 0.3684, 0.0, 0.0, 0.0]
+#    [0.4912, 0.5088, 0.0, 0.0, 0.0]
+# ```
+#
+# When N ≠ S, a causal mask is aligned **bottom-right**: query i sees keys
+# j ≤ i + S − N. That is what decoding with a key/value cache needs: the 3 newest
+# queries come after 2 cached tokens, so the last query sees every key.
+
+# %%
+show(masks.causal(3, 5)[0, 0])  # 3 new queries, 5 keys (2 of them cached)
+
+# %% [markdown]
+# ```text
+#   ■ ■ ■ · ·
+#   ■ ■ ■ ■ ·
+#   ■ ■ ■ ■ ■
+# ```
+#
+# All four kinds in one picture (■ = white, may attend):
+
+# %%
+import matplotlib.pyplot as plt
+
+panels = {
+    "padding (sentence 2)": pad[1, 0].expand(5, 5),
+    "causal": causal[0, 0],
+    "causal + padding": both[1, 0],
+    "cross: 3 queries, 5 keys": pad[1, 0].expand(3, 5),
+}
+fig, axes = plt.subplots(1, 4, figsize=(11, 3))
+for ax, (title, m) in zip(axes, panels.items(), strict=True):
+    ax.imshow(m.float().numpy(), cmap="gray", vmin=0, vmax=1)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("key j")
+    ax.set_ylabel("query i")
+    ax.set_xticks(range(m.shape[1]))
+    ax.set_yticks(range(m.shape[0]))
+fig.tight_layout()
+fig.savefig("masks.png", dpi=80)
+
+# %% [markdown]
+# ![Four masks: padding, causal, causal plus padding, cross-attention](../../assets/tutorials/04-masks/masks.png)
+#
+# ## A query that may attend to nothing
+#
+# If every key of a row is blocked (a sentence that is all padding, or the first
+# queries of a causal mask with N > S), the softmax has nothing to normalise. In
+# attnkit such a row gets attention output exactly 0 and gradient 0, on every
+# backend. `torch.nn.MultiheadAttention` returns NaN there, and the NaN spreads
+# into everything computed from it.
+
+# %%
+from attnkit.convert import from_torch
+
+empty = masks.padding(torch.tensor([5, 0]), 5)  # sentence 2 has no real token at all
+q = torch.randn(2, 2, 5, 8, requires_grad=True)  # (B, H, N, D)
+k, v = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+res = attnkit.attention(q, k, v, mask=empty)
+res.out.sum().backward()
+print("attnkit: output of the empty sentence is 0:", bool((res.out[1] == 0).all()))
+print("attnkit: its gradient is 0:", bool((q.grad[1] == 0).all()))
+print("attnkit: any NaN:", bool(res.out.isnan().any()))
+
+torch_mha = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()
+ignore = torch.tensor([[False] * 5, [True] * 5])  # torch: True = ignore this key
+theirs, _ = torch_mha(x, x, x, key_padding_mask=ignore)
+print("torch.nn.MultiheadAttention: NaN in sentence 2:", bool(theirs[1].isnan().all()))
+ours = from_torch(torch_mha).eval()  # the same weights
+mine = ours(x, mask=masks.from_torch_key_padding_mask(ignore))
+print("attnkit, same weights: sentence 1 equal:", torch.allclose(mine[0], theirs[0], atol=1e-6))
+bias_only = ours.proj.bias.expand(5, 16)  # W_O·0 + b_O
+print("attnkit, same weights: sentence 2 is the output bias:", torch.allclose(mine[1], bias_only))
+
+# %% [markdown]
+# ```text
+# attnkit: output of the empty sentence is 0: True
+# attnkit: its gradient is 0: True
+# attnkit: any NaN: False
+# torch.nn.MultiheadAttention: NaN in sentence 2: True
+# attnkit, same weights: sentence 1 equal: True
+# attnkit, same weights: sentence 2 is the output bias: True
+# ```
+#
+# A module's output for such a row is W_O·0 + b_O, the output bias.
+#
+# ## Polarity: True means opposite things in different libraries
+#
+# The same padding, "sentence 2 has 2 real tokens", written in each library's own
+# convention:
+#
+# | library | argument | shape | polarity | attnkit converter |
+# | --- | --- | --- | --- | --- |
+# | attnkit, `torch.nn.functional.scaled_dot_product_attention` | `mask` / `attn_mask` (bool) | broadcast to (B, H, N, S) | True = may attend | (none needed) |
+# | `torch.nn.MultiheadAttention` | `key_padding_mask` | (B, S) | True = ignore | `masks.from_torch_key_padding_mask` |
+# | `torch.nn.MultiheadAttention` | `attn_mask` (bool) | (N, S) or (B·H, N, S) | True = not allowed | `masks.from_torch_attn_mask` |
+# | Hugging Face | `attention_mask` | (B, S) | 1 = keep, 0 = padding | `masks.from_hf_attention_mask` |
+# | Keras `MultiHeadAttention` | `attention_mask` | (B, N, S) | 1 = attend | `masks.from_keras_attention_mask` |
+# | the Annotated Transformer and others | `mask` | any | 0 = blocked | `masks.from_zero_blocked` |
+#
+# Every converter returns attnkit's convention, so all five give the same mask:
+
+# %%
+keep = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])  # 1 = real token
+torch_attn_mask = (keep == 0)[:, None, None, :].expand(2, 2, 5, 5).reshape(4, 5, 5)  # (B·H, N, S)
+converted = {
+    "torch key_padding_mask": masks.from_torch_key_padding_mask(keep == 0),
+    "torch attn_mask": masks.from_torch_attn_mask(torch_attn_mask, num_heads=2),
+    "Hugging Face attention_mask": masks.from_hf_attention_mask(keep),
+    "Keras attention_mask": masks.from_keras_attention_mask(keep[:, None, :].expand(2, 5, 5)),
+    "mask == 0 is blocked": masks.from_zero_blocked(keep[:, None, None, :]),
+}
+full = pad.expand(2, 2, 5, 5)
+for name, m in converted.items():
+    same = torch.equal(m.expand(2, 2, 5, 5), full)
+    print(f"{name:28} -> {tuple(m.shape)!s:14} same as masks.padding: {same}")
+
+q, k, v = torch.randn(3, 2, 2, 5, 8).unbind(0)
+sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=pad)
+ours_out = attnkit.attention(q, k, v, mask=pad).out
+print("SDPA with the same mask:", torch.allclose(sdpa, ours_out, atol=1e-6))
+
+# %% [markdown]
+# ```text
+# torch key_padding_mask       -> (2, 1, 1, 5)   same as masks.padding: True
+# torch attn_mask              -> (2, 2, 5, 5)   same as masks.padding: True
+# Hugging Face attention_mask  -> (2, 1, 1, 5)   same as masks.padding: True
+# Keras attention_mask         -> (2, 1, 5, 5)   same as masks.padding: True
+# mask == 0 is blocked         -> (2, 1, 1, 5)   same as masks.padding: True
+# SDPA with the same mask: True
+# ```
+#
+# Two more rules keep masks honest. A float tensor is never a mask in attnkit: it is
+# an additive `bias=`. And masks are applied with `where`, not by adding −1e9 to the
+# scores, which overflows in float16.
+#
+# ## Try next
+#
+# - `masks.sliding_window(8, 3)` (local attention), with `causal=True` too: `show` it.
+# - Give a 2-D mask of shape (2, 5) to `attnkit.attention` with a batch of 2 and
+#   N = 2: it is refused as ambiguous, with the 4-D spellings of both readings.
+# - [Positional encoding](05-positions.md): attention alone does not know the order of the tokens.

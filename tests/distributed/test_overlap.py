@@ -1,0 +1,108 @@
+"""The ring starts each K/V (and dK/dV) transfer before the block computation it should hide.
+
+No timing: one process plays rank 0 of a ring of P with an instrumented `exchange` whose
+requests record when they are waited on, and instrumented block kernels. The recorded order
+of operations is the claim: a transfer started, then computation, then its wait.
+"""
+
+import pytest
+import torch
+
+from attnkit.distributed import ring as ring_mod
+
+MASK = torch.ones(1, 1, 1, 4, dtype=torch.bool)  # travels with K/V: 3 tensors per K/V transfer
+
+
+class _Recorder:
+    def __init__(self):
+        self.events: list[tuple[str, int]] = []
+        self.started = 0
+
+    def exchange(self, send, recv, group, rank, world):
+        tid = self.started = self.started + 1
+        kind = "kv" if len(send) == 3 else "dkv"  # K, V and the key mask; or dK, dV
+        self.events.append((f"start-{kind}", tid))
+        for s, r in zip(send, recv, strict=True):
+            r.copy_(s)  # every "rank" holds the same blocks: only the order matters here
+        return [_Req(self, tid)]
+
+    def wrap(self, fn, name):
+        def call(*args, **kw):
+            self.events.append((name, 0))
+            return fn(*args, **kw)
+
+        return call
+
+
+class _Req:
+    def __init__(self, rec, tid):
+        self.rec, self.tid = rec, tid
+
+    def wait(self):
+        self.rec.events.append(("wait", self.tid))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_transfers_start_before_the_block_they_overlap_and_are_waited_after(monkeypatch, world):
+    rec = _Recorder()
+    monkeypatch.setattr(ring_mod, "group_info", lambda group: (0, world))
+    monkeypatch.setattr(ring_mod, "exchange", rec.exchange)
+    monkeypatch.setattr(ring_mod, "block_forward", rec.wrap(ring_mod.block_forward, "fwd"))
+    monkeypatch.setattr(ring_mod, "block_backward", rec.wrap(ring_mod.block_backward, "bwd"))
+    q, k, v = (torch.randn(1, 2, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = ring_mod.ring_attention(q, k, v, mask=MASK).out
+    fwd = list(rec.events)
+    # forward: P blocks; before each of the first P-1 a K/V transfer is started and only
+    # waited on after the block is computed
+    want = []
+    for step in range(world - 1):
+        want += [("start-kv", step + 1), ("fwd", 0), ("wait", step + 1)]
+    assert fwd == [*want, ("fwd", 0)]
+
+    rec.events.clear()
+    out.sum().backward()
+    order = [e for e, _ in rec.events]
+    assert order.count("bwd") == world
+    # every block but the last is computed while its successor's K/V transfer is in flight,
+    # and every dK/dV accumulator sent at step s is waited on only after block s+1 is computed
+    in_flight: set[int] = set()
+    kinds = {}
+    computed = 0
+    for name, tid in rec.events:
+        if name.startswith("start"):
+            in_flight.add(tid)
+            kinds[tid] = (name, computed)
+        elif name == "wait":
+            assert tid in in_flight, "waited on a transfer that was not started"
+            in_flight.discard(tid)
+            kind, started_at = kinds[tid]
+            last = computed == world and tid == rec.started  # the final hop home: nothing left
+            assert computed > started_at or last, f"{kind} {tid} waited before any block computed"
+        else:
+            computed += 1
+            if computed < world:
+                assert any(kinds[t][0] == "start-kv" for t in in_flight), (
+                    f"block {computed} computed with no K/V transfer in flight"
+                )
+    assert not in_flight
+    assert order.count("start-dkv") == world - 1  # P-1 hops bring dK/dV home
+
+
+def test_the_recorder_sees_a_ring_that_waits_before_computing(monkeypatch):
+    """The check above can fail: a ring that waits for the next block before computing the
+    current one (no overlap) breaks it."""
+    rec = _Recorder()
+    monkeypatch.setattr(ring_mod, "group_info", lambda group: (0, 2))
+
+    def eager(send, recv, group, rank, world):
+        reqs = rec.exchange(send, recv, group, rank, world)
+        for r in reqs:
+            r.wait()
+        return []
+
+    monkeypatch.setattr(ring_mod, "exchange", eager)
+    monkeypatch.setattr(ring_mod, "block_forward", rec.wrap(ring_mod.block_forward, "fwd"))
+    q = torch.randn(1, 2, 4, 8, dtype=torch.float64)
+    ring_mod.ring_attention(q, q, q, mask=MASK)
+    assert rec.events != [("start-kv", 1), ("fwd", 0), ("wait", 1), ("fwd", 0)]
+    assert rec.events[:3] == [("start-kv", 1), ("wait", 1), ("fwd", 0)]
