@@ -124,9 +124,10 @@ print("head_view.html: offline:", "http" not in page.split("<body")[1])
 # head_view.html: offline: True
 # ```
 #
-# In a Jupyter notebook the recorded attention draws this view inline (see the Jupyter
-# guide). The **model view** puts every layer (rows) and head (columns) side by side as
-# heatmaps, queries down and keys across. Here are the last two layers:
+# In a Jupyter notebook the recorded attention draws this view inline (see the
+# [Jupyter guide](../guides/jupyter.md)). The **model view** puts every layer (rows) and
+# head (columns) side by side as heatmaps, queries down and keys across. Here are the last
+# two layers:
 
 # %%
 save_model_view(attn, "model_view.png", layers=[4, 5], title="layers 4-5, all 12 heads")
