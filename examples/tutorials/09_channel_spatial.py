@@ -1,0 +1,209 @@
+# Made from docs/en/tutorials/09-channel-spatial.md by tests/docs/make_examples.py; edit the page, not this file.
+# %% [markdown]
+# # Channel, spatial and self-attention on feature maps
+#
+# Before Transformers reached vision, CNNs already had "attention": modules that reweight
+# a feature map [B, C, H, W]. This tutorial builds the three classic ones by hand, checks
+# each against attnkit's module, and puts them next to self-attention:
+#
+# - **channel attention** (squeeze-and-excitation, SE): *which* channels matter for this
+#   image — one gate per channel;
+# - **spatial attention** (CBAM's second half): *where* in the image to look — one gate
+#   per position;
+# - **self-attention over positions** (SAGAN / non-local block): every position gathers
+#   from every other position, with softmax weights, like the tokens of a Transformer.
+#
+# ## The picture in words
+#
+# ```text
+# x: (B, C, H, W)
+#
+# SE       pool over H, W -> (B, C) -> MLP -> sigmoid -> gates (B, C, 1, 1)   -> x * gates
+# spatial  pool over C -> (B, 2, H, W) -> 7×7 conv -> sigmoid -> (B, 1, H, W) -> x * gates
+# CBAM     SE (avg and max pooled), then spatial
+# SAGAN    1×1 convs -> q, k (B, P, Ck), v (B, P, Cv); P = H·W positions
+#          softmax(q·kᵀ) (B, P, P): each row sums to 1 -> weights·v -> 1×1 conv -> x + γ·out
+# ```
+#
+# The gates are sigmoids: each is a number in [0, 1] on its own, and they need not sum to
+# anything. Self-attention uses a softmax: each position's weights over all positions sum
+# to 1, and the output *mixes* positions instead of scaling them.
+#
+# ## Channel attention: squeeze and excitation
+#
+# Squeeze: average each channel over the image, (B, C, H, W) → (B, C). Excite: a small
+# MLP (C → C/r → C, r = 16 in the paper) and a sigmoid give one gate per channel. The
+# output is the input with each channel multiplied by its gate (Hu et al. 2018).
+
+# %%
+import torch
+
+import attnkit
+from attnkit.vision import CBAM, SelfAttention2d, SpatialAttention, SqueezeExcitation
+
+torch.manual_seed(0)
+B, C, H, W = 2, 64, 16, 16
+x = torch.randn(B, C, H, W)
+
+se = SqueezeExcitation(C, reduction=16)
+fc1, fc2 = se.mlp[0], se.mlp[2]  # 1×1 convolutions = linear layers on (B, C, 1, 1)
+squeezed = x.mean(dim=(2, 3))  # (B, C)
+hidden = torch.relu(squeezed @ fc1.weight.view(C // 16, C).T + fc1.bias)  # (B, C/r)
+gates = torch.sigmoid(hidden @ fc2.weight.view(C, C // 16).T + fc2.bias)  # (B, C)
+manual = x * gates[:, :, None, None]  # (B, C, H, W)
+
+print("squeezed", tuple(squeezed.shape), "hidden", tuple(hidden.shape), "gates", tuple(gates.shape))
+print("gates in [0, 1]:", bool(((gates >= 0) & (gates <= 1)).all()))
+print("parameters:", sum(p.numel() for p in se.parameters()), "= 2·C·C/r + C/r + C")
+torch.testing.assert_close(manual, se(x))
+print("equal: True")
+
+# %% [markdown]
+# ```text
+# squeezed (2, 64) hidden (2, 4) gates (2, 64)
+# gates in [0, 1]: True
+# parameters: 580 = 2·C·C/r + C/r + C
+# equal: True
+# ```
+#
+# SE is cheap: 580 parameters and 2·C²/r = 512 multiply-adds per image for its MLP, whatever
+# H and W (plus the pooling and the scaling, one operation per element).
+# It cannot say *where* something is; it only turns channels up and down.
+#
+# ## Spatial attention and CBAM
+#
+# CBAM (Woo et al. 2018) adds the missing *where*. Its spatial module pools over the
+# channels (mean and max, two maps of H × W), runs one 7×7 convolution over the pair and
+# a sigmoid: one gate per position. CBAM applies channel gates first (SE with average
+# *and* max pooling through the same MLP), then spatial gates.
+
+# %%
+spatial = SpatialAttention(kernel_size=7)
+pooled = torch.cat([x.mean(1, keepdim=True), x.amax(1, keepdim=True)], dim=1)  # (B, 2, H, W)
+where = torch.sigmoid(spatial.conv(pooled))  # (B, 1, H, W)
+print("pooled", tuple(pooled.shape), "spatial gates", tuple(where.shape))
+torch.testing.assert_close(x * where, spatial(x))
+print("spatial equal: True")
+
+cbam = CBAM(C, reduction=16, kernel_size=7)
+mlp = cbam.channel.mlp
+channel_gates = torch.sigmoid(mlp(x.mean((2, 3), keepdim=True)) + mlp(x.amax((2, 3), keepdim=True)))
+after_channel = x * channel_gates  # (B, C, H, W)
+manual = after_channel * cbam.spatial.gates(after_channel)
+torch.testing.assert_close(manual, cbam(x))
+print("CBAM equal: True")
+print("CBAM parameters:", sum(p.numel() for p in cbam.parameters()))
+
+# %% [markdown]
+# ```text
+# pooled (2, 2, 16, 16) spatial gates (2, 1, 16, 16)
+# spatial equal: True
+# CBAM equal: True
+# CBAM parameters: 679
+# ```
+#
+# The spatial gate of a position depends on a 7×7 neighbourhood only: it is local, like
+# the convolution that computes it.
+#
+# ## Self-attention on a feature map: SAGAN
+#
+# A convolution sees a small neighbourhood; to relate the left ear of a dog to its right
+# ear, a CNN needs many layers. The SAGAN block (Zhang et al. 2019), the "embedded
+# Gaussian" non-local block of Wang et al. (2018), lets every position attend to every
+# other one. Flatten the map to P = H·W positions; 1×1 convolutions give queries and keys
+# of Ck = C/8 channels and values of C channels; attention mixes the values; a last 1×1
+# convolution maps back to C, and a learned γ scales what is added to the input:
+#
+#     y = x + γ · W_o(softmax(q·kᵀ)·v)
+#
+# γ starts at 0, so a fresh block is the identity and learns how much non-local evidence
+# to use. SAGAN uses plain dot products, without the 1/√d_k scale (`scale=1.0`, the
+# default here; pass `scale=None` for 1/√d_k).
+#
+# The flattening is where code goes wrong: the map must become (B, P, channels), one row
+# per position, with the batch kept apart.
+
+# %%
+sagan = SelfAttention2d(C, reduction=8)
+print("gamma at init:", sagan.gamma.item(), "-> identity:", torch.equal(sagan(x), x))
+with torch.no_grad():
+    sagan.gamma.fill_(0.5)  # as if trained
+
+P = H * W
+q = sagan.query(x).flatten(2).transpose(1, 2)  # (B, Ck, H, W) -> (B, Ck, P) -> (B, P, Ck)
+k = sagan.key(x).flatten(2).transpose(1, 2)  # (B, P, Ck)
+v = sagan.value(x).flatten(2).transpose(1, 2)  # (B, P, C)
+weights = torch.softmax(q @ k.transpose(1, 2), dim=-1)  # (B, P, P), no 1/√d_k in SAGAN
+mixed = (weights @ v).transpose(1, 2).reshape(B, C, H, W)  # (B, P, C) -> (B, C, P) -> (B, C, H, W)
+manual = x + sagan.gamma * sagan.out(mixed)
+print(
+    "q", tuple(q.shape), "k", tuple(k.shape), "v", tuple(v.shape), "weights", tuple(weights.shape)
+)
+torch.testing.assert_close(manual, sagan(x), atol=1e-5, rtol=1e-5)
+print("equal: True")
+
+# The same weights through attnkit's functional core (q, k, v as (B, heads, P, d)):
+res = attnkit.attention(q[:, None], k[:, None], v[:, None], scale=1.0, need_weights=True)
+torch.testing.assert_close(res.weights[:, 0], weights, atol=1e-6, rtol=1e-5)
+with attnkit.record_attention(sagan) as rec:
+    sagan(x)
+print("recorded", rec.names, tuple(rec[rec.names[0]].shape), "= (B, heads, P, P)")
+
+# %% [markdown]
+# ```text
+# gamma at init: 0.0 -> identity: True
+# q (2, 256, 8) k (2, 256, 8) v (2, 256, 64) weights (2, 256, 256)
+# equal: True
+# recorded ['attend'] (2, 1, 256, 256) = (B, heads, P, P)
+# ```
+#
+# ## Side by side
+#
+# All three keep the shape (B, C, H, W). What differs is what the weights depend on and
+# what they cost. On this 16×16 map with C = 64:
+
+# %%
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def macs(module):
+    with torch.no_grad(), attnkit.use_backend("reference"), FlopCounterMode(display=False) as fc:
+        module(x[:1])
+    return fc.get_total_flops() // 2
+
+
+print(f"{'module':10} {'params':>7} {'MACs/image':>11}  weights")
+rows = [
+    ("SE", se, "(C,) per image, sigmoid"),
+    ("spatial", spatial, "(H, W) per image, sigmoid"),
+    ("CBAM", cbam, "both of the above"),
+    ("SAGAN", sagan, "(P, P) = (256, 256), softmax rows"),
+]
+for name, module, what in rows:
+    n_params = sum(p.numel() for p in module.parameters())
+    print(f"{name:10} {n_params:7,} {macs(module):11,}  {what}")
+print(f"SAGAN's q·kᵀ and weights·v: P²·Ck + P²·C = {P * P * (C // 8) + P * P * C:,} MACs")
+
+# %% [markdown]
+# ```text
+# module      params  MACs/image  weights
+# SE             580         512  (C,) per image, sigmoid
+# spatial         99      25,088  (H, W) per image, sigmoid
+# CBAM           679      26,112  both of the above
+# SAGAN        9,361   7,077,888  (P, P) = (256, 256), softmax rows
+# SAGAN's q·kᵀ and weights·v: P²·Ck + P²·C = 4,718,592 MACs
+# ```
+#
+# The gates cost almost nothing and see either everything at once (SE: a global average)
+# or a 7×7 neighbourhood (spatial). SAGAN costs 270× as much as CBAM here, two thirds of it
+# in the two P² products (P = 256; a 32×32 map would make them 16× larger), and in
+# exchange lets any position read any other with content-dependent weights: this is the
+# same attention as in a Transformer, with pixels as tokens. ViT goes all the way: it drops the convolutions and makes patches the tokens.
+#
+# ## Try next
+#
+# - `attnkit train cnn` trains the small CNN with CBAM on the digits (`attnkit.models.SmallCNN`).
+# - `SelfAttention2d(C, num_heads=4, scale=None)` gives multi-head, scaled attention over
+#   positions; `attnkit.vision.WindowAttention` restricts it to Swin's windows.
+# - Tutorial [07 — the cost](07-cost.md) explains the P² wall; [10 — pitfalls](10-pitfalls.md)
+#   shows what happens when the flattening above attends across the batch.
