@@ -291,3 +291,5 @@ save_alignment_png(
 #   checkpoints and writes the same alignment pictures.
 # - Tutorial [04 — masks](04-masks.md) explains the causal and padding masks the decoder
 #   uses; [07 — the cost](07-cost.md) counts what every attention here costs.
+# - API reference: [`attnkit.models`](../api/models.md) (`Transformer`, `KVCache`, `greedy`,
+#   `beam_search`); the [`attnkit seq2seq`](../cli/seq2seq.md) command.

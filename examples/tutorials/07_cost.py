@@ -313,3 +313,5 @@ fig.savefig("cost.png", dpi=100)
 #   (`attnkit flops --model vit`).
 # - Tutorial [06 — the Transformer](06-transformer.md) trains a model whose attention you
 #   can now count; [08 — seeing attention](08-seeing-attention.md) looks at what it computes.
+# - API reference: [`attnkit.analysis`](../api/analysis.md); the [`attnkit flops`](../cli/flops.md)
+#   command.

@@ -282,3 +282,6 @@ plot_explanations(digits.to_pixels(x_test[:4, 0]), explanation, y_test[:4], "rol
 # - `head_stats` on a recorded batch with `query_mask=enc.attention_mask.bool()`.
 # - Tutorial [07 — the cost](07-cost.md) counts what these maps cost to compute;
 #   [10 — pitfalls](10-pitfalls.md) shows how attention code goes wrong.
+# - API reference: [`attnkit.viz`](../api/viz.md) (recording, head view, model view, rollout),
+#   [`attnkit.analysis`](../api/analysis.md) (`head_stats`); the [`attnkit explain`](../cli/explain.md)
+#   command.

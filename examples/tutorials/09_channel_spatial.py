@@ -207,3 +207,5 @@ print(f"SAGAN's q·kᵀ and weights·v: P²·Ck + P²·C = {P * P * (C // 8) + P
 #   positions; `attnkit.vision.WindowAttention` restricts it to Swin's windows.
 # - Tutorial [07 — the cost](07-cost.md) explains the P² wall; [10 — pitfalls](10-pitfalls.md)
 #   shows what happens when the flattening above attends across the batch.
+# - API reference: [`attnkit.vision`](../api/vision.md) (`SqueezeExcitation`, `SpatialAttention`,
+#   `CBAM`, `SelfAttention2d`, Swin).

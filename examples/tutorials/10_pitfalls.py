@@ -370,3 +370,5 @@ print(
 # - Tutorial [06 — the Transformer](06-transformer.md) uses causal, padding and
 #   cross-attention masks together; [09 — channel and spatial attention](09-channel-spatial.md)
 #   flattens feature maps the right way.
+# - API reference: [`attnkit.attention` and `attnkit.masks`](../api/core.md), and
+#   [`MultiHeadAttention`](../api/modules.md).
