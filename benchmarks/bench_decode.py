@@ -5,7 +5,7 @@ nanoGPT's model with a preallocated key/value cache and `F.scaled_dot_product_at
 holding a copy of the attnkit GPT's weights; both generate the same tokens (checked).
 Timings: a warm-up call each, then interleaved repeats, medians (same-process ratios: compare
 columns of one run, not runs on different days). Prints a markdown table and writes
-benchmarks/results/decode.json.
+benchmarks/results/decode.json and the table in decode.md (quoted by the README).
 
     python benchmarks/bench_decode.py [--batches 1 8] [--new-tokens 128] [--threads 1]
     python benchmarks/bench_decode.py --tiny      # a seconds-long smoke run
@@ -73,6 +73,10 @@ def main() -> None:
     tmp = args.out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"env": env, "rows": rows}, indent=2) + "\n")
     os.replace(tmp, args.out)
+    table = args.out.with_suffix(".md")  # quoted verbatim by the README (tests/test_readme.py)
+    tmp = table.with_suffix(".md.tmp")
+    tmp.write_text("\n".join(markdown_lines(rows)).strip() + "\n")
+    os.replace(tmp, table)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,21 @@ def test_readme_quotes_the_cli_timings_verbatim():
         assert f"| {case} | {seconds:.3f} |" in README.read_text()
 
 
+def test_readme_quotes_the_decode_benchmark_verbatim():
+    """The cached-generation table is benchmarks/bench_decode.py's (results/decode.md, written
+    with decode.json from the same rows), and both models generated the same tokens."""
+    import json
+
+    from attnkit.analysis.bench_decode import markdown_lines
+
+    results = README.parent / "benchmarks" / "results"
+    table = (results / "decode.md").read_text().strip()
+    assert table in README.read_text()
+    rows = json.loads((results / "decode.json").read_text())["rows"]
+    assert "\n".join(markdown_lines(rows)).strip() == table
+    assert all(row["same_tokens"] for row in rows)
+
+
 def test_readme_quotes_the_transformers_benchmark_verbatim():
     """The attnkit-vs-sdpa-vs-eager table is benchmarks/bench_hf.py's (results/hf.md)."""
     written = README.parent / "benchmarks" / "results" / "hf.md"
