@@ -155,3 +155,20 @@ def test_runner_compares_with_ellipsis_and_catches_drift(tmp_path):
         m.setattr("tests.docs.pages.ROOT", tmp_path)
         bad = mismatches(page, run(page, work))
     assert len(bad) == 1 and "then" in bad[0] and "now" in bad[0]  # the console lines match
+
+
+@pytest.mark.parametrize(
+    "example", sorted(make_examples.EXAMPLES.glob("*.py")), ids=lambda p: p.name
+)
+def test_tutorial_example_runs_as_a_script(example, tmp_path):
+    """The runnable twin runs on its own, as a reader would start it: `python NN_name.py` in
+    an empty folder (the page test ran the same code in one namespace; this runs the file)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONPATH=str(ROOT / "src"))
+    done = subprocess.run(
+        [sys.executable, str(example)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{example.name} failed:\n{done.stderr[-3000:]}"

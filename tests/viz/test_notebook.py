@@ -16,20 +16,11 @@ import torch
 
 import attnkit
 from attnkit.viz import AttentionMaps, AttentionRecord, HeadViewHTML, show
+from tests.viz.test_browser import ARGS  # chromium's offline, headless flags
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "examples" / "notebooks" / "attention_in_jupyter.py"
 SCREENSHOT = REPO / "docs" / "assets" / "guides" / "jupyter" / "head-view.png"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--no-first-run",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-]
 # The page that holds the notebook's outputs may load nothing from anywhere.
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
 TOKENS_1 = ["[CLS]", "the", "animal", "didn", "'", "t", "cross", "the", "street", "because"]
