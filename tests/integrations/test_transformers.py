@@ -315,7 +315,7 @@ def test_sliding_window_mask_matches_eager(tmp_path_factory):
 def test_docs_code_blocks_run():
     from tests.test_readme import run_python_blocks
 
-    doc = Path(__file__).resolve().parents[2] / "docs" / "transformers.md"
+    doc = Path(__file__).resolve().parents[2] / "docs" / "en" / "guides" / "transformers.md"
     ns = run_python_blocks(doc)
     assert ns["rec"].names == ["transformer.h.0.attn", "transformer.h.1.attn"]
 

@@ -208,6 +208,6 @@ def test_docs_detr_md_runs():
     pytest.importorskip("transformers")
     from tests.test_readme import run_python_blocks
 
-    docs = Path(__file__).resolve().parents[2] / "docs" / "detr.md"
+    docs = Path(__file__).resolve().parents[2] / "docs" / "en" / "guides" / "detr.md"
     namespace = run_python_blocks(docs)
     assert namespace["hs"].shape == (1, 2, 7, 32)  # the converted model, no intermediates

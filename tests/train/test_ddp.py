@@ -87,6 +87,7 @@ def _stop_worker(rank: int, world: int, port: int, out: str) -> None:
         fit(ViT(TINY), counting, _data(), config=config, progress=False,
             evaluate=lambda m: {"done": 1.0}, stop_when=lambda row: row["epoch"] == 2)  # fmt: skip
         (Path(out) / f"rank{rank}.steps").write_text(str(len(steps)))
+        dist.barrier()  # both ranks done before either tears gloo down (a race aborted once)
     finally:
         dist.destroy_process_group()
 
