@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.viz.test_browser import ARGS, VISIBLE_LINES
+from tests.viz.test_browser import ARGS, VISIBLE_LINES, playwright_and_chromium
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 pytest.importorskip("attnkit.integrations.transformers")
@@ -37,12 +36,7 @@ def _gpt2_view(tmp_path) -> AttentionMaps:
 
 
 def test_decoder_head_view_draws_no_line_to_a_future_token(tmp_path):
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="the playwright python package is not installed"
-    )
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no chromium executable on PATH (Debian package 'chromium')")
+    sync_api, chromium = playwright_and_chromium()
     maps = _gpt2_view(tmp_path / "gpt2")
     out = REPO / "test-artifacts"
     out.mkdir(exist_ok=True)
@@ -75,12 +69,7 @@ def test_explain_cli_decoder_head_view_is_causal_in_the_browser(family, tmp_path
     from attnkit.cli.main import main
     from tests.integrations.checkpoints import save_text_checkpoint
 
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="the playwright python package is not installed"
-    )
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no chromium executable on PATH (Debian package 'chromium')")
+    sync_api, chromium = playwright_and_chromium()
     folder = save_text_checkpoint(family, tmp_path / family)
     out = tmp_path / "out"
     argv = ["explain", "the cat sat because it was tired", "--checkpoint", str(folder)]

@@ -46,14 +46,21 @@ def _patterned_maps() -> AttentionMaps:
     return AttentionMaps.from_layers(TOKENS, [layer0, layer1], layer_names=["enc 0", "enc 1"])
 
 
-@pytest.fixture(scope="module")
-def page():
+def playwright_and_chromium():
+    """(playwright.sync_api, the chromium executable), or skip: the browser tests drive
+    Debian's chromium through Playwright (never `playwright install`)."""
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="the playwright python package is not installed"
     )
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("no chromium executable on PATH (Debian package 'chromium')")
+    return sync_api, chromium
+
+
+@pytest.fixture(scope="module")
+def page():
+    sync_api, chromium = playwright_and_chromium()
     out = REPO / "test-artifacts"
     out.mkdir(exist_ok=True)
     html_path = write_html(out / "head_view.html", head_view(_patterned_maps(), head=0))

@@ -16,7 +16,7 @@ import torch
 
 import attnkit
 from attnkit.viz import AttentionMaps, AttentionRecord, HeadViewHTML, show
-from tests.viz.test_browser import ARGS  # chromium's offline, headless flags
+from tests.viz.test_browser import ARGS, playwright_and_chromium
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "examples" / "notebooks" / "attention_in_jupyter.py"
@@ -284,12 +284,7 @@ def _page(body: str) -> str:
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="the playwright python package is not installed"
-    )
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no chromium executable on PATH (Debian package 'chromium')")
+    sync_api, chromium = playwright_and_chromium()
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=chromium, args=ARGS)
         yield b
