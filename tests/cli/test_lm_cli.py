@@ -102,3 +102,11 @@ def test_rotary_model_trains_saves_and_samples(tmp_path, capsys):
     text = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"]
     ids = torch.tensor([[vocab.index(c) for c in "the"]])
     assert text == "".join(vocab[i] for i in model.generate(ids, 5)[0].tolist())
+
+
+@pytest.mark.parametrize("group", ["lm", "seq2seq"])
+def test_a_command_group_without_a_subcommand_prints_its_help_and_exits_2(group, capsys):
+    assert main([group]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"usage: attnkit {group}" in captured.err
+    assert "COMMAND" in captured.err

@@ -44,6 +44,22 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+def add_command_group(subparsers, name: str, help: str, doc: str, dest: str):
+    """A command with subcommands (``attnkit lm train|sample``): its parser, and the
+    subparsers to add them to. Called without a subcommand it prints its help on stderr
+    and exits with the usage code."""
+    parser = subparsers.add_parser(
+        name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.set_defaults(run=lambda args: _print_help(parser))
+    return parser, parser.add_subparsers(dest=dest, metavar="COMMAND")
+
+
+def _print_help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:

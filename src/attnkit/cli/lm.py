@@ -14,11 +14,16 @@ written atomically at the end of each epoch.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from attnkit.cli._common import add_out_options, add_report_options, positive_int, prepare_out
-from attnkit.cli._errors import EXIT_USAGE, UsageError
+from attnkit.cli._common import (
+    add_command_group,
+    add_out_options,
+    add_report_options,
+    positive_int,
+    prepare_out,
+)
+from attnkit.cli._errors import UsageError
 
 __all__ = ["load_lm", "read_corpus", "register"]
 
@@ -40,21 +45,11 @@ HELD_OUT = 0.1  # fraction of the text, at its end
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "lm",
-        help="train a character-level GPT, sample from it",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    _, sub = add_command_group(
+        subparsers, "lm", "train a character-level GPT, sample from it", __doc__, "lm_command"
     )
-    parser.set_defaults(run=lambda args: _help(parser))
-    sub = parser.add_subparsers(dest="lm_command", metavar="COMMAND")
     _add_train(sub.add_parser("train", help="train a character-level GPT"))
     _add_sample(sub.add_parser("sample", help="continue a prompt with a trained GPT"))
-
-
-def _help(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return EXIT_USAGE
 
 
 def _positive_float(text: str) -> float:

@@ -29,26 +29,26 @@ from pathlib import Path
 from attnkit.cli._common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
+    add_command_group,
     add_out_options,
     add_report_options,
     positive_int,
     prepare_out,
 )
-from attnkit.cli._errors import EXIT_USAGE, UsageError
+from attnkit.cli._errors import UsageError
 
 __all__ = ["add_seq2seq_parser", "register", "run_decode", "run_eval", "run_train"]
 
 
 def register(subparsers) -> None:
     """Add ``seq2seq`` with its ``train``, ``decode`` and ``eval`` subcommands."""
-    parser = subparsers.add_parser(
+    _, sub = add_command_group(
+        subparsers,
         "seq2seq",
-        help="Transformer, RNN or Universal Transformer on copy/reverse/sort/add",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "Transformer, RNN or Universal Transformer on copy/reverse/sort/add",
+        __doc__,
+        "seq2seq_command",
     )
-    parser.set_defaults(run=lambda args: _help(parser))
-    sub = parser.add_subparsers(dest="seq2seq_command", metavar="COMMAND")
     _add_train(sub.add_parser("train", help="train on a synthetic task"))
     _add_decode(sub.add_parser("decode", help="decode sequences with a trained checkpoint"))
     _add_eval(sub.add_parser("eval", help="held-out exact match of a trained checkpoint"))
@@ -59,11 +59,6 @@ def add_seq2seq_parser(train_subparsers) -> argparse.ArgumentParser:
     parser = train_subparsers.add_parser("seq2seq", help="seq2seq models on synthetic tasks")
     _add_train(parser)
     return parser
-
-
-def _help(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return EXIT_USAGE
 
 
 # attnkit.seq2seq.tasks.TASKS, attnkit.seq2seq.kinds.KINDS, attnkit.models.rnn's CELLS and
