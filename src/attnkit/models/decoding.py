@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
+from torch.nn.modules import module as _module
 
 from attnkit.functional.attention import attention_without_checks
-from attnkit.modules.attention import MultiHeadAttention
+from attnkit.modules.attention import Attend, MultiHeadAttention
 from attnkit.modules.projection import FusedQKV
 
 __all__ = ["CachedMultiHeadAttention", "KVCache", "beam_search", "greedy"]
@@ -190,9 +190,23 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         work of a decode step cut: one query needs no causal mask, and with one token the head
         split is a view, not a transpose. A cached GPT step spends most of its time here.
         """
-        b, h, hkv = x.shape[0], self.num_heads, self.num_kv_heads
-        qkv = self.in_proj.qkv(x)  # (B, 1, Q + K + V)
-        q, k, v = qkv.split(self._qkv_widths, dim=-1)
+        in_proj = self.in_proj
+        widths = (in_proj.q_width, in_proj.k_width, in_proj.v_width)
+        o = self.decode_core(in_proj.qkv(x), cache, self.attend, widths)  # (B, 1, H·Dv)
+        return self.proj(o)
+
+    def decode_core(
+        self, qkv: Tensor, cache: KVCache, attend: nn.Module, widths: tuple[int, int, int]
+    ) -> Tensor:
+        """The step between the projections: qkv (B, 1, Q + K + V) of one new token ->
+        attention output (B, 1, H·Dv), appending the new key and value to `cache`.
+
+        `attend` and `widths` (Q, K, V) are this module's (`self.attend`, `in_proj`'s), passed
+        in so that a caller holding them (`attnkit.models.gpt_step`) skips the attribute
+        lookups, a few µs per token and layer.
+        """
+        b, h, hkv = qkv.shape[0], self.num_heads, self.num_kv_heads
+        q, k, v = qkv.split(widths, dim=-1)
         q = q.view(b, h, 1, self.head_dim)  # (B, H, 1, Dk)
         k = k.view(b, hkv, 1, self.head_dim)  # (B, Hkv, 1, Dk)
         v = v.view(b, hkv, 1, self.v_head_dim)  # (B, Hkv, 1, Dv)
@@ -201,30 +215,34 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             q, k = self.rotate(q, k, offset=0 if cached is None else cached[0].shape[2])
         k, v = cache.append(self, k, v)  # (B, Hkv, S, Dk), (B, Hkv, S, Dv)
         o = None
-        if _plain(self.attend):  # nothing watches Attend: the same call without its checks
-            o = attention_without_checks(
-                q, k, v, scale=self.attend.scale, backend=self.attend.backend
-            )
+        if _plain(attend):  # nothing watches Attend: the same call without its checks
+            o = attention_without_checks(q, k, v, scale=attend.scale, backend=attend.backend)
         if o is None:
-            o = self.attend(q, k, v, mask=None, bias=None, causal=False).out  # (B, H, 1, Dv)
-        return self.proj(o.view(b, 1, h * self.v_head_dim))
-
-    @property
-    def _qkv_widths(self) -> tuple[int, int, int]:
-        p = self.in_proj
-        return p.q_width, p.k_width, p.v_width
+            o = attend(q, k, v, mask=None, bias=None, causal=False).out  # (B, H, 1, Dv)
+        return o.view(b, 1, h * self.v_head_dim)
 
 
 def _plain(attend: nn.Module) -> bool:
-    """Whether calling `attend` would only compute attention: no hook, no recording, no
-    dropout in force (so its result is `attention_without_checks`' whenever that applies)."""
+    """Whether calling `attend` would only compute attention: exactly an `Attend`, no hook, no
+    recording, no dropout in force (so its result is `attention_without_checks`' whenever that
+    applies)."""
     return not (
-        attend.need_weights
+        type(attend) is not Attend
+        or attend.need_weights
         or (attend.training and attend.dropout > 0)
         or attend._forward_hooks
         or attend._forward_pre_hooks
-        or _global_forward_hooks
-        or _global_forward_pre_hooks
+        or global_hooks()
+    )
+
+
+def global_hooks() -> bool:
+    """Whether a global module hook (`torch.nn.modules.module.register_module_*_hook`) is set."""
+    return bool(
+        _module._global_forward_hooks
+        or _module._global_forward_pre_hooks
+        or _module._global_backward_hooks
+        or _module._global_backward_pre_hooks
     )
 
 

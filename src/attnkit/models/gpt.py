@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from attnkit.models.decoding import CachedMultiHeadAttention, KVCache
 from attnkit.models.generate import generate
+from attnkit.models.gpt_step import decode_step
 from attnkit.models.transformer import _TiedModule, lm_loss
 from attnkit.modules._checks import positive_int, probability
 from attnkit.modules.blocks import ACTIVATIONS, FeedForward, PreNormResidual
@@ -150,8 +151,13 @@ class GPT(_TiedModule):
             Padding is masked as a key and not counted in positions; a padding
             query sees no key, its output is well defined (no NaN) but meaningless.
         """
+        _check_ids(ids)
+        if cache is not None and attention_mask is None and ids.shape[1] == 1:
+            logits = decode_step(self, ids, cache)  # the same step without module calls
+            if logits is not None:
+                return logits
         offset = 0 if cache is None else cache.length
-        x = self.tokens(_check_ids(ids))  # (B, N, C)
+        x = self.tokens(ids)  # (B, N, C)
         if attention_mask is None:
             mask = None
             if self.positions is not None:

@@ -1,0 +1,153 @@
+"""The cached one-token step of `GPT` without its module calls: what `generate` runs per token.
+
+Dimensions: B batch, C model width, F feed-forward width, V vocabulary.
+
+A decode step of a small GPT is a few matrix-vector products per layer and about fifteen
+`nn.Module` calls per layer; at batch 1 the calls' Python cost is a tenth of the step, and it
+is what made attnkit's GPT decode slower than a plain PyTorch GPT. `decode_step` runs the same
+operations in the same order as the module path — `F.embedding`, `F.layer_norm`, `F.linear`,
+the activation, `CachedMultiHeadAttention._decode_one` with its `KVCache.append` and
+`attention_without_checks` — on the modules' own parameters, so its logits are bitwise equal
+to the module path's (tested). `torch.nn.MultiheadAttention`'s inference fast path is the
+precedent.
+
+It is taken only where nothing can tell the difference: eval mode; no forward or backward hook
+on any module of the model and no global one; `Attend` not recording (`record_attention`);
+and every submodule of exactly the type `GPT` builds. A replaced or wrapped module (LoRA, a
+parametrization, pruning, a quantized Linear, a custom activation) makes `decode_step` return
+None, and the modules run as written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.models.decoding import CachedMultiHeadAttention, KVCache, _plain, global_hooks
+from attnkit.modules.blocks import FeedForward, PreNormResidual
+from attnkit.modules.embed import LearnedPositionalEmbedding
+from attnkit.modules.projection import FusedQKV
+
+__all__ = ["decode_step"]
+
+# nn activation module -> the functional its forward calls
+_ACTIVATIONS: dict[type, Callable[[nn.Module, Tensor], Tensor]] = {
+    nn.GELU: lambda m, x: F.gelu(x, approximate=m.approximate),
+    nn.ReLU: lambda m, x: F.relu(x),
+    nn.SiLU: lambda m, x: F.silu(x),
+}
+
+
+def decode_step(gpt: nn.Module, ids: Tensor, cache: KVCache) -> Tensor | None:
+    """Logits (B, 1, V) of one new token per row, ids (B, 1), over `cache` (advanced by one);
+    None when the module path must run instead (see the module docstring)."""
+    plan = _plan(gpt)  # checks everything before the cache is touched
+    if plan is None:
+        return None
+    tokens, positions, layers, norm, head = plan
+    offset = cache.length
+    if positions is not None and offset >= positions.shape[0]:
+        return None  # the module path raises its error about the position table
+    x = F.embedding(ids, tokens)  # (B, 1, C)
+    if positions is not None:
+        x = x + positions[offset : offset + 1]
+    for ln1, mha, attend, widths, qkv, proj, ln2, fc1, act, fc2 in layers:
+        o = mha.decode_core(F.linear(_layer_norm(ln1, x), *qkv), cache, attend, widths)
+        x = x + F.linear(o, *proj)  # (B, 1, C)
+        h = _ACTIVATIONS[type(act)](act, F.linear(_layer_norm(ln2, x), *fc1))  # (B, 1, F)
+        x = x + F.linear(h, *fc2)
+    cache.length += 1
+    return F.linear(_layer_norm(norm, x), *head)  # (B, 1, V)
+
+
+def _layer_norm(norm: tuple, x: Tensor) -> Tensor:
+    return F.layer_norm(x, *norm)
+
+
+def _plan(gpt: nn.Module) -> tuple | None:
+    """What `decode_step` reads, or None unless the model runs as built: eval mode, no hooks,
+    every module of the type GPT builds. Read through `_modules` / `_parameters` (a plain
+    attribute read of a submodule costs ~1-2 µs: `nn.Module.__getattr__` runs after a failed
+    lookup), about 25 µs per step for 4 layers."""
+    if gpt.training or global_hooks():
+        return None
+    from attnkit.models.gpt import GPTBlock, _TokenTable  # gpt imports this module
+
+    mods = gpt._modules
+    tokens, positions = mods["tokens"], mods.get("positions")  # None: not a module (rotary)
+    if not (
+        _plain_module(tokens, _TokenTable)
+        and tokens.max_norm is None
+        and (positions is None or _plain_module(positions, LearnedPositionalEmbedding))
+        and _plain_module(mods["blocks"], nn.ModuleList)
+    ):
+        return None
+    norm, head = _norm(mods["norm"]), _linear(mods["head"])
+    if norm is None or head is None:
+        return None
+    layers = []
+    for block in mods["blocks"]._modules.values():
+        layer = _layer(block, GPTBlock)
+        if layer is None:
+            return None
+        layers.append(layer)
+    pos = None if positions is None else positions._parameters["weight"]
+    return tokens._parameters["weight"], pos, layers, norm, head
+
+
+def _layer(block: nn.Module, block_type: type) -> tuple | None:
+    """One GPTBlock's (ln1, attention, attend, widths, qkv, proj, ln2, fc1, act, fc2), or None."""
+    if not _plain_module(block, block_type):
+        return None
+    attn, ff = block._modules["attn"], block._modules["ff"]
+    if not (_plain_module(attn, PreNormResidual) and _plain_module(ff, PreNormResidual)):
+        return None
+    mha, ffn = attn._modules["fn"], ff._modules["fn"]
+    if not (_plain_module(mha, CachedMultiHeadAttention) and _plain_module(ffn, FeedForward)):
+        return None
+    in_proj, attend, act = mha._modules["in_proj"], mha._modules["attend"], ffn._modules["act"]
+    if not (
+        _plain_module(in_proj, FusedQKV)
+        and _plain(attend)
+        and type(act) in _ACTIVATIONS
+        and _plain_module(act, type(act))
+    ):
+        return None
+    parts = (
+        _norm(attn._modules["norm"]),
+        _linear(in_proj._modules["qkv"]),
+        _linear(mha._modules["proj"]),
+        _norm(ff._modules["norm"]),
+        _linear(ffn._modules["fc1"]),
+        _linear(ffn._modules["fc2"]),
+    )
+    if any(p is None for p in parts):
+        return None
+    ln1, qkv, proj, ln2, fc1, fc2 = parts
+    widths = (in_proj.q_width, in_proj.k_width, in_proj.v_width)
+    return ln1, mha, attend, widths, qkv, proj, ln2, fc1, act, fc2
+
+
+def _norm(m: nn.Module) -> tuple | None:
+    """A plain LayerNorm's F.layer_norm arguments after x, or None."""
+    if not _plain_module(m, nn.LayerNorm):
+        return None
+    p = m._parameters
+    return m.normalized_shape, p["weight"], p["bias"], m.eps
+
+
+def _linear(m: nn.Module) -> tuple | None:
+    """A plain Linear's (weight, bias), or None."""
+    if not _plain_module(m, nn.Linear):
+        return None
+    p = m._parameters
+    return p["weight"], p["bias"]
+
+
+def _plain_module(m: nn.Module, cls: type) -> bool:
+    """m is exactly a `cls` (not a subclass: parametrize and friends subclass) with no hook."""
+    return type(m) is cls and not (
+        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+    )
