@@ -31,6 +31,7 @@ from attnkit.models import (
     DetrTransformer,
     GPTBlock,
     GPTConfig,
+    KVCache,
     PatchEmbed,
     RNNConfig,
     RNNSeq2Seq,
@@ -166,6 +167,11 @@ def _gpt_inputs(d, t, padded):
     return (ids,), ({"attention_mask": _keep(N, d)} if padded else {})
 
 
+def _gpt_step_inputs(d, t, padded):
+    """One token over an empty cache: in eval, `GPT`'s module-free step (`gpt_step`)."""
+    return (torch.randint(0, 11, (B, 1), device=d),), {"cache": KVCache()}
+
+
 def _decoder_inputs(d, t, padded):
     x, memory = torch.randn(B, 4, C, device=d, dtype=t), torch.randn(B, N, C, device=d, dtype=t)
     return (x, memory), ({"memory_mask": _keep(N, d)[:, None, None, :]} if padded else {})
@@ -255,6 +261,7 @@ CASES: list[Case] = [
     Case("transformer", Transformer, lambda **fk: Transformer(SEQ, **fk), lambda d, t, p: ((_tokens(11, N, d, p), _tokens(13, 4, d, p)), {}), (B, 4, 13), True),
     Case("causal-lm", CausalLM, lambda **fk: CausalLM(LM, **fk), lambda d, t, p: ((_tokens(11, N, d, p),), {}), (B, N, 11), True),
     Case("gpt", GPT, lambda **fk: GPT(GPT_CFG, **fk), _gpt_inputs, (B, N, 11), True),
+    Case("gpt-step", GPT, lambda **fk: GPT(GPT_CFG, **fk), _gpt_step_inputs, (B, 1, 11)),
     Case("gpt-block", GPTBlock, lambda **fk: GPTBlock(GPT_CFG, **fk), _self(), (B, N, C), True),
     Case("rnn-seq2seq", RNNSeq2Seq, lambda **fk: RNNSeq2Seq(RNNConfig(vocab=13, embed_dim=6, hidden=C), **fk), lambda d, t, p: ((_tokens(13, N, d, p), _tokens(13, 4, d, p)), {}), (B, 4, 13), True),
     Case("universal", UniversalTransformer, lambda **fk: UniversalTransformer(UniversalConfig(vocab=13, d_model=C, num_heads=2, d_ff=16, steps=2, max_len=16), **fk), lambda d, t, p: ((_tokens(13, N, d, p), _tokens(13, 4, d, p)), {}), (B, 4, 13), True, output=lambda o: o.logits),

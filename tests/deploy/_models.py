@@ -7,7 +7,17 @@ from __future__ import annotations
 
 import torch
 
-from attnkit.models import BertConfig, BertEncoder, CausalLM, Transformer, ViT, ViTConfig, preset
+from attnkit.models import (
+    GPT,
+    BertConfig,
+    BertEncoder,
+    CausalLM,
+    GPTConfig,
+    Transformer,
+    ViT,
+    ViTConfig,
+    preset,
+)
 from attnkit.models.transformer import DecoderBlock
 from attnkit.modules import EncoderBlock, MultiHeadAttention
 from attnkit.vision.swin import SwinConfig, SwinModel
@@ -77,8 +87,11 @@ def build(name: str):
         return Transformer(SEQ), (tokens(2, 6), tokens(2, 5)), {}
     if name == "causal-lm":
         return CausalLM(SEQ), (tokens(2, 6),), {}
+    if name == "gpt":
+        cfg = GPTConfig(vocab_size=20, n_layer=2, n_head=2, d_model=C, context=16, dropout=0.1)
+        return GPT(cfg), (tokens(2, 6),), {}
     raise KeyError(name)
 
 
 NAMES = ["mha-self", "mha-cross", "mha-gqa", "encoder-block", "decoder-block", "bert", "vit",
-         "t2t", "swin", "transformer", "causal-lm"]  # fmt: skip
+         "t2t", "swin", "transformer", "causal-lm", "gpt"]  # fmt: skip

@@ -69,11 +69,13 @@ def test_plain_compile_has_no_graph_break(name, training):
     assert explained.graph_count == 1
 
 
-def test_cached_decoding_step_compiles():
-    """A one-token step over a KVCache, compiled with fullgraph, equals the eager step."""
+@pytest.mark.parametrize("name", ["causal-lm", "gpt"])
+def test_cached_decoding_step_compiles(name):
+    """A one-token step over a KVCache, compiled with fullgraph, equals the eager step (for
+    the GPT in eval, its module-free step, `attnkit.models.gpt_step`)."""
     from attnkit.models import KVCache
 
-    m, (prompt,), _ = build("causal-lm")
+    m, (prompt,), _ = build(name)
     m.eval()
     step = torch.compile(lambda tok, cache: m(tok, cache=cache), fullgraph=True, backend=BACKEND)
     eager_cache, compiled_cache = KVCache(), KVCache()
