@@ -78,6 +78,20 @@ def test_step_is_taken_in_eval_and_not_in_training(monkeypatch):
             model(ids[:, 5:], cache=cache)
 
 
+def test_a_submodule_in_training_mode_applies_its_dropout(monkeypatch):
+    model = _gpt(dropout=0.5)
+    model.blocks[1].ff.train()  # only this residual's dropout is in force
+    ids = torch.randint(0, 23, (2, 7))
+    with torch.no_grad():
+        torch.manual_seed(3)
+        fast, _ = _decode(model, ids, False)
+        torch.manual_seed(3)
+        slow, _ = _decode(model, ids, True, monkeypatch)
+        model.blocks[1].ff.eval()
+        plain, _ = _decode(model, ids, False)
+    assert torch.equal(fast, slow) and not torch.allclose(fast, plain)
+
+
 def test_gradients_through_the_step_equal_the_module_path(monkeypatch):
     model = _gpt(torch.float64)
     ids = torch.randint(0, 23, (2, 7))

@@ -147,7 +147,12 @@ def _linear(m: nn.Module) -> tuple | None:
 
 
 def _plain_module(m: nn.Module, cls: type) -> bool:
-    """m is exactly a `cls` (not a subclass: parametrize and friends subclass) with no hook."""
+    """m is exactly a `cls` (not a subclass: parametrize and friends subclass), in eval mode
+    (a submodule put back in training mode would apply its dropout), with no hook."""
     return type(m) is cls and not (
-        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+        m.training
+        or m._forward_hooks
+        or m._forward_pre_hooks
+        or m._backward_hooks
+        or m._backward_pre_hooks
     )
