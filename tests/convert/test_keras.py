@@ -15,7 +15,11 @@ keras = pytest.importorskip("keras")
 from attnkit import MultiHeadAttention, masks, record_attention  # noqa: E402
 from attnkit.convert import from_keras, to_keras  # noqa: E402
 from attnkit.convert import keras as ck  # noqa: E402
-from attnkit.modules import AdditiveAttention, LuongAttention  # noqa: E402
+from attnkit.modules import (  # noqa: E402
+    AdditiveAttention,
+    LuongAttention,
+    RotaryEmbedding,
+)
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "torch", reason="these tests feed torch tensors to Keras"
@@ -176,6 +180,8 @@ def test_refusals_name_the_problem():
         from_keras(keras_mha(8, 2, 4, use_gate=True))
     with pytest.raises(ValueError, match="GQA"):
         to_keras(MultiHeadAttention(16, 4, num_kv_heads=2))
+    with pytest.raises(ValueError, match="rotary positions"):  # it would be dropped silently
+        to_keras(MultiHeadAttention(16, 4, rotary=RotaryEmbedding(4)))
     with pytest.raises(ValueError, match=r"expected keras\.layers\.MultiHeadAttention"):
         from_keras(keras.layers.Dense(3))
 

@@ -8,6 +8,7 @@ from torch import nn
 
 from attnkit import MultiHeadAttention, masks
 from attnkit.convert import from_torch, to_torch
+from attnkit.modules import RotaryEmbedding
 from tests.naive import naive_attention
 
 
@@ -94,6 +95,8 @@ def test_to_torch_refuses_what_torch_cannot_express():
         to_torch(MultiHeadAttention(16, 4, v_head_dim=3))
     with pytest.raises(ValueError, match="no output projection"):
         to_torch(MultiHeadAttention(16, 4, out_proj=False))
+    with pytest.raises(ValueError, match="rotary positions"):  # it would be dropped silently
+        to_torch(MultiHeadAttention(16, 4, rotary=RotaryEmbedding(4)))
 
 
 def _float64_mha(m, x, ctx=None, pos=None, ctx_pos=None, mask=None):

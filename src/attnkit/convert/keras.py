@@ -219,6 +219,8 @@ def mha_to_keras(ours: MultiHeadAttention):
         problems.append("no output projection (out_proj=False; Keras always has one)")
     elif _in_bias(ours) != (ours.proj.bias is not None):
         problems.append("qkv_bias != out_bias (Keras has one use_bias)")
+    if ours.rotary is not None:
+        problems.append("rotary positions (RoPE: Keras has no such option)")
     if ours.attend.scale is not None and ours.attend.scale != ours.head_dim**-0.5:
         problems.append(f"scale={ours.attend.scale} is not 1/sqrt(head_dim)")
     if problems:

@@ -96,6 +96,8 @@ def mha_to_torch(
     bias = "proj.bias" in sd
     if any(k.startswith("in_proj.") and k.endswith(".bias") for k in sd) != bias:
         problems.append("qkv_bias != out_bias (torch has one bias flag)")
+    if ours.rotary is not None:
+        problems.append("rotary positions (RoPE: torch has no such option)")
     if ours.attend.scale is not None and ours.attend.scale != ours.head_dim**-0.5:
         problems.append(f"scale={ours.attend.scale} is not 1/sqrt(head_dim)")
     if problems:
