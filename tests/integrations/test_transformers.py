@@ -197,6 +197,23 @@ def test_text_gradients_equal_eager_in_training_mode(text_pair):
     _assert_gradients_close(*grads)
 
 
+def test_recording_with_gradient_checkpointing_lists_each_layer_once(tmp_path_factory):
+    """transformers' checkpointed layers run again in the backward pass; what they compute
+    there is not a call of the user's and is not recorded twice."""
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("ckpt")
+    transformers.AutoModel.from_config(TEXT["bert"]()).save_pretrained(path)
+    model = transformers.AutoModel.from_pretrained(path, attn_implementation="attnkit")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    ids, mask = _text_batch("bert")
+    with attnkit.record_attention(model) as rec:
+        hidden, _ = _hidden(model, ids, mask)
+        _loss(hidden[mask.bool()]).backward()
+    assert len(rec) == model.config.num_hidden_layers
+    assert all(len(maps) == 1 for maps in rec.calls.values())
+
+
 @pytest.mark.parametrize("family", DECODERS)
 def test_generation_with_the_cache_gives_eager_tokens(family, tmp_path_factory):
     fast, slow = _load_pair(tmp_path_factory, TEXT[family](), transformers.AutoModelForCausalLM)

@@ -152,3 +152,24 @@ def test_fine_tune_step_with_checkpointing_matches_plain(hf_classifier):
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, g in grads[0].items():
         torch.testing.assert_close(grads[1][name], g, rtol=0, atol=1e-6, msg=name)
+
+
+def test_recording_a_checkpointed_step_lists_each_layer_once(hf_classifier):
+    """The backward pass recomputes checkpointed layers; the recording keeps the forward's maps
+    only (it listed every layer twice), and they equal an unchecked model's."""
+    from attnkit import record_attention
+
+    _, folder = hf_classifier
+    batch, labels = _batch(), torch.tensor([0, 1, 2, 1])
+    recorded = []
+    for checkpointing in (False, True):
+        model = BertClassifier.from_pretrained(
+            folder, gradient_checkpointing=checkpointing, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        ).train()  # fmt: skip
+        with record_attention(model) as rec:
+            model.loss(model(**batch), labels).backward()
+        assert all(len(maps) == 1 for maps in rec.calls.values()) and len(rec) == 2
+        recorded.append(rec)
+    for name in recorded[0].names:
+        torch.testing.assert_close(recorded[1][name], recorded[0][name], rtol=0, atol=1e-7)

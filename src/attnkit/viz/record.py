@@ -46,9 +46,20 @@ def recording_sink(module: nn.Module) -> Callable[[Tensor], None] | None:
     name, record, detach = entry
 
     def sink(weights: Tensor) -> None:
-        record.calls.setdefault(name, []).append(weights.detach() if detach else weights)
+        if not _recomputing():
+            record.calls.setdefault(name, []).append(weights.detach() if detach else weights)
 
     return sink
+
+
+def _recomputing() -> bool:
+    """Whether autograd's backward pass is running this forward call: a gradient-checkpointed
+    layer recomputed (`torch.utils.checkpoint`), not a call of the user's. Its maps are the
+    forward's again; recording them would list every checkpointed layer twice. The call
+    itself still computes the weights, so the recomputation matches the forward it replays."""
+    if torch.compiler.is_compiling():
+        return False
+    return torch._C._current_graph_task_id() != -1
 
 
 @dataclass
@@ -162,7 +173,9 @@ def record_attention(model: nn.Module, *, detach: bool = True) -> Iterator[Atten
     >>> rec.stack().shape  # (layers, B, H, N, S)
 
     Probabilities are taken before dropout. With `detach=False` they keep
-    their graph (for attention-based losses). A Hugging Face model loaded with
+    their graph (for attention-based losses). A backward pass inside the block records
+    nothing: gradient-checkpointed layers run again there, and their maps are the forward's
+    (each call is listed once). A Hugging Face model loaded with
     ``attn_implementation="attnkit"`` (see `attnkit.integrations.transformers`) is recorded
     under its own module paths. Raises ValueError if `model` holds no `Attend` module and
     runs on no such backend.
@@ -179,6 +192,8 @@ def record_attention(model: nn.Module, *, detach: bool = True) -> Iterator[Atten
 
     def hook_for(name: str):
         def hook(module, args, output):
+            if _recomputing():
+                return
             weights = output.weights.detach() if detach else output.weights
             record.calls.setdefault(name, []).append(weights)
 
