@@ -139,15 +139,20 @@ def test_head_of_another_size_is_refused(hf_classifier):
         BertClassifier.from_pretrained(folder, num_labels=5)
 
 
+def _without_and_with_checkpointing(folder):
+    """The classifier in training mode with dropout off, without then with checkpointing."""
+    for checkpointing in (False, True):
+        yield BertClassifier.from_pretrained(
+            folder, gradient_checkpointing=checkpointing, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        ).train()  # fmt: skip
+
+
 def test_fine_tune_step_with_checkpointing_matches_plain(hf_classifier):
     _, folder = hf_classifier
     batch, labels = _batch(), torch.tensor([0, 1, 2, 1])
     grads = []
-    for checkpointing in (False, True):
-        model = BertClassifier.from_pretrained(
-            folder, gradient_checkpointing=checkpointing, hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        ).train()  # fmt: skip
+    for model in _without_and_with_checkpointing(folder):
         model.loss(model(**batch), labels).backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, g in grads[0].items():
@@ -162,11 +167,7 @@ def test_recording_a_checkpointed_step_lists_each_layer_once(hf_classifier):
     _, folder = hf_classifier
     batch, labels = _batch(), torch.tensor([0, 1, 2, 1])
     recorded = []
-    for checkpointing in (False, True):
-        model = BertClassifier.from_pretrained(
-            folder, gradient_checkpointing=checkpointing, hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        ).train()  # fmt: skip
+    for model in _without_and_with_checkpointing(folder):
         with record_attention(model) as rec:
             model.loss(model(**batch), labels).backward()
         assert all(len(maps) == 1 for maps in rec.calls.values()) and len(rec) == 2
