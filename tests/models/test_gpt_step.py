@@ -4,6 +4,8 @@ recording, training or a replaced module could tell the difference."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch import nn
@@ -43,20 +45,24 @@ def _decode(model: GPT, ids: torch.Tensor, module_path: bool, monkeypatch=None, 
     return torch.cat(steps, 1), cache
 
 
+@pytest.mark.parametrize("batch", [3, 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("config", list(CONFIGS), ids=str)
-def test_step_is_bitwise_the_module_path_and_equals_the_full_forward(config, dtype, monkeypatch):
+def test_step_is_the_module_path_and_equals_the_full_forward(config, dtype, batch, monkeypatch):
+    """Bit for bit the module path's (the same operations in the same order); at batch 1 the
+    projections are matrix-vector products (`torch.addmv`), equal up to float rounding."""
     model = _gpt(dtype, **CONFIGS[config])
-    ids = torch.randint(0, 23, (3, 12), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 23, (batch, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         fast, fast_cache = _decode(model, ids, False)
         slow, slow_cache = _decode(model, ids, True, monkeypatch)
         full = model(ids)[:, 4:]
-    assert torch.equal(fast, slow)  # the same operations in the same order
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    same = torch.equal if batch > 1 else partial(torch.allclose, atol=tol / 10, rtol=0)
+    assert same(fast, slow)
     assert fast_cache.length == slow_cache.length == 12
     for m, (k, v) in fast_cache.entries.items():
-        assert torch.equal(k, slow_cache.entries[m][0]) and torch.equal(v, slow_cache.entries[m][1])
-    tol = 1e-12 if dtype == torch.float64 else 2e-5
+        assert same(k, slow_cache.entries[m][0]) and same(v, slow_cache.entries[m][1])
     torch.testing.assert_close(fast, full, atol=tol, rtol=0)
 
 
@@ -92,9 +98,10 @@ def test_a_submodule_in_training_mode_applies_its_dropout(monkeypatch):
     assert torch.equal(fast, slow) and not torch.allclose(fast, plain)
 
 
-def test_gradients_through_the_step_equal_the_module_path(monkeypatch):
+@pytest.mark.parametrize("batch", [2, 1])
+def test_gradients_through_the_step_equal_the_module_path(batch, monkeypatch):
     model = _gpt(torch.float64)
-    ids = torch.randint(0, 23, (2, 7))
+    ids = torch.randint(0, 23, (batch, 7))
 
     def grads(module_path: bool):
         model.zero_grad()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -53,13 +54,23 @@ def decode_step(gpt: nn.Module, ids: Tensor, cache: KVCache) -> Tensor | None:
     x = F.embedding(ids, tokens)  # (B, 1, C)
     if positions is not None:
         x = x + positions[offset : offset + 1]
+    linear = _gemv if ids.shape[0] == 1 else F.linear
     for ln1, mha, attend, widths, qkv, proj, ln2, fc1, act, fc2 in layers:
-        o = mha.decode_core(F.linear(_layer_norm(ln1, x), *qkv), cache, attend, widths)
-        x = x + F.linear(o, *proj)  # (B, 1, C)
-        h = _ACTIVATIONS[type(act)](act, F.linear(_layer_norm(ln2, x), *fc1))  # (B, 1, F)
-        x = x + F.linear(h, *fc2)
+        o = mha.decode_core(linear(_layer_norm(ln1, x), *qkv), cache, attend, widths)
+        x = x + linear(o, *proj)  # (B, 1, C)
+        h = _ACTIVATIONS[type(act)](act, linear(_layer_norm(ln2, x), *fc1))  # (B, 1, F)
+        x = x + linear(h, *fc2)
     cache.length += 1
-    return F.linear(_layer_norm(norm, x), *head)  # (B, 1, V)
+    return linear(_layer_norm(norm, x), *head)  # (B, 1, V)
+
+
+def _gemv(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """F.linear for one row x (1, 1, In) -> (1, 1, Out) as a matrix-vector product: BLAS's gemv
+    streams the weight once, a few % faster than the one-row matrix product F.linear runs
+    (AMD EPYC, 1 thread, the weights of a decode step: 5-10 %), equal up to float rounding."""
+    v = x.view(-1)  # (In,)
+    out = torch.mv(weight, v) if bias is None else torch.addmv(bias, weight, v)  # (Out,)
+    return out.view(1, 1, -1)
 
 
 def _layer_norm(norm: tuple, x: Tensor) -> Tensor:
