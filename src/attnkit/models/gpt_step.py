@@ -6,16 +6,17 @@ A decode step of a small GPT is a few matrix-vector products per layer and about
 `nn.Module` calls per layer; at batch 1 the calls' Python cost is a tenth of the step, and it
 is what made attnkit's GPT decode slower than a plain PyTorch GPT. `decode_step` runs the same
 operations in the same order as the module path — `F.embedding`, `F.layer_norm`, `F.linear`,
-the activation, `CachedMultiHeadAttention._decode_one` with its `KVCache.append` and
+the activation, `CachedMultiHeadAttention.decode_core` with its `KVCache.append` and
 `attention_without_checks` — on the modules' own parameters, so its logits are bitwise equal
-to the module path's (tested). `torch.nn.MultiheadAttention`'s inference fast path is the
-precedent.
+to the module path's (tested); at batch 1 the projections are `torch.addmv` instead of
+`F.linear`, equal up to float rounding. `torch.nn.MultiheadAttention`'s inference fast path
+is the precedent.
 
-It is taken only where nothing can tell the difference: eval mode; no forward or backward hook
-on any module of the model and no global one; `Attend` not recording (`record_attention`);
-and every submodule of exactly the type `GPT` builds. A replaced or wrapped module (LoRA, a
-parametrization, pruning, a quantized Linear, a custom activation) makes `decode_step` return
-None, and the modules run as written.
+It is taken only where nothing can tell the difference: every module in eval mode; no forward
+or backward hook on any module of the model and no global one; `Attend` not recording
+(`record_attention`); and every submodule of exactly the type `GPT` builds. A replaced or
+wrapped module (LoRA, a parametrization, pruning, a quantized Linear, another activation or
+norm) makes `decode_step` return None, and the modules run as written.
 """
 
 from __future__ import annotations
