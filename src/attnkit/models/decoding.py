@@ -188,7 +188,7 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         The same computation as the general path (the same projection weights, `rotate`,
         `KVCache.append` and `Attend`, so hooks and recording still see it), with the Python
         work of a decode step cut: one query needs no causal mask, and with one token the head
-        split is a view, not a transpose. A cached GPT step spends most of its time here.
+        split is a view, not a transpose. (`GPT` in eval mode calls `decode_core` directly.)
         """
         in_proj = self.in_proj
         widths = (in_proj.q_width, in_proj.k_width, in_proj.v_width)
