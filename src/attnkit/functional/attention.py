@@ -140,8 +140,10 @@ def attention(
     """
     _validate(q, k, v, mask, bias, dropout_p, scale)
     # masks and biases of rank < 4 as (…, N|1, S|1) views of rank 4: every backend sees one rank
-    mask = None if mask is None else mask[(None,) * (4 - mask.dim())]
-    bias = None if bias is None else bias[(None,) * (4 - bias.dim())]
+    if mask is not None and mask.dim() < 4:
+        mask = mask[(None,) * (4 - mask.dim())]
+    if bias is not None and bias.dim() < 4:
+        bias = bias[(None,) * (4 - bias.dim())]
     if q.numel() == 0 or k.shape[2] == 0:  # no query, or no key to attend to
         return _no_work(q, k, v, need_weights)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
@@ -183,7 +185,7 @@ def _nan_where_q_is_not_finite(res: AttentionOutput, q: Tensor) -> AttentionOutp
     N = 16) are skipped. The sum is non-finite when any entry is, or when finite entries
     overflow it; then the exact row-wise path runs, so the check can cost time, never truth.
     """
-    if _eager_cpu(q) and math.isfinite(q.detach().sum().item()):
+    if _eager_cpu(q) and math.isfinite((q.detach() if q.requires_grad else q).sum().item()):
         return res  # (a float16 sum may overflow where float32 would not: a slower path only)
     acc = torch.promote_types(q.dtype, torch.float32)
     poison = q.detach().sum(-1, keepdim=True, dtype=acc).mul_(0)  # (B, H, N, 1): 0, or NaN
