@@ -89,14 +89,16 @@ def merge_into(out: Tensor, lse: Tensor, rows: slice, o_b: Tensor, l_b: Tensor) 
     """out[rows], lse[rows] <- the log-sum-exp merge with a block's (o_b, l_b), in place.
 
     Rows that saw nothing so far or in this block have lse -inf; they are shifted by 0 so
-    that exp(-inf - 0) = 0 (never -inf - -inf = NaN).
+    that exp(-inf - 0) = 0 (never -inf - -inf = NaN). o_b is consumed (scaled in place):
+    the only temporaries are per row, (B, H, nq), never (B, H, nq, Dv). The same three
+    roundings as wa * out + wb * o_b, so the result is bit for bit that expression's.
     """
     lo = lse[:, :, rows]  # (B, H, nq)
     new = torch.logaddexp(lo, l_b)
-    safe = torch.where(torch.isinf(new) & (new < 0), torch.zeros_like(new), new)
-    wa = (lo - safe).exp().unsqueeze(-1)  # (B, H, nq, 1)
-    wb = (l_b - safe).exp().unsqueeze(-1)
-    out[:, :, rows] = wa * out[:, :, rows] + wb * o_b
+    safe = new.masked_fill(torch.isinf(new) & (new < 0), 0.0)
+    o = out[:, :, rows]  # a view: the updates below write into out
+    o.mul_((lo - safe).exp_().unsqueeze(-1))  # (B, H, nq, 1) broadcast over Dv
+    o.add_(o_b.mul_((l_b - safe).exp_().unsqueeze(-1)))
     lse[:, :, rows] = new
 
 

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from attnkit.distributed._block import (
+    _ALL,
     BiasFn,
     bias_block,
     block_backward,
@@ -82,18 +83,17 @@ class _RingAttention(torch.autograd.Function):
         rank, world = group_info(group)
         cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
         qc, kc, vc = (t.to(cdt).contiguous() for t in (q, k, v))
-        b, h, n, _ = q.shape
-        out = torch.zeros(b, h, n, v.shape[3], dtype=cdt, device=q.device)
-        lse = torch.full((b, h, n), float("-inf"), dtype=cdt, device=q.device)
+        n = q.shape[2]
         pos = _positions(n, rank, world, layout, q.device)
         # the mask travels as uint8 (every backend can send bytes)
         kv = [kc, vc] + ([mask.to(torch.uint8).contiguous()] if mask is not None else [])
+        out = lse = spare = None
         for step in range(world):
             src = (rank - step) % world
-            reqs = None
+            reqs = recv = None
             if step + 1 < world:  # start the next block's transfer before computing this one
-                nxt = [torch.empty_like(t) for t in kv]
-                reqs = exchange(kv, nxt, group, rank, world)
+                recv = spare if spare is not None else [torch.empty_like(t) for t in kv]
+                reqs = exchange(kv, recv, group, rank, world)
             geo = block_geometry(rank, src, world, layout, causal, n)
             if geo is not None:
                 rows, cols, c = geo
@@ -102,10 +102,16 @@ class _RingAttention(torch.autograd.Function):
                 o_b, l_b = block_forward(
                     qc[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], m, bb, c, scale
                 )
-                merge_into(out, lse, rows, o_b, l_b)
+                if out is None:  # step 0, our own block (every row): merging into nothing
+                    out, lse = o_b, l_b  # gives o_b, l_b themselves, so keep them
+                else:
+                    merge_into(out, lse, rows, o_b, l_b)
+                del o_b, l_b, m, bb
             if reqs is not None:
                 _wait(reqs)
-                kv = nxt
+                # what we sent is free again: two sets of receive buffers serve the whole
+                # loop (our own K/V, sent at step 0, are the inputs: never overwritten)
+                kv, spare = recv, (kv if step > 0 else None)
         ctx.save_for_backward(qc, kc, vc, mask, bias, out, lse)
         ctx.args = (bias_fn, causal, scale, layout, group, q.dtype, k.dtype, v.dtype)
         return out.to(q.dtype), lse
@@ -122,53 +128,67 @@ class _RingAttention(torch.autograd.Function):
         dbias = torch.zeros(bias.shape, dtype=cdt, device=bias.device) if want_dbias else None
         dout = dout.to(cdt)
         dlse = None if dlse is None else dlse.to(cdt)
-        dq = torch.zeros_like(qc)
         kv = [kc, vc] + ([mask.to(torch.uint8).contiguous()] if mask is not None else [])
-        dkv_reqs, dkv_in = None, None
+        dq = dk_own = dv_own = spare = None
+        # dK/dV of the block in hand (`acc`), the one arriving (`acc_in`), a free pair
+        acc = acc_in = acc_spare = dkv_reqs = None
         for step in range(world):
             src = (rank - step) % world
-            reqs = None
+            reqs = recv = None
             if step + 1 < world:
-                nxt = [torch.empty_like(t) for t in kv]
-                reqs = exchange(kv, nxt, group, rank, world)
+                recv = spare if spare is not None else [torch.empty_like(t) for t in kv]
+                reqs = exchange(kv, recv, group, rank, world)
             geo = block_geometry(rank, src, world, layout, causal, n)
-            grads = None
+            gk = gv = None
             if geo is not None:
                 rows, cols, c = geo
                 m = kv[2][..., cols].bool() if mask is not None else None
                 bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
-                grads = block_backward(
+                gq, gk, gv, gb = block_backward(
                     dout[:, :, rows], None if dlse is None else dlse[:, :, rows],
                     qc[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols],
                     out[:, :, rows], lse[:, :, rows], m, bb, c, scale, want_dbias,
                 )  # fmt: skip
-                dq[:, :, rows] += grads[0]
+                del m, bb
+                if dq is None:  # step 0, our own block (every row): 0 + gq is gq
+                    dq = gq
+                else:
+                    dq[:, :, rows] += gq
+                del gq
                 if want_dbias:  # (B|1, H|1, nq, nk) into src's key columns
-                    dbias[:, :, rows].index_add_(3, pos(src)[cols], grads[3])
-            # our own block's dk/dv stay home (step 0); every other block's accumulator
-            # arrives from rank-1 (or starts at zero), gains ours and moves on: P-1 hops,
-            # the reduce-scatter's minimum
+                    dbias[:, :, rows].index_add_(3, pos(src)[cols], gb)
+                del gb
+            if step + 1 == world:
+                kv = spare = recv = None  # the last block is done: free its K/V early
+            # our own block's dk/dv stay home (step 0: all its columns); every other block's
+            # accumulator arrives from rank-1 (or starts here at step 1), gains ours and
+            # moves on: P-1 hops, the reduce-scatter's minimum
             if step == 0:
-                dk_own, dv_own = torch.zeros_like(kc), torch.zeros_like(vc)
-                dk_acc, dv_acc = dk_own, dv_own
-            elif dkv_reqs is not None:
-                _wait(dkv_reqs)
-                dk_acc, dv_acc = dkv_in
+                dk_own, dv_own = gk, gv
             else:
-                dk_acc, dv_acc = torch.zeros_like(kc), torch.zeros_like(vc)
-            if grads is not None:
-                dk_acc[:, :, cols] += grads[1]
-                dv_acc[:, :, cols] += grads[2]
-            if step > 0:
-                dkv_in = [torch.empty_like(dk_acc), torch.empty_like(dv_acc)]
-                dkv_reqs = exchange([dk_acc, dv_acc], dkv_in, group, rank, world)
+                if dkv_reqs is not None:
+                    _wait(dkv_reqs)  # src's accumulator is here; the one we sent is free
+                    acc, acc_spare = acc_in, acc
+                elif gk is not None and cols == _ALL:  # step 1: 0 + ours is ours
+                    acc, gk, gv = [gk.contiguous(), gv.contiguous()], None, None
+                else:
+                    acc = [torch.zeros_like(kc), torch.zeros_like(vc)]
+                if gk is not None:
+                    acc[0][:, :, cols] += gk
+                    acc[1][:, :, cols] += gv
+                gk = gv = None
+                acc_in = acc_spare or [torch.empty_like(t) for t in acc]
+                acc_spare = None
+                dkv_reqs = exchange(acc, acc_in, group, rank, world)
             if reqs is not None:
                 _wait(reqs)
-                kv = nxt
+                kv, spare = recv, (kv if step > 0 else None)
         if dkv_reqs is not None:  # everyone else's share of our block, after P-1 hops
             _wait(dkv_reqs)
-            dk_own += dkv_in[0]
-            dv_own += dkv_in[1]
+            acc = None
+            dk_own += acc_in[0]
+            dv_own += acc_in[1]
+            acc_in = None
         dbias = dbias.to(bias.dtype) if want_dbias else None
         return (dq.to(qdt), dk_own.to(kdt), dv_own.to(vdt), None, dbias) + (None,) * 5
 
