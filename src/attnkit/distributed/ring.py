@@ -35,14 +35,17 @@ import torch.distributed as dist
 from torch import Tensor
 
 from attnkit.distributed._block import (
-    _ALL,
     BiasFn,
+    Pool,
     bias_block,
     block_backward,
     block_forward,
     block_geometry,
     check_bias,
     merge_into,
+    part,
+    pieces,
+    q_heads,
 )
 from attnkit.distributed.layout import check_layout, positions
 from attnkit.functional.attention import AttentionOutput
@@ -77,41 +80,76 @@ def _wait(reqs) -> None:
         r.wait()
 
 
+def _kv_pieces(kv: list[list[Tensor]], mask: Tensor | None, pool: Pool, group, rank, world):
+    """Yields (step, c, [k, v] piece c of the block in hand, that block's key mask (uint8)).
+
+    Before piece c is yielded (computed by the caller) its transfer to rank+1 starts, with
+    the receipt of piece c of the next block from rank-1; after, it is waited on and the
+    piece's buffers go back to ``pool`` (our own pieces, step 0, are the inputs: kept). So a
+    rank holds its block in hand plus the next one's pieces as they arrive: 1 + 1/C blocks.
+    The mask (n bytes per row) travels whole with piece 0.
+    """
+    for step in range(world):
+        nxt: list = [None] * len(kv)
+        nxt_mask = None
+        for c, kvp in enumerate(kv):
+            reqs = None
+            if step + 1 < world:
+                send, recv = list(kvp), [pool.take(t) for t in kvp]
+                if c == 0 and mask is not None:
+                    nxt_mask = torch.empty_like(mask)
+                    send, recv = [*send, mask], [*recv, nxt_mask]
+                reqs = exchange(send, recv, group, rank, world)
+            yield step, c, kvp, mask
+            if reqs is not None:
+                _wait(reqs)
+                nxt[c] = recv[:2]
+                if step > 0:
+                    pool.give(kvp)
+        kv, mask = nxt, nxt_mask
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, bias, bias_fn, causal, scale, layout, group):
         rank, world = group_info(group)
         cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
         qc, kc, vc = (t.to(cdt).contiguous() for t in (q, k, v))
-        n = q.shape[2]
+        b, h, n, _ = q.shape
+        g, parts = h // k.shape[1], _parts(b, k.shape[1], world)
+        out = lse = None
         pos = _positions(n, rank, world, layout, q.device)
         # the mask travels as uint8 (every backend can send bytes)
-        kv = [kc, vc] + ([mask.to(torch.uint8).contiguous()] if mask is not None else [])
-        out = lse = spare = None
-        for step in range(world):
+        m8 = mask.to(torch.uint8).contiguous() if mask is not None else None
+        own = [[kc[bs, hs], vc[bs, hs]] for bs, hs in parts]
+        bb = None
+        for step, c, (kp, vp), m_src in _kv_pieces(own, m8, Pool(), group, rank, world):
             src = (rank - step) % world
-            reqs = recv = None
-            if step + 1 < world:  # start the next block's transfer before computing this one
-                recv = spare if spare is not None else [torch.empty_like(t) for t in kv]
-                reqs = exchange(kv, recv, group, rank, world)
             geo = block_geometry(rank, src, world, layout, causal, n)
-            if geo is not None:
-                rows, cols, c = geo
-                m = kv[2][..., cols].bool() if mask is not None else None
+            if geo is None:
+                continue
+            rows, cols, cz = geo
+            if c == 0:  # the bias of this block, for all its pieces
                 bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
-                o_b, l_b = block_forward(
-                    qc[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], m, bb, c, scale
-                )
-                if out is None:  # step 0, our own block (every row): merging into nothing
-                    out, lse = o_b, l_b  # gives o_b, l_b themselves, so keep them
-                else:
-                    merge_into(out, lse, rows, o_b, l_b)
-                del o_b, l_b, m, bb
-            if reqs is not None:
-                _wait(reqs)
-                # what we sent is free again: two sets of receive buffers serve the whole
-                # loop (our own K/V, sent at step 0, are the inputs: never overwritten)
-                kv, spare = recv, (kv if step > 0 else None)
+            bs, hq = parts[c][0], q_heads(parts[c][1], g)
+            m = part(m_src, bs, hq)[..., cols].bool() if m_src is not None else None
+            o_b, l_b = block_forward(
+                qc[bs, hq][:, :, rows], kp[:, :, cols], vp[:, :, cols], m, part(bb, bs, hq),
+                cz, scale,
+            )  # fmt: skip
+            if step == 0:  # our own block, every row: the merge with nothing is o_b itself
+                if len(parts) == 1:
+                    out, lse = o_b, l_b
+                    continue
+                if out is None:
+                    out = q.new_empty(b, h, n, v.shape[3], dtype=cdt)
+                    lse = q.new_empty(b, h, n, dtype=cdt)
+                out[bs, hq] = o_b
+                lse[bs, hq] = l_b
+            else:
+                merge_into(out[bs, hq], lse[bs, hq], rows, o_b, l_b)
+            del o_b, l_b, m
+        del bb
         ctx.save_for_backward(qc, kc, vc, mask, bias, out, lse)
         ctx.args = (bias_fn, causal, scale, layout, group, q.dtype, k.dtype, v.dtype)
         return out.to(q.dtype), lse
@@ -121,76 +159,91 @@ class _RingAttention(torch.autograd.Function):
         qc, kc, vc, mask, bias, out, lse = ctx.saved_tensors
         bias_fn, causal, scale, layout, group, qdt, kdt, vdt = ctx.args
         rank, world = group_info(group)
-        cdt, n = qc.dtype, qc.shape[2]
+        cdt, (b, h, n, _) = qc.dtype, qc.shape
+        g, parts = h // kc.shape[1], _parts(b, kc.shape[1], world)
         pos = _positions(n, rank, world, layout, qc.device)
         want_dbias = bias is not None and ctx.needs_input_grad[4]
         # this rank's query rows against every key: the gradient never leaves the rank
         dbias = torch.zeros(bias.shape, dtype=cdt, device=bias.device) if want_dbias else None
         dout = dout.to(cdt)
         dlse = None if dlse is None else dlse.to(cdt)
-        kv = [kc, vc] + ([mask.to(torch.uint8).contiguous()] if mask is not None else [])
-        dq = dk_own = dv_own = spare = None
-        # dK/dV of the block in hand (`acc`), the one arriving (`acc_in`), a free pair
-        acc = acc_in = acc_spare = dkv_reqs = None
-        for step in range(world):
+        dq, dk_own, dv_own = (torch.empty_like(t) if world > 1 else None for t in (qc, kc, vc))
+        m8 = mask.to(torch.uint8).contiguous() if mask is not None else None
+        own = [[kc[bs, hs], vc[bs, hs]] for bs, hs in parts]
+        pool, acc_in, pending, bb = Pool(), {}, [], None
+
+        def settle():
+            # the dK/dV transfer started one piece ago: its send is done (the buffer is free)
+            # and what arrived is the accumulator of that piece of our next block, or (after
+            # the last step) everyone else's share of our own block
+            for reqs, sent, recv, c, home in pending:
+                _wait(reqs)
+                pool.give(sent)
+                if home:
+                    bs, hs = parts[c]
+                    dk_own[bs, hs] += recv[0]
+                    dv_own[bs, hs] += recv[1]
+                    pool.give(recv)
+                else:
+                    acc_in[c] = recv
+            pending.clear()
+
+        for step, c, (kp, vp), m_src in _kv_pieces(own, m8, pool, group, rank, world):
             src = (rank - step) % world
-            reqs = recv = None
-            if step + 1 < world:
-                recv = spare if spare is not None else [torch.empty_like(t) for t in kv]
-                reqs = exchange(kv, recv, group, rank, world)
             geo = block_geometry(rank, src, world, layout, causal, n)
+            bs, hs = parts[c]
+            hq = q_heads(hs, g)
             gk = gv = None
             if geo is not None:
-                rows, cols, c = geo
-                m = kv[2][..., cols].bool() if mask is not None else None
-                bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
+                rows, cols, cz = geo
+                if c == 0:
+                    bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
+                m = part(m_src, bs, hq)[..., cols].bool() if m_src is not None else None
                 gq, gk, gv, gb = block_backward(
-                    dout[:, :, rows], None if dlse is None else dlse[:, :, rows],
-                    qc[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols],
-                    out[:, :, rows], lse[:, :, rows], m, bb, c, scale, want_dbias,
+                    dout[bs, hq][:, :, rows],
+                    None if dlse is None else dlse[bs, hq][:, :, rows],
+                    qc[bs, hq][:, :, rows], kp[:, :, cols], vp[:, :, cols],
+                    out[bs, hq][:, :, rows], lse[bs, hq][:, :, rows], m, part(bb, bs, hq),
+                    cz, scale, want_dbias,
                 )  # fmt: skip
-                del m, bb
-                if dq is None:  # step 0, our own block (every row): 0 + gq is gq
-                    dq = gq
+                if world == 1:  # one piece, nothing to add: the kernel's results are ours
+                    dq, dk_own, dv_own = gq, gk, gv
+                elif step == 0:  # our own block, every row: 0 + gq is gq
+                    dq[bs, hq] = gq
                 else:
-                    dq[:, :, rows] += gq
-                del gq
+                    dq[bs, hq][:, :, rows] += gq
                 if want_dbias:  # (B|1, H|1, nq, nk) into src's key columns
-                    dbias[:, :, rows].index_add_(3, pos(src)[cols], gb)
-                del gb
-            if step + 1 == world:
-                kv = spare = recv = None  # the last block is done: free its K/V early
+                    part(dbias, bs, hq)[:, :, rows].index_add_(3, pos(src)[cols], gb)
+                del gq, gb, m
+            settle()
             # our own block's dk/dv stay home (step 0: all its columns); every other block's
             # accumulator arrives from rank-1 (or starts here at step 1), gains ours and
             # moves on: P-1 hops, the reduce-scatter's minimum
+            if world == 1:
+                continue
             if step == 0:
-                dk_own, dv_own = gk, gv
-            else:
-                if dkv_reqs is not None:
-                    _wait(dkv_reqs)  # src's accumulator is here; the one we sent is free
-                    acc, acc_spare = acc_in, acc
-                elif gk is not None and cols == _ALL:  # step 1: 0 + ours is ours
-                    acc, gk, gv = [gk.contiguous(), gv.contiguous()], None, None
-                else:
-                    acc = [torch.zeros_like(kc), torch.zeros_like(vc)]
-                if gk is not None:
-                    acc[0][:, :, cols] += gk
-                    acc[1][:, :, cols] += gv
-                gk = gv = None
-                acc_in = acc_spare or [torch.empty_like(t) for t in acc]
-                acc_spare = None
-                dkv_reqs = exchange(acc, acc_in, group, rank, world)
-            if reqs is not None:
-                _wait(reqs)
-                kv, spare = recv, (kv if step > 0 else None)
-        if dkv_reqs is not None:  # everyone else's share of our block, after P-1 hops
-            _wait(dkv_reqs)
-            acc = None
-            dk_own += acc_in[0]
-            dv_own += acc_in[1]
-            acc_in = None
+                dk_own[bs, hs] = gk
+                dv_own[bs, hs] = gv
+                continue
+            acc = acc_in.pop(c) if step > 1 else [pool.take(kp), pool.take(vp)]
+            if step == 1:
+                acc[0].zero_(), acc[1].zero_()
+            if gk is not None:
+                acc[0][:, :, cols] += gk
+                acc[1][:, :, cols] += gv
+            del gk, gv
+            recv = [pool.take(t) for t in acc]
+            pending.append((exchange(acc, recv, group, rank, world), acc, recv, c,
+                            step + 1 == world))  # fmt: skip
+        settle()
+        del bb
         dbias = dbias.to(bias.dtype) if want_dbias else None
         return (dq.to(qdt), dk_own.to(kdt), dv_own.to(vdt), None, dbias) + (None,) * 5
+
+
+def _parts(b: int, hkv: int, world: int) -> list[tuple[slice, slice]]:
+    """The pieces a block travels in (`_block.pieces`); one when nothing travels."""
+    return pieces(b, hkv) if world > 1 else [(slice(None), slice(None))]
 
 
 def _positions(n: int, rank: int, world: int, layout: str, device):
