@@ -29,9 +29,10 @@ def _bench():
     return mod
 
 
-def peak_units(world: int, n: int = 2048) -> float:
+def peak_units(world: int, n: int = 4096) -> float:
     """Peak live tensors of one forward + backward step on this rank, in units of one
-    (B, H, N/P, D) float32 tensor: B=1, H=4, D=64, causal, zigzag (bench_ring's defaults)."""
+    (B, H, N/P, D) float32 tensor: B=1, H=4, D=64, causal, zigzag (bench_ring's defaults).
+    With N=4096 a block's K/V are >= 2 MiB at P <= 4, so they travel in pieces by default."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, n // world, 64, generator=g).requires_grad_() for _ in range(3))
     with _bench().PeakTensors() as mem:
@@ -93,3 +94,12 @@ def test_the_ring_with_one_process_holds_what_one_process_needs():
     """P=1: out, dO, dQ, dK, dV and nothing else (main's ring held 8: zero-filled
     accumulators beside the kernel's results and an unfused merge)."""
     assert peak_units(1) <= 5 + 0.3
+
+
+def test_small_blocks_travel_whole_and_large_ones_in_pieces():
+    from attnkit.distributed.ring import _parts
+
+    small, large = torch.zeros(1, 4, 64, 64), torch.zeros(1, 4, 1024, 64)  # 64 KiB, 1 MiB
+    assert len(_parts(small, small, 2)) == 1
+    assert len(_parts(large, large, 2)) == 4
+    assert len(_parts(large, large, 1)) == 1  # alone: nothing travels

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from attnkit.distributed import _block
 from attnkit.distributed import ring as ring_mod
 from attnkit.distributed._block import pieces
 
@@ -52,6 +53,7 @@ class _Req:
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_transfers_start_before_the_block_they_overlap_and_are_waited_after(monkeypatch, world):
     rec = _Recorder()
+    monkeypatch.setattr(_block, "MIN_PIECE_BYTES", 0)  # cut these tiny blocks into pieces
     monkeypatch.setattr(ring_mod, "group_info", lambda group: (0, world))
     monkeypatch.setattr(ring_mod, "exchange", rec.exchange)
     monkeypatch.setattr(ring_mod, "block_forward", rec.wrap(ring_mod.block_forward, "fwd"))

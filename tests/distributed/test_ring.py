@@ -14,8 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from attnkit.distributed import RingMultiHeadAttention, shard, ulysses_attention
+from attnkit.distributed import RingMultiHeadAttention, _block, shard, ulysses_attention
 from attnkit.distributed import ring_attention as ring
+from attnkit.distributed._block import MIN_PIECE_BYTES
 from attnkit.functional.chunked import chunked_attention
 from attnkit.modules.attention import MultiHeadAttention
 from attnkit.modules.positions import RotaryEmbedding
@@ -223,8 +224,12 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
+        # the numeric cases cut even their tiny blocks into pieces (`_block.pieces`); the
+        # module and subgroup cases below send them whole, as the default does for them
+        _block.MIN_PIECE_BYTES = 0
         res = _cases(rank, world)
         res.update(_bias_cases(rank, world))
+        _block.MIN_PIECE_BYTES = MIN_PIECE_BYTES
         for s in STRATEGIES:
             res[f"module-{s}"] = {"err": _module_case(rank, world, s), "nan": False}
             res[f"subgroup-{s}"] = _subgroup_case(rank, world, s)

@@ -18,6 +18,9 @@ from attnkit.functional._dropout import NO_DROPOUT
 
 _ALL = slice(None)
 PIECES = 4  # transfers per block: the double buffers hold 1 + 1/PIECES blocks, not 2
+# a block whose K/V are smaller travels whole: there the pieces' per-call and per-message
+# costs would outweigh the memory they save (tests set 0 to cut even tiny blocks)
+MIN_PIECE_BYTES = 1 << 20
 
 
 def pieces(b: int, hkv: int, want: int = PIECES) -> list[tuple[slice, slice]]:

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from attnkit.distributed import _block
 from attnkit.distributed._block import (
     BiasFn,
     Pool,
@@ -116,7 +117,7 @@ class _RingAttention(torch.autograd.Function):
         cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
         qc, kc, vc = (t.to(cdt).contiguous() for t in (q, k, v))
         b, h, n, _ = q.shape
-        g, parts = h // k.shape[1], _parts(b, k.shape[1], world)
+        g, parts = h // k.shape[1], _parts(kc, vc, world)
         out = lse = None
         pos = _positions(n, rank, world, layout, q.device)
         # the mask travels as uint8 (every backend can send bytes)
@@ -159,8 +160,8 @@ class _RingAttention(torch.autograd.Function):
         qc, kc, vc, mask, bias, out, lse = ctx.saved_tensors
         bias_fn, causal, scale, layout, group, qdt, kdt, vdt = ctx.args
         rank, world = group_info(group)
-        cdt, (b, h, n, _) = qc.dtype, qc.shape
-        g, parts = h // kc.shape[1], _parts(b, kc.shape[1], world)
+        cdt, (h, n) = qc.dtype, qc.shape[1:3]
+        g, parts = h // kc.shape[1], _parts(kc, vc, world)
         pos = _positions(n, rank, world, layout, qc.device)
         want_dbias = bias is not None and ctx.needs_input_grad[4]
         # this rank's query rows against every key: the gradient never leaves the rank
@@ -241,9 +242,11 @@ class _RingAttention(torch.autograd.Function):
         return (dq.to(qdt), dk_own.to(kdt), dv_own.to(vdt), None, dbias) + (None,) * 5
 
 
-def _parts(b: int, hkv: int, world: int) -> list[tuple[slice, slice]]:
-    """The pieces a block travels in (`_block.pieces`); one when nothing travels."""
-    return pieces(b, hkv) if world > 1 else [(slice(None), slice(None))]
+def _parts(k: Tensor, v: Tensor, world: int) -> list[tuple[slice, slice]]:
+    """The pieces a block travels in (`_block.pieces`); one when nothing travels or the
+    block is small."""
+    small = (k.numel() + v.numel()) * k.element_size() < _block.MIN_PIECE_BYTES
+    return [(slice(None), slice(None))] if world == 1 or small else pieces(*k.shape[:2])
 
 
 def _positions(n: int, rank: int, world: int, layout: str, device):
