@@ -6,15 +6,21 @@ width, Dv value width, P ranks, r this rank.
 Each rank keeps its queries; the key/value blocks (and their key-padding mask) travel around
 the ring r -> r+1 with non-blocking send/recv, started before the local block is computed so
 that the transfer overlaps the computation (Liu et al. 2023, "Ring Attention with Blockwise
-Transformers"). Partial results over key blocks are merged by log-sum-exp:
+Transformers"). A block of 1 MiB or more travels in about 4 pieces (`_block.pieces`: runs of
+batch rows or key/value heads), each sent while it is computed, so that a rank holds its block
+in hand plus the next block's pieces as they arrive (1 + 1/C blocks, not 2), and the kernels'
+results are piece-sized; attention is per (batch row, head), so no number changes. Partial
+results over key blocks are merged by log-sum-exp:
 
     lse = logaddexp_i lse_i,   out = sum_i exp(lse_i - lse) out_i
 
 The backward pass is FlashAttention-2's Algorithm 2 restricted to one key block at a time:
 given the GLOBAL (merged) out and lse, P_ij = exp(S_ij - lse_i) and D_i = rowsum(dO_i * O_i)
 are exact, so each block's dq/dk/dv contributions are exact and simply add. dq stays home;
-dk/dv accumulators travel around the ring behind their K/V block and arrive back at the owner
-after P-1 hops.
+dk/dv accumulators travel around the ring behind their K/V block, piece by piece, and arrive
+back at the owner after P-1 hops. Peak live tensors of a step, in units of one (B, H, n, D)
+tensor: 5 at P=1 (out, dout, dq, dk, dv), 8.7 at P=2, 10.7 at P=4 (the ring guide's accounting,
+asserted in tests/distributed).
 
 Causal geometry per (query shard r, key shard src): contiguous: src < r full, src == r causal,
 src > r skipped. Zigzag (rank r holds chunks r and 2P-1-r): src == r causal; src < r all queries
