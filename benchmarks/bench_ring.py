@@ -169,16 +169,15 @@ def step(fn, q, k, v, causal, layout, waits: WaitTimer | None = None):
     out.backward(torch.ones_like(out))
 
 
-def comm_only(kv_bytes_like, dkv_like, world, rank):
-    """The ring's transfers of one step with no computation: 2(P-1) K/V hops, P-1 dK/dV."""
-    for _ in range(2 * (world - 1)):
-        recv = [torch.empty_like(t) for t in kv_bytes_like]
-        for r in ring_mod.exchange(kv_bytes_like, recv, None, rank, world):
-            r.wait()
-    for _ in range(world - 1):
-        recv = [torch.empty_like(t) for t in dkv_like]
-        for r in ring_mod.exchange(dkv_like, recv, None, rank, world):
-            r.wait()
+def comm_only(k, v, world, rank):
+    """The ring's transfers of one step with no computation, in the pieces the ring sends
+    (`ring._parts`): 2(P-1) K/V hops and P-1 dK/dV hops (dK, dV shaped like K, V)."""
+    pieces = [[k[bs, hs], v[bs, hs]] for bs, hs in ring_mod._parts(k, v, world)]
+    for _ in range(3 * (world - 1)):
+        for kv in pieces:
+            recv = [torch.empty_like(t) for t in kv]
+            for r in ring_mod.exchange(kv, recv, None, rank, world):
+                r.wait()
 
 
 def timed(fn, repeats, device) -> float:
@@ -242,8 +241,8 @@ def measure(args, n: int, rank: int, world: int, device) -> dict:
         exposed = slowest(min(waits.per_step), device)  # the least of the repeats, slowest rank
         with SendCounter(local=True):
             t_comp = timed(run_local, args.repeats, device)
-        kv = [k.detach(), v.detach()]
-        t_comm = timed(lambda: comm_only(kv, kv, world, rank), args.repeats, device)
+        kd, vd = k.detach(), v.detach()
+        t_comm = timed(lambda: comm_only(kd, vd, world, rank), args.repeats, device)
         hidden = 1.0 - exposed / t_comm if t_comm > 0 else 1.0
         row.update(
             compute_s=t_comp, comm_s=t_comm, exposed_s=exposed, overlap=max(0.0, min(1.0, hidden))
