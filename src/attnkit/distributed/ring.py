@@ -232,9 +232,10 @@ class _RingAttention(torch.autograd.Function):
                 dk_own[bs, hs] = gk
                 dv_own[bs, hs] = gv
                 continue
-            acc = acc_in.pop(c) if step > 1 else [pool.take(kp), pool.take(vp)]
-            if step == 1:
-                acc[0].zero_(), acc[1].zero_()
+            if step == 1:  # src's accumulator starts here
+                acc = [pool.take(kp).zero_(), pool.take(vp).zero_()]
+            else:
+                acc = acc_in.pop(c)
             if gk is not None:
                 acc[0][:, :, cols] += gk
                 acc[1][:, :, cols] += gv
