@@ -19,11 +19,19 @@ Overlap = 1 - exposed / comm, clipped to [0, 1]: 1 when no transfer was waited o
 every transfer was waited on in full. (The first version computed
 (compute + comm - step) / min(compute, comm) from three separate best-of runs: with comm
 1-2% of a step, the jitter between runs was several times comm, so it read 0.00 whatever
-happened.) Peak memory per rank: the highest resident
-set size sampled every 2 ms during the step, minus the RSS before it (CPU), or
-torch.cuda.max_memory_allocated (CUDA). Bytes: what this rank sends per step, counted at the
-send calls, against the ideal of receiving every other rank's K/V once and reduce-scattering
-dK/dV once: (P-1)·(|K|+|V|) forward + (P-1)·(|dK|+|dV|) backward.
+happened.) Peak memory per rank, two ways: "tensors", the most bytes of tensors allocated
+during the step that were alive at once (`PeakTensors`, exact and deterministic: the same on a
+busy machine), also in units of one (B, H, N/P, D) float32 tensor; and "RSS", the highest
+resident set size sampled every 2 ms during the step minus the RSS before it (CPU; includes
+the allocator's slack), or torch.cuda.max_memory_allocated (CUDA). Neither counts the inputs
+q, k, v. In those units one process (P=1) needs 5 (out, dO, dQ, dK, dV): the ideal for P ranks
+is 5 units each, i.e. 1/P of one process. Bytes: what this rank sends per step, counted at
+the send calls, against the ideal of receiving every other rank's K/V once and
+reduce-scattering dK/dV once: (P-1)·(|K|+|V|) forward + (P-1)·(|dK|+|dV|) backward.
+
+--memory-only takes one step per length for the memory columns (and bytes) and keeps the
+time columns already in ring.json for that row: the memory figures can be re-taken on a busy
+machine, the times cannot.
 
 The numbers mean something only on an otherwise idle machine: take them quietly.
 """
@@ -40,6 +48,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from attnkit._io import atomic_write_json, atomic_write_text
 from attnkit.distributed import ring as ring_mod
@@ -71,6 +82,40 @@ class PeakRSS:
         self.stop.set()
         self.thread.join()
         self.peak = max(self.peak, rss_bytes())
+
+
+class PeakTensors(TorchDispatchMode):
+    """Peak bytes of tensor storage allocated inside the ``with`` block and alive at once.
+
+    Deterministic, unlike RSS: every op the dispatcher runs (forward, autograd's backward,
+    the ring's buffers) reports its outputs; an output whose storage is not one of the op's
+    inputs' is a new allocation, counted until its storage is freed. The live total is taken
+    after each op, so the peak is exact at op granularity. Not counted: what existed before
+    the block (the inputs q, k, v) and scratch memory inside one op (the compiled kernel's
+    per-thread block buffers, a few (bq, bk) tiles).
+    """
+
+    def __enter__(self):
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.now = self.peak = 0
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        given = {
+            t.untyped_storage()._cdata
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor)
+        }
+        self.live = {c: (w, b) for c, (w, b) in self.live.items() if not w.expired()}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                if st._cdata not in given and st._cdata not in self.live:
+                    self.live[st._cdata] = (StorageWeakRef(st), st.nbytes())
+        self.now = sum(b for _, b in self.live.values())
+        self.peak = max(self.peak, self.now)
+        return out
 
 
 class SendCounter:
@@ -124,16 +169,15 @@ def step(fn, q, k, v, causal, layout, waits: WaitTimer | None = None):
     out.backward(torch.ones_like(out))
 
 
-def comm_only(kv_bytes_like, dkv_like, world, rank):
-    """The ring's transfers of one step with no computation: 2(P-1) K/V hops, P-1 dK/dV."""
-    for _ in range(2 * (world - 1)):
-        recv = [torch.empty_like(t) for t in kv_bytes_like]
-        for r in ring_mod.exchange(kv_bytes_like, recv, None, rank, world):
-            r.wait()
-    for _ in range(world - 1):
-        recv = [torch.empty_like(t) for t in dkv_like]
-        for r in ring_mod.exchange(dkv_like, recv, None, rank, world):
-            r.wait()
+def comm_only(k, v, world, rank):
+    """The ring's transfers of one step with no computation, in the pieces the ring sends
+    (`ring._parts`): 2(P-1) K/V hops and P-1 dK/dV hops (dK, dV shaped like K, V)."""
+    pieces = [[k[bs, hs], v[bs, hs]] for bs, hs in ring_mod._parts(k, v, world)]
+    for _ in range(3 * (world - 1)):
+        for kv in pieces:
+            recv = [torch.empty_like(t) for t in kv]
+            for r in ring_mod.exchange(kv, recv, None, rank, world):
+                r.wait()
 
 
 def timed(fn, repeats, device) -> float:
@@ -168,21 +212,37 @@ def measure(args, n: int, rank: int, world: int, device) -> dict:
     waits = WaitTimer()
     run = lambda: step(fn, q, k, v, args.causal, args.layout, waits)  # noqa: E731
     run_local = lambda: step(fn, q, k, v, args.causal, args.layout)  # noqa: E731
+    unit = q.numel() * 4  # bytes of one (B, H, N/P, D) float32 tensor
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    with PeakRSS() as mem, SendCounter() as sent, waits:
-        t_step = timed(run, args.repeats, device)
-    exposed = slowest(min(waits.per_step), device)  # the least of the repeats, slowest rank
+    if args.memory_only:  # one step, both memory figures; no times
+        with PeakRSS() as mem, PeakTensors() as tensors, SendCounter() as sent:
+            run_local()
+        row = {"P": world, "N": n}
+    else:
+        with PeakRSS() as mem, SendCounter() as sent, waits:
+            t_step = timed(run, args.repeats, device)
+        with PeakTensors() as tensors:  # after the timed runs: the mode costs time per op
+            run_local()
+        row = {"P": world, "N": n, "step_s": t_step}
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else mem.peak - mem.base
-    row = {"P": world, "N": n, "step_s": t_step, "peak_mib_per_rank": peak / 2**20}
+    row.update(
+        rss_mib_per_rank=slowest(peak, device) / 2**20,
+        tensor_mib_per_rank=slowest(tensors.peak, device) / 2**20,
+        tensor_units=slowest(tensors.peak, device) / unit,
+    )  # the largest over the ranks
     if args.strategy == "ring" and world > 1:
         kv_bytes = 2 * k.numel() * k.element_size()
-        row["sent_mib_per_step"] = sent.sent / args.repeats / 2**20
+        steps = 1 if args.memory_only else args.repeats
+        row["sent_mib_per_step"] = sent.sent / steps / 2**20
         row["ideal_mib_per_step"] = 2 * (world - 1) * kv_bytes / 2**20
+        if args.memory_only:
+            return row
+        exposed = slowest(min(waits.per_step), device)  # the least of the repeats, slowest rank
         with SendCounter(local=True):
             t_comp = timed(run_local, args.repeats, device)
-        kv = [k.detach(), v.detach()]
-        t_comm = timed(lambda: comm_only(kv, kv, world, rank), args.repeats, device)
+        kd, vd = k.detach(), v.detach()
+        t_comm = timed(lambda: comm_only(kd, vd, world, rank), args.repeats, device)
         hidden = 1.0 - exposed / t_comm if t_comm > 0 else 1.0
         row.update(
             compute_s=t_comp, comm_s=t_comm, exposed_s=exposed, overlap=max(0.0, min(1.0, hidden))
@@ -192,18 +252,38 @@ def measure(args, n: int, rank: int, world: int, device) -> dict:
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| P | N | step (s) | peak MiB / rank | sent MiB / step | ideal MiB | compute (s) | "
-        "comm (s) | exposed (s) | overlap |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        "| P | N | step (s) | peak MiB / rank (tensors) | tensors (units) | "
+        "peak MiB / rank (RSS) | sent MiB / step | ideal MiB | compute (s) | comm (s) | "
+        "exposed (s) | overlap |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     f = lambda r, k, fmt: format(r[k], fmt) if k in r else "-"  # noqa: E731
     body = "".join(
-        f"| {r['P']} | {r['N']} | {r['step_s']:.2f} | {r['peak_mib_per_rank']:.0f} | "
+        f"| {r['P']} | {r['N']} | {f(r, 'step_s', '.2f')} | {f(r, 'tensor_mib_per_rank', '.0f')} | "
+        f"{f(r, 'tensor_units', '.1f')} | {f(r, 'rss_mib_per_rank', '.0f')} | "
         f"{f(r, 'sent_mib_per_step', '.1f')} | {f(r, 'ideal_mib_per_step', '.1f')} | "
         f"{f(r, 'compute_s', '.2f')} | {f(r, 'comm_s', '.2f')} | {f(r, 'exposed_s', '.3f')} | "
         f"{f(r, 'overlap', '.2f')} |\n"
         for r in sorted(rows, key=lambda r: (r["N"], r["P"]))
     )
     return head + body
+
+
+def merge(old: list[dict], rows: list[dict], config: dict, memory_only: bool) -> list[dict]:
+    """ring.json's runs with this run's rows in; --memory-only updates only the memory fields
+    (and bytes) of a row already there, keeping its times and their config."""
+    fresh = {(r["P"], r["N"]): r for r in rows}
+    out = []
+    for r in old:
+        new = fresh.pop((r["P"], r["N"]), None)
+        if new is None:
+            out.append(r)
+        elif memory_only:
+            kept = {k: v for k, v in r.items() if k != "peak_mib_per_rank"}  # the old RSS key
+            out.append({**kept, **new, "memory_config": config})
+        else:
+            out.append({**new, "config": config})
+    key = "memory_config" if memory_only else "config"
+    return out + [{**r, key: config} for r in fresh.values()]
 
 
 def main() -> None:
@@ -217,6 +297,9 @@ def main() -> None:
     p.add_argument("--layout", default="zigzag", choices=["contiguous", "zigzag"])
     p.add_argument("--strategy", default="ring", choices=["ring", "ulysses"])
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument(
+        "--memory-only", action="store_true", help="one step: memory columns only, keep times"
+    )
     p.add_argument("--threads", type=int, default=None, help="per rank (default cores / P)")
     p.add_argument("--out", type=Path, default=RESULTS / "ring.json")
     args = p.parse_args()
@@ -238,10 +321,9 @@ def main() -> None:
         rows.append(row)
     if rank == 0:
         old = json.loads(args.out.read_text()) if args.out.exists() else {"runs": []}
-        keep = [r for r in old["runs"] if r["P"] != world or r["N"] not in args.lengths]
         config = {k: v for k, v in vars(args).items() if k != "out"}
         config.update(threads_per_rank=threads, cpus=os.cpu_count(), device=device.type)
-        runs = keep + [{**r, "config": config} for r in rows]
+        runs = merge(old["runs"], rows, config, args.memory_only)
         atomic_write_json(args.out, {"runs": runs})
         atomic_write_text(args.out.with_suffix(".md"), table(runs))
     dist.destroy_process_group()

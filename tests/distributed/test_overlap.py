@@ -2,13 +2,18 @@
 
 No timing: one process plays rank 0 of a ring of P with an instrumented `exchange` whose
 requests record when they are waited on, and instrumented block kernels. The recorded order
-of operations is the claim: a transfer started, then computation, then its wait.
+of operations is the claim: a transfer started, then computation, then its wait. Blocks
+travel in pieces (`_block.pieces`: here 2, one per key/value head); the claim holds per piece.
 """
+
+import sys
 
 import pytest
 import torch
 
+from attnkit.distributed import _block
 from attnkit.distributed import ring as ring_mod
+from attnkit.distributed._block import pieces
 
 MASK = torch.ones(1, 1, 1, 4, dtype=torch.bool)  # travels with K/V: 3 tensors per K/V transfer
 
@@ -20,7 +25,10 @@ class _Recorder:
 
     def exchange(self, send, recv, group, rank, world):
         tid = self.started = self.started + 1
-        kind = "kv" if len(send) == 3 else "dkv"  # K, V and the key mask; or dK, dV
+        # K/V pieces (the first with the key mask) travel from the generator; dK/dV from backward
+        caller = sys._getframe(1)  # ring's or a wrapper's frame
+        callers = (caller.f_code.co_name, caller.f_back.f_code.co_name)
+        kind = "kv" if "_kv_pieces" in callers else "dkv"
         self.events.append((f"start-{kind}", tid))
         for s, r in zip(send, recv, strict=True):
             r.copy_(s)  # every "rank" holds the same blocks: only the order matters here
@@ -45,26 +53,30 @@ class _Req:
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_transfers_start_before_the_block_they_overlap_and_are_waited_after(monkeypatch, world):
     rec = _Recorder()
+    monkeypatch.setattr(_block, "MIN_PIECE_BYTES", 0)  # cut these tiny blocks into pieces
     monkeypatch.setattr(ring_mod, "group_info", lambda group: (0, world))
     monkeypatch.setattr(ring_mod, "exchange", rec.exchange)
     monkeypatch.setattr(ring_mod, "block_forward", rec.wrap(ring_mod.block_forward, "fwd"))
     monkeypatch.setattr(ring_mod, "block_backward", rec.wrap(ring_mod.block_backward, "bwd"))
     q, k, v = (torch.randn(1, 2, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    c = len(pieces(1, 2))
+    assert c == 2
     out = ring_mod.ring_attention(q, k, v, mask=MASK).out
     fwd = list(rec.events)
-    # forward: P blocks; before each of the first P-1 a K/V transfer is started and only
-    # waited on after the block is computed
+    # forward: P blocks of C pieces; before each piece of the first P-1 blocks its transfer
+    # (and the receipt of the next block's piece) is started and only waited on after the
+    # piece is computed
     want = []
-    for step in range(world - 1):
-        want += [("start-kv", step + 1), ("fwd", 0), ("wait", step + 1)]
-    assert fwd == [*want, ("fwd", 0)]
+    for tid in range(1, (world - 1) * c + 1):
+        want += [("start-kv", tid), ("fwd", 0), ("wait", tid)]
+    assert fwd == [*want] + [("fwd", 0)] * c
 
     rec.events.clear()
     out.sum().backward()
     order = [e for e, _ in rec.events]
-    assert order.count("bwd") == world
-    # every block but the last is computed while its successor's K/V transfer is in flight,
-    # and every dK/dV accumulator sent at step s is waited on only after block s+1 is computed
+    assert order.count("bwd") == world * c
+    # every piece but the last block's is computed while a K/V transfer is in flight, and
+    # every dK/dV piece sent is waited on only after the next piece is computed
     in_flight: set[int] = set()
     kinds = {}
     computed = 0
@@ -76,16 +88,17 @@ def test_transfers_start_before_the_block_they_overlap_and_are_waited_after(monk
             assert tid in in_flight, "waited on a transfer that was not started"
             in_flight.discard(tid)
             kind, started_at = kinds[tid]
-            last = computed == world and tid == rec.started  # the final hop home: nothing left
+            last = computed == world * c and tid == rec.started  # the final hop home
             assert computed > started_at or last, f"{kind} {tid} waited before any block computed"
         else:
             computed += 1
-            if computed < world:
+            if computed <= (world - 1) * c:
                 assert any(kinds[t][0] == "start-kv" for t in in_flight), (
-                    f"block {computed} computed with no K/V transfer in flight"
+                    f"piece {computed} computed with no K/V transfer in flight"
                 )
     assert not in_flight
-    assert order.count("start-dkv") == world - 1  # P-1 hops bring dK/dV home
+    assert order.count("start-kv") == (world - 1) * c
+    assert order.count("start-dkv") == (world - 1) * c  # P-1 hops bring dK/dV home
 
 
 def test_the_recorder_sees_a_ring_that_waits_before_computing(monkeypatch):

@@ -14,12 +14,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from attnkit.distributed import RingMultiHeadAttention, shard, ulysses_attention
+from attnkit.distributed import RingMultiHeadAttention, _block, shard, ulysses_attention
 from attnkit.distributed import ring_attention as ring
+from attnkit.distributed._block import MIN_PIECE_BYTES
 from attnkit.functional.chunked import chunked_attention
 from attnkit.modules.attention import MultiHeadAttention
 from attnkit.modules.positions import RotaryEmbedding
 from tests.distributed._spawn import free_port, run
+from tests.distributed.test_memory import peak_units
 
 STRATEGIES = {"ring": ring, "ulysses": ulysses_attention}
 CASES = list(
@@ -222,11 +224,16 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
+        # the numeric cases cut even their tiny blocks into pieces (`_block.pieces`); the
+        # module and subgroup cases below send them whole, as the default does for them
+        _block.MIN_PIECE_BYTES = 0
         res = _cases(rank, world)
         res.update(_bias_cases(rank, world))
+        _block.MIN_PIECE_BYTES = MIN_PIECE_BYTES
         for s in STRATEGIES:
             res[f"module-{s}"] = {"err": _module_case(rank, world, s), "nan": False}
             res[f"subgroup-{s}"] = _subgroup_case(rank, world, s)
+        res["memory"] = peak_units(world)
         q = torch.zeros(1, 3, 4, 2)  # 3 heads do not split over 2 or 4 ranks
         try:
             ulysses_attention(q, q, q)
@@ -291,3 +298,15 @@ def test_ulysses_refuses_heads_not_divisible_by_ranks(results):
     for res in results:
         assert res["ulysses-heads-error"] is not None
         assert "H=3 query heads must be divisible by P=" in res["ulysses-heads-error"]
+
+
+# 5 units (out, dO, dQ, dK, dV) + K/V in hand (2) + at most 1.7 of pieces in flight and kernel
+# outputs; P >= 3 adds the next block's arriving piece (0.5) and the dK/dV accumulators of the
+# next block, received during the step (2). See test_memory.py. main's ring: 13.6 and 17.1.
+MEMORY_BOUND = {2: 9.0, 4: 11.0}
+
+
+def test_memory_per_rank_follows_the_accounting(results):
+    world = len(results)
+    units = [res["memory"] for res in results]
+    assert max(units) <= MEMORY_BOUND[world], f"P={world}: {units}"

@@ -7,6 +7,7 @@ nq/nk the rows/columns of one block (n, or n/2 for a zigzag half).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -16,6 +17,57 @@ from attnkit.functional import chunked, native
 from attnkit.functional._dropout import NO_DROPOUT
 
 _ALL = slice(None)
+PIECES = 4  # transfers per block: the double buffers hold 1 + 1/PIECES blocks, not 2
+# a block whose K/V are smaller travels whole: there the pieces' per-call and per-message
+# costs would outweigh the memory they save (tests set 0 to cut even tiny blocks)
+MIN_PIECE_BYTES = 1 << 20
+
+
+def pieces(b: int, hkv: int, want: int = PIECES) -> list[tuple[slice, slice]]:
+    """(batch, key/value head) rectangles covering (B, Hkv), about ``want`` of them.
+
+    Each is one batch row with a run of heads or a run of batch rows with every head, so
+    that it is a contiguous view of a contiguous (B, Hkv, …) tensor (sent as it is) and of
+    (B, H, …) query-side tensors (heads g·h0 … g·h1, G = H/Hkv). Attention is computed per
+    (batch, head), so cutting the work this way changes no number.
+    """
+    if b >= want:
+        return [(slice(b0, b1), _ALL) for b0, b1 in _split(b, want)]
+    per = min(hkv, -(-want // b))  # head runs per batch row
+    return [(slice(i, i + 1), slice(h0, h1)) for i in range(b) for h0, h1 in _split(hkv, per)]
+
+
+def _split(n: int, k: int) -> list[tuple[int, int]]:
+    cut = [n * i // k for i in range(k + 1)]
+    return [(a, z) for a, z in itertools.pairwise(cut) if z > a]
+
+
+def q_heads(heads: slice, g: int) -> slice:
+    """The query heads (of H = G·Hkv) served by the key/value heads ``heads``."""
+    return heads if heads == _ALL else slice(heads.start * g, heads.stop * g)
+
+
+def part(t: Tensor | None, rows: slice, heads: slice) -> Tensor | None:
+    """t[rows, heads] of a (B|1, H|1, …) tensor, leaving broadcast (size-1) dims whole."""
+    if t is None:
+        return None
+    return t[rows if t.shape[0] > 1 else _ALL, heads if t.shape[1] > 1 else _ALL]
+
+
+class Pool:
+    """Free receive buffers by shape: the pieces of a block, once computed and sent on, are
+    reused for the pieces that arrive, so the ring allocates its buffers once per call."""
+
+    def __init__(self):
+        self.free: dict[tuple, list[Tensor]] = {}
+
+    def take(self, like: Tensor) -> Tensor:
+        got = self.free.get((like.shape, like.dtype))
+        return got.pop() if got else torch.empty_like(like, memory_format=torch.contiguous_format)
+
+    def give(self, ts) -> None:
+        for t in ts:
+            self.free.setdefault((t.shape, t.dtype), []).append(t)
 
 
 def _native_ok(q: Tensor, want_dbias: bool = False) -> bool:
@@ -89,14 +141,16 @@ def merge_into(out: Tensor, lse: Tensor, rows: slice, o_b: Tensor, l_b: Tensor) 
     """out[rows], lse[rows] <- the log-sum-exp merge with a block's (o_b, l_b), in place.
 
     Rows that saw nothing so far or in this block have lse -inf; they are shifted by 0 so
-    that exp(-inf - 0) = 0 (never -inf - -inf = NaN).
+    that exp(-inf - 0) = 0 (never -inf - -inf = NaN). o_b is consumed (scaled in place):
+    the only temporaries are per row, (B, H, nq), never (B, H, nq, Dv). The same three
+    roundings as wa * out + wb * o_b, so the result is bit for bit that expression's.
     """
     lo = lse[:, :, rows]  # (B, H, nq)
     new = torch.logaddexp(lo, l_b)
-    safe = torch.where(torch.isinf(new) & (new < 0), torch.zeros_like(new), new)
-    wa = (lo - safe).exp().unsqueeze(-1)  # (B, H, nq, 1)
-    wb = (l_b - safe).exp().unsqueeze(-1)
-    out[:, :, rows] = wa * out[:, :, rows] + wb * o_b
+    safe = new.masked_fill(torch.isinf(new) & (new < 0), 0.0)
+    o = out[:, :, rows]  # a view: the updates below write into out
+    o.mul_((lo - safe).exp_().unsqueeze(-1))  # (B, H, nq, 1) broadcast over Dv
+    o.add_(o_b.mul_((l_b - safe).exp_().unsqueeze(-1)))
     lse[:, :, rows] = new
 
 

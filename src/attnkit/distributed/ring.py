@@ -6,15 +6,21 @@ width, Dv value width, P ranks, r this rank.
 Each rank keeps its queries; the key/value blocks (and their key-padding mask) travel around
 the ring r -> r+1 with non-blocking send/recv, started before the local block is computed so
 that the transfer overlaps the computation (Liu et al. 2023, "Ring Attention with Blockwise
-Transformers"). Partial results over key blocks are merged by log-sum-exp:
+Transformers"). A block of 1 MiB or more travels in about 4 pieces (`_block.pieces`: runs of
+batch rows or key/value heads), each sent while it is computed, so that a rank holds its block
+in hand plus the next block's pieces as they arrive (1 + 1/C blocks, not 2), and the kernels'
+results are piece-sized; attention is per (batch row, head), so no number changes. Partial
+results over key blocks are merged by log-sum-exp:
 
     lse = logaddexp_i lse_i,   out = sum_i exp(lse_i - lse) out_i
 
 The backward pass is FlashAttention-2's Algorithm 2 restricted to one key block at a time:
 given the GLOBAL (merged) out and lse, P_ij = exp(S_ij - lse_i) and D_i = rowsum(dO_i * O_i)
 are exact, so each block's dq/dk/dv contributions are exact and simply add. dq stays home;
-dk/dv accumulators travel around the ring behind their K/V block and arrive back at the owner
-after P-1 hops.
+dk/dv accumulators travel around the ring behind their K/V block, piece by piece, and arrive
+back at the owner after P-1 hops. Peak live tensors of a step, in units of one (B, H, n, D)
+tensor: 5 at P=1 (out, dout, dq, dk, dv), 8.7 at P=2, 10.7 at P=4 (the ring guide's accounting,
+asserted in tests/distributed).
 
 Causal geometry per (query shard r, key shard src): contiguous: src < r full, src == r causal,
 src > r skipped. Zigzag (rank r holds chunks r and 2P-1-r): src == r causal; src < r all queries
@@ -34,14 +40,19 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from attnkit.distributed import _block
 from attnkit.distributed._block import (
     BiasFn,
+    Pool,
     bias_block,
     block_backward,
     block_forward,
     block_geometry,
     check_bias,
     merge_into,
+    part,
+    pieces,
+    q_heads,
 )
 from attnkit.distributed.layout import check_layout, positions
 from attnkit.functional.attention import AttentionOutput
@@ -76,6 +87,35 @@ def _wait(reqs) -> None:
         r.wait()
 
 
+def _kv_pieces(kv: list[list[Tensor]], mask: Tensor | None, pool: Pool, group, rank, world):
+    """Yields (step, c, [k, v] piece c of the block in hand, that block's key mask (uint8)).
+
+    Before piece c is yielded (computed by the caller) its transfer to rank+1 starts, with
+    the receipt of piece c of the next block from rank-1; after, it is waited on and the
+    piece's buffers go back to ``pool`` (our own pieces, step 0, are the inputs: kept). So a
+    rank holds its block in hand plus the next one's pieces as they arrive: 1 + 1/C blocks.
+    The mask (n bytes per row) travels whole with piece 0.
+    """
+    for step in range(world):
+        nxt: list = [None] * len(kv)
+        nxt_mask = None
+        for c, kvp in enumerate(kv):
+            reqs = None
+            if step + 1 < world:
+                send, recv = list(kvp), [pool.take(t) for t in kvp]
+                if c == 0 and mask is not None:
+                    nxt_mask = torch.empty_like(mask)
+                    send, recv = [*send, mask], [*recv, nxt_mask]
+                reqs = exchange(send, recv, group, rank, world)
+            yield step, c, kvp, mask
+            if reqs is not None:
+                _wait(reqs)
+                nxt[c] = recv[:2]
+                if step > 0:
+                    pool.give(kvp)
+        kv, mask = nxt, nxt_mask
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, bias, bias_fn, causal, scale, layout, group):
@@ -83,29 +123,40 @@ class _RingAttention(torch.autograd.Function):
         cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
         qc, kc, vc = (t.to(cdt).contiguous() for t in (q, k, v))
         b, h, n, _ = q.shape
-        out = torch.zeros(b, h, n, v.shape[3], dtype=cdt, device=q.device)
-        lse = torch.full((b, h, n), float("-inf"), dtype=cdt, device=q.device)
+        g, parts = h // k.shape[1], _parts(kc, vc, world)
+        out = lse = None
         pos = _positions(n, rank, world, layout, q.device)
         # the mask travels as uint8 (every backend can send bytes)
-        kv = [kc, vc] + ([mask.to(torch.uint8).contiguous()] if mask is not None else [])
-        for step in range(world):
+        m8 = mask.to(torch.uint8).contiguous() if mask is not None else None
+        own = [[kc[bs, hs], vc[bs, hs]] for bs, hs in parts]
+        bb = None
+        for step, c, (kp, vp), m_src in _kv_pieces(own, m8, Pool(), group, rank, world):
             src = (rank - step) % world
-            reqs = None
-            if step + 1 < world:  # start the next block's transfer before computing this one
-                nxt = [torch.empty_like(t) for t in kv]
-                reqs = exchange(kv, nxt, group, rank, world)
             geo = block_geometry(rank, src, world, layout, causal, n)
-            if geo is not None:
-                rows, cols, c = geo
-                m = kv[2][..., cols].bool() if mask is not None else None
+            if geo is None:
+                continue
+            rows, cols, cz = geo
+            if c == 0:  # the bias of this block, for all its pieces
                 bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
-                o_b, l_b = block_forward(
-                    qc[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], m, bb, c, scale
-                )
-                merge_into(out, lse, rows, o_b, l_b)
-            if reqs is not None:
-                _wait(reqs)
-                kv = nxt
+            bs, hq = parts[c][0], q_heads(parts[c][1], g)
+            m = part(m_src, bs, hq)[..., cols].bool() if m_src is not None else None
+            o_b, l_b = block_forward(
+                qc[bs, hq][:, :, rows], kp[:, :, cols], vp[:, :, cols], m, part(bb, bs, hq),
+                cz, scale,
+            )  # fmt: skip
+            if step == 0:  # our own block, every row: the merge with nothing is o_b itself
+                if len(parts) == 1:
+                    out, lse = o_b, l_b
+                    continue
+                if out is None:
+                    out = q.new_empty(b, h, n, v.shape[3], dtype=cdt)
+                    lse = q.new_empty(b, h, n, dtype=cdt)
+                out[bs, hq] = o_b
+                lse[bs, hq] = l_b
+            else:
+                merge_into(out[bs, hq], lse[bs, hq], rows, o_b, l_b)
+            del o_b, l_b, m
+        del bb
         ctx.save_for_backward(qc, kc, vc, mask, bias, out, lse)
         ctx.args = (bias_fn, causal, scale, layout, group, q.dtype, k.dtype, v.dtype)
         return out.to(q.dtype), lse
@@ -115,62 +166,94 @@ class _RingAttention(torch.autograd.Function):
         qc, kc, vc, mask, bias, out, lse = ctx.saved_tensors
         bias_fn, causal, scale, layout, group, qdt, kdt, vdt = ctx.args
         rank, world = group_info(group)
-        cdt, n = qc.dtype, qc.shape[2]
+        cdt, (h, n) = qc.dtype, qc.shape[1:3]
+        g, parts = h // kc.shape[1], _parts(kc, vc, world)
         pos = _positions(n, rank, world, layout, qc.device)
         want_dbias = bias is not None and ctx.needs_input_grad[4]
         # this rank's query rows against every key: the gradient never leaves the rank
         dbias = torch.zeros(bias.shape, dtype=cdt, device=bias.device) if want_dbias else None
         dout = dout.to(cdt)
         dlse = None if dlse is None else dlse.to(cdt)
-        dq = torch.zeros_like(qc)
-        kv = [kc, vc] + ([mask.to(torch.uint8).contiguous()] if mask is not None else [])
-        dkv_reqs, dkv_in = None, None
-        for step in range(world):
-            src = (rank - step) % world
-            reqs = None
-            if step + 1 < world:
-                nxt = [torch.empty_like(t) for t in kv]
-                reqs = exchange(kv, nxt, group, rank, world)
-            geo = block_geometry(rank, src, world, layout, causal, n)
-            grads = None
-            if geo is not None:
-                rows, cols, c = geo
-                m = kv[2][..., cols].bool() if mask is not None else None
-                bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
-                grads = block_backward(
-                    dout[:, :, rows], None if dlse is None else dlse[:, :, rows],
-                    qc[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols],
-                    out[:, :, rows], lse[:, :, rows], m, bb, c, scale, want_dbias,
-                )  # fmt: skip
-                dq[:, :, rows] += grads[0]
-                if want_dbias:  # (B|1, H|1, nq, nk) into src's key columns
-                    dbias[:, :, rows].index_add_(3, pos(src)[cols], grads[3])
-            # our own block's dk/dv stay home (step 0); every other block's accumulator
-            # arrives from rank-1 (or starts at zero), gains ours and moves on: P-1 hops,
-            # the reduce-scatter's minimum
-            if step == 0:
-                dk_own, dv_own = torch.zeros_like(kc), torch.zeros_like(vc)
-                dk_acc, dv_acc = dk_own, dv_own
-            elif dkv_reqs is not None:
-                _wait(dkv_reqs)
-                dk_acc, dv_acc = dkv_in
-            else:
-                dk_acc, dv_acc = torch.zeros_like(kc), torch.zeros_like(vc)
-            if grads is not None:
-                dk_acc[:, :, cols] += grads[1]
-                dv_acc[:, :, cols] += grads[2]
-            if step > 0:
-                dkv_in = [torch.empty_like(dk_acc), torch.empty_like(dv_acc)]
-                dkv_reqs = exchange([dk_acc, dv_acc], dkv_in, group, rank, world)
-            if reqs is not None:
+        dq, dk_own, dv_own = (torch.empty_like(t) if world > 1 else None for t in (qc, kc, vc))
+        m8 = mask.to(torch.uint8).contiguous() if mask is not None else None
+        own = [[kc[bs, hs], vc[bs, hs]] for bs, hs in parts]
+        pool, acc_in, pending, bb = Pool(), {}, [], None
+
+        def settle():
+            # the dK/dV transfer started one piece ago: its send is done (the buffer is free)
+            # and what arrived is the accumulator of that piece of our next block, or (after
+            # the last step) everyone else's share of our own block
+            for reqs, sent, recv, c, home in pending:
                 _wait(reqs)
-                kv = nxt
-        if dkv_reqs is not None:  # everyone else's share of our block, after P-1 hops
-            _wait(dkv_reqs)
-            dk_own += dkv_in[0]
-            dv_own += dkv_in[1]
+                pool.give(sent)
+                if home:
+                    bs, hs = parts[c]
+                    dk_own[bs, hs] += recv[0]
+                    dv_own[bs, hs] += recv[1]
+                    pool.give(recv)
+                else:
+                    acc_in[c] = recv
+            pending.clear()
+
+        for step, c, (kp, vp), m_src in _kv_pieces(own, m8, pool, group, rank, world):
+            src = (rank - step) % world
+            geo = block_geometry(rank, src, world, layout, causal, n)
+            bs, hs = parts[c]
+            hq = q_heads(hs, g)
+            gk = gv = None
+            if geo is not None:
+                rows, cols, cz = geo
+                if c == 0:
+                    bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
+                m = part(m_src, bs, hq)[..., cols].bool() if m_src is not None else None
+                gq, gk, gv, gb = block_backward(
+                    dout[bs, hq][:, :, rows],
+                    None if dlse is None else dlse[bs, hq][:, :, rows],
+                    qc[bs, hq][:, :, rows], kp[:, :, cols], vp[:, :, cols],
+                    out[bs, hq][:, :, rows], lse[bs, hq][:, :, rows], m, part(bb, bs, hq),
+                    cz, scale, want_dbias,
+                )  # fmt: skip
+                if world == 1:  # one piece, nothing to add: the kernel's results are ours
+                    dq, dk_own, dv_own = gq, gk, gv
+                elif step == 0:  # our own block, every row: 0 + gq is gq
+                    dq[bs, hq] = gq
+                else:
+                    dq[bs, hq][:, :, rows] += gq
+                if want_dbias:  # (B|1, H|1, nq, nk) into src's key columns
+                    part(dbias, bs, hq)[:, :, rows].index_add_(3, pos(src)[cols], gb)
+                del gq, gb, m
+            settle()
+            # our own block's dk/dv stay home (step 0: all its columns); every other block's
+            # accumulator arrives from rank-1 (or starts here at step 1), gains ours and
+            # moves on: P-1 hops, the reduce-scatter's minimum
+            if world == 1:
+                continue
+            if step == 0:
+                dk_own[bs, hs] = gk
+                dv_own[bs, hs] = gv
+                continue
+            if step == 1:  # src's accumulator starts here
+                acc = [pool.take(kp).zero_(), pool.take(vp).zero_()]
+            else:
+                acc = acc_in.pop(c)
+            if gk is not None:
+                acc[0][:, :, cols] += gk
+                acc[1][:, :, cols] += gv
+            del gk, gv
+            recv = [pool.take(t) for t in acc]
+            pending.append((exchange(acc, recv, group, rank, world), acc, recv, c,
+                            step + 1 == world))  # fmt: skip
+        settle()
+        del bb
         dbias = dbias.to(bias.dtype) if want_dbias else None
         return (dq.to(qdt), dk_own.to(kdt), dv_own.to(vdt), None, dbias) + (None,) * 5
+
+
+def _parts(k: Tensor, v: Tensor, world: int) -> list[tuple[slice, slice]]:
+    """The pieces a block travels in (`_block.pieces`); one when nothing travels or the
+    block is small."""
+    small = (k.numel() + v.numel()) * k.element_size() < _block.MIN_PIECE_BYTES
+    return [(slice(None), slice(None))] if world == 1 or small else pieces(*k.shape[:2])
 
 
 def _positions(n: int, rank: int, world: int, layout: str, device):
