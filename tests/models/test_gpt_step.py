@@ -36,7 +36,7 @@ def _decode(model: GPT, ids: torch.Tensor, module_path: bool, monkeypatch=None, 
     and the cache; module_path=True turns the module-free step off. grow: a cache without
     capacity (the preallocated one is for inference only)."""
     if module_path:
-        monkeypatch.setattr(gpt_module, "decode_step", lambda *a: None)
+        monkeypatch.setattr(gpt_module, "decode_step", lambda *a, **k: None)
     cache = KVCache(capacity=None if grow else ids.shape[1])
     model(ids[:, :4], cache=cache)
     steps = [model(ids[:, t : t + 1], cache=cache) for t in range(4, ids.shape[1])]

@@ -153,7 +153,8 @@ class GPT(_TiedModule):
         """
         _check_ids(ids)
         if cache is not None and attention_mask is None and ids.shape[1] == 1:
-            logits = decode_step(self, ids, cache)  # the same step without module calls
+            # the same step without module calls
+            logits = decode_step(self, ids, cache, block_type=GPTBlock, tokens_type=_TokenTable)
             if logits is not None:
                 return logits
         offset = 0 if cache is None else cache.length

@@ -42,10 +42,14 @@ _ACTIVATIONS: dict[type, Callable[[nn.Module, Tensor], Tensor]] = {
 }
 
 
-def decode_step(gpt: nn.Module, ids: Tensor, cache: KVCache) -> Tensor | None:
+def decode_step(
+    gpt: nn.Module, ids: Tensor, cache: KVCache, *, block_type: type, tokens_type: type
+) -> Tensor | None:
     """Logits (B, 1, V) of one new token per row, ids (B, 1), over `cache` (advanced by one);
-    None when the module path must run instead (see the module docstring)."""
-    plan = _plan(gpt)  # checks everything before the cache is touched
+    None when the module path must run instead (see the module docstring). `block_type` and
+    `tokens_type` are the classes `GPT` builds its blocks and token table from (passed in:
+    this module must not import `attnkit.models.gpt`, which imports it)."""
+    plan = _plan(gpt, block_type, tokens_type)  # checks everything before the cache is touched
     if plan is None:
         return None
     tokens, positions, layers, norm, head = plan
@@ -78,19 +82,17 @@ def _layer_norm(norm: tuple, x: Tensor) -> Tensor:
     return F.layer_norm(x, *norm)
 
 
-def _plan(gpt: nn.Module) -> tuple | None:
+def _plan(gpt: nn.Module, block_type: type, tokens_type: type) -> tuple | None:
     """What `decode_step` reads, or None unless the model runs as built: eval mode, no hooks,
     every module of the type GPT builds. Read through `_modules` / `_parameters` (a plain
     attribute read of a submodule costs ~1-2 µs: `nn.Module.__getattr__` runs after a failed
     lookup), about 25 µs per step for 4 layers."""
     if gpt.training or global_hooks():
         return None
-    from attnkit.models.gpt import GPTBlock, _TokenTable  # gpt imports this module
-
     mods = gpt._modules
     tokens, positions = mods["tokens"], mods.get("positions")  # None: not a module (rotary)
     if not (
-        _plain_module(tokens, _TokenTable)
+        _plain_module(tokens, tokens_type)
         and tokens.max_norm is None
         and (positions is None or _plain_module(positions, LearnedPositionalEmbedding))
         and _plain_module(mods["blocks"], nn.ModuleList)
@@ -101,7 +103,7 @@ def _plan(gpt: nn.Module) -> tuple | None:
         return None
     layers = []
     for block in mods["blocks"]._modules.values():
-        layer = _layer(block, GPTBlock)
+        layer = _layer(block, block_type)
         if layer is None:
             return None
         layers.append(layer)
