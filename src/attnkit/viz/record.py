@@ -44,12 +44,7 @@ def recording_sink(module: nn.Module) -> Callable[[Tensor], None] | None:
     if entry is None:
         return None
     name, record, detach = entry
-
-    def sink(weights: Tensor) -> None:
-        if not _recomputing():
-            record.calls.setdefault(name, []).append(weights.detach() if detach else weights)
-
-    return sink
+    return lambda weights: record.add(name, weights, detach)
 
 
 def _recomputing() -> bool:
@@ -84,6 +79,12 @@ class AttentionRecord:
         if name not in self.calls:
             raise KeyError(f"no attention recorded at {name!r}; recorded: {self.names}")
         return self.calls[name][-1]
+
+    def add(self, name: str, weights: Tensor, detach: bool) -> None:
+        """Append one call's (B, H, N, S) map at `name` (detached if asked); nothing while
+        autograd's backward recomputes a checkpointed layer (`_recomputing`)."""
+        if not _recomputing():
+            self.calls.setdefault(name, []).append(weights.detach() if detach else weights)
 
     def __len__(self) -> int:
         return len(self.calls)
@@ -192,10 +193,7 @@ def record_attention(model: nn.Module, *, detach: bool = True) -> Iterator[Atten
 
     def hook_for(name: str):
         def hook(module, args, output):
-            if _recomputing():
-                return
-            weights = output.weights.detach() if detach else output.weights
-            record.calls.setdefault(name, []).append(weights)
+            record.add(name, output.weights, detach)
 
         return hook
 
