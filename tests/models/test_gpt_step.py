@@ -218,3 +218,59 @@ def test_positions_past_the_table_still_raise_the_module_error():
         model(torch.zeros(1, 16, dtype=torch.long), cache=cache)
         with pytest.raises(ValueError, match="max_len"):
             model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+
+
+# --------------------------------------------------------------------------- the kept plan
+
+
+def _count_plans(monkeypatch) -> list:
+    import attnkit.models.gpt_step as step
+
+    made, real = [], step._plan
+    monkeypatch.setattr(step, "_plan", lambda *a: made.append(1) or real(*a))
+    return made
+
+
+def test_generate_checks_the_model_once_per_cache_and_decodes_the_same(monkeypatch):
+    """Nothing but `generate` runs between its steps, so the plan of the first step is kept
+    for the 13 one-token steps that fill the first cache (context 16, prompt 3); past the
+    context every token re-encodes the window (a many-token forward: no plan)."""
+    model = _gpt()
+    ids = torch.randint(0, 23, (2, 3), generator=torch.Generator().manual_seed(4))
+    made = _count_plans(monkeypatch)
+    out = model.generate(ids, 30)  # context 16: the window slides
+    plans = len(made)
+    monkeypatch.setattr(gpt_module, "decode_step", lambda *a, **k: None)
+    assert torch.equal(out, model.generate(ids, 30))  # the module path's tokens
+    assert plans == 1
+
+
+def test_a_cache_used_by_hand_checks_the_model_at_every_step(monkeypatch):
+    model = _gpt()
+    made = _count_plans(monkeypatch)
+    cache = KVCache(capacity=16)
+    with torch.no_grad():
+        model(torch.zeros(1, 4, dtype=torch.long), cache=cache)
+        for _ in range(3):
+            model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+        calls = []
+        model.head.register_forward_hook(lambda *a: calls.append(1))  # between two steps
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+    assert len(made) == 4 and calls == [1]
+
+
+def test_a_hook_on_the_model_runs_between_steps_so_nothing_is_kept(monkeypatch):
+    """A pre-hook on the GPT is code run at every step of `generate`: here it starts watching
+    a projection at the third step, and that projection's hook must see every later step."""
+    model = _gpt()
+    calls, steps = [], []
+    proj = model.blocks[1].attn.fn.proj
+
+    def pre_hook(module, args, kwargs):
+        steps.append(1)
+        if len(steps) == 3:
+            proj.register_forward_hook(lambda *a: calls.append(1))
+
+    model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    model.generate(torch.zeros(1, 2, dtype=torch.long), 8)
+    assert len(steps) == 8 and len(calls) == 6  # steps 3 .. 8 (the prompt is step 1)

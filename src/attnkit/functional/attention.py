@@ -185,8 +185,19 @@ def _nan_where_q_is_not_finite(res: AttentionOutput, q: Tensor) -> AttentionOutp
     N = 16) are skipped. The sum is non-finite when any entry is, or when finite entries
     overflow it; then the exact row-wise path runs, so the check can cost time, never truth.
     """
-    if _eager_cpu(q) and math.isfinite((q.detach() if q.requires_grad else q).sum().item()):
-        return res  # (a float16 sum may overflow where float32 would not: a slower path only)
+    if _surely_finite(q):
+        return res
+    return _poison_rows(res, q)
+
+
+def _surely_finite(q: Tensor) -> bool:
+    """The eager-CPU shortcut of `_nan_where_q_is_not_finite`: one sum of q read on the host
+    is finite (a float16 sum may overflow where float32 would not: a slower path only)."""
+    return _eager_cpu(q) and math.isfinite((q.detach() if q.requires_grad else q).sum().item())
+
+
+def _poison_rows(res: AttentionOutput, q: Tensor) -> AttentionOutput:
+    """NaN in the rows of res whose q is not finite, with no data-dependent branch."""
     acc = torch.promote_types(q.dtype, torch.float32)
     poison = q.detach().sum(-1, keepdim=True, dtype=acc).mul_(0)  # (B, H, N, 1): 0, or NaN
     out = res.out.add(poison.to(res.out.dtype))
@@ -381,8 +392,11 @@ def attention_without_checks(q: Tensor, k: Tensor, v: Tensor, *, scale=None, bac
     if backend == "auto" and q.dtype == torch.bfloat16 and not _NATIVE_BF16 and low_grad:
         return None  # auto takes chunked here (see `_choose_backend`)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    out = _sdpa_unmasked(q, k, v, scale, 0.0, False, bool(k.shape[1] != q.shape[1]))
-    return _nan_where_q_is_not_finite(AttentionOutput(out), q).out
+    if k.shape[1] == q.shape[1]:  # two calls, not one with enable_gqa=False: fewer µs to parse
+        out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+    return out if _surely_finite(q) else _poison_rows(AttentionOutput(out), q).out
 
 
 def _surely_at_least(value, bound: int) -> bool:

@@ -49,6 +49,12 @@ class KVCache:
     the in-place writes make it an inference cache: backpropagating through
     an earlier step's output after a later append raises autograd's
     "modified by an inplace operation" error.
+
+    `loop_model` and `memo`: a decoding loop that calls one model and runs nothing else
+    between its steps (`generate`, when that model has no hooks of its own) names the model
+    in `loop_model`; that model may then keep in `memo` what it validated at the first step
+    (`GPT`'s module-free step keeps its plan: ~30 µs a step), since no code that could change
+    the model runs until the loop ends. A cache used by hand leaves `loop_model` None.
     """
 
     def __init__(self, capacity: int | None = None) -> None:
@@ -58,6 +64,8 @@ class KVCache:
         self.entries: dict[nn.Module, tuple[Tensor, Tensor]] = {}
         self.buffers: dict[nn.Module, tuple[Tensor, Tensor]] = {}  # (B, Hkv, S_max, Dh) x2
         self.length = 0
+        self.loop_model: nn.Module | None = None
+        self.memo: dict = {}
 
     def append(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add `module`'s new keys/values (B, Hkv, N, Dh); return all of them (B, Hkv, S, Dh)."""
@@ -196,14 +204,20 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         return self.proj(o)
 
     def decode_core(
-        self, qkv: Tensor, cache: KVCache, attend: nn.Module, widths: tuple[int, int, int]
+        self,
+        qkv: Tensor,
+        cache: KVCache,
+        attend: nn.Module,
+        widths: tuple[int, int, int],
+        plain: bool | None = None,
     ) -> Tensor:
         """The step between the projections: qkv (B, 1, Q + K + V) of one new token ->
         attention output (B, 1, H·Dv), appending the new key and value to `cache`.
 
         `attend` and `widths` (Q, K, V) are this module's (`self.attend`, `in_proj`'s), passed
         in so that a caller holding them (`attnkit.models.gpt_step`) skips the attribute
-        lookups, a few µs per token and layer.
+        lookups, a few µs per token and layer; so is `plain` (what `_plain(attend)` says,
+        None = ask it here), for a caller that has just checked it.
         """
         b, h, hkv = qkv.shape[0], self.num_heads, self.num_kv_heads
         q, k, v = qkv.split(widths, dim=-1)
@@ -214,8 +228,10 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             cached = cache.entries.get(self)
             q, k = self.rotate(q, k, offset=0 if cached is None else cached[0].shape[2])
         k, v = cache.append(self, k, v)  # (B, Hkv, S, Dk), (B, Hkv, S, Dv)
+        if plain is None:
+            plain = _plain(attend)
         o = None
-        if _plain(attend):  # nothing watches Attend: the same call without its checks
+        if plain:  # nothing watches Attend: the same call without its checks
             o = attention_without_checks(q, k, v, scale=attend.scale, backend=attend.backend)
         if o is None:
             o = attend(q, k, v, mask=None, bias=None, causal=False).out  # (B, H, 1, Dv)

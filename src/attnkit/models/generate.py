@@ -52,33 +52,33 @@ def generate(
     """
     context = _check(model, ids, max_new_tokens, temperature, top_k, top_p, attention_mask)
     batch, p = ids.shape
-    tokens = ids.new_empty(batch, p + max_new_tokens)  # (B, P + max_new): no cat per step
-    tokens[:, :p] = ids
     keep = None  # (B, P + max_new) True = real token, only when there is padding
     if attention_mask is not None and not bool(attention_mask.all()):
         keep = torch.ones(batch, p + max_new_tokens, dtype=torch.bool, device=ids.device)
         keep[:, :p] = attention_mask != 0
-    done = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+    done = torch.zeros(batch, 1, dtype=torch.bool, device=ids.device)
+    out = [ids]  # (B, P), then (B, 1) per new token: joined once, at the end or a slide
     n = p  # tokens so far
-    cache, window, logits = _encode(model, tokens[:, :n], _cut(keep, n), context)
+    cache, window, logits = _encode(model, ids, _cut(keep, n), context)
     for _ in range(max_new_tokens):
-        nxt = _pick(logits, temperature, top_k, top_p, generator)  # (B,)
+        nxt = _pick(logits, temperature, top_k, top_p, generator)  # (B, 1)
         if eos_id is not None:
             nxt = nxt.masked_fill(done, eos_id)
             done |= nxt == eos_id
-        tokens[:, n] = nxt
+        out.append(nxt)
         n += 1
-        if n == tokens.shape[1] or (eos_id is not None and bool(done.all())):
+        if n == p + max_new_tokens or (eos_id is not None and bool(done.all())):
             break
         if cache.length == context:  # full: slide the window (nanoGPT crops the same way)
-            cache, window, logits = _encode(model, tokens[:, :n], _cut(keep, n), context)
+            out = [torch.cat(out, 1)]  # (B, n)
+            cache, window, logits = _encode(model, out[0], _cut(keep, n), context)
         elif window is None:
-            logits = model(nxt[:, None], cache=cache)[:, -1]  # (B, V): no mask work at all
+            logits = model(nxt, cache=cache).select(1, -1)  # (B, V): no mask work at all
         else:
             window[:, cache.length] = True  # the new token is real
             mask = window[:, : cache.length + 1]  # (B, S): a view of the buffer
-            logits = model(nxt[:, None], cache=cache, attention_mask=mask)[:, -1]
-    return tokens[:, :n]
+            logits = model(nxt, cache=cache, attention_mask=mask).select(1, -1)
+    return torch.cat(out, 1)
 
 
 def _cut(keep: Tensor | None, n: int) -> Tensor | None:
@@ -95,6 +95,7 @@ def _encode(
     logits (B, V) for the next token.
     """
     cache = KVCache(capacity=context)
+    cache.loop_model = model  # only this loop's code runs between the steps (see KVCache)
     if keep is None:
         return cache, None, model(ids[:, -context:], cache=cache)[:, -1]
     ids, window = _last_real(ids, keep, context)
@@ -134,12 +135,12 @@ def filter_logits(
 
 
 def _pick(logits, temperature, top_k, top_p, generator) -> Tensor:
-    """The next token (B,) from logits (B, V)."""
+    """The next token (B, 1) from logits (B, V)."""
     if temperature == 0.0:
-        return logits.argmax(-1)
+        return logits.argmax(-1, keepdim=True)
     logits = filter_logits(logits.float() / temperature, top_k=top_k, top_p=top_p)
     probs = logits.softmax(-1)  # (B, V)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return torch.multinomial(probs, 1, generator=generator)
 
 
 def _check(model, ids, max_new_tokens, temperature, top_k, top_p, attention_mask) -> int:

@@ -49,9 +49,12 @@ def decode_step(
     None when the module path must run instead (see the module docstring). `block_type` and
     `tokens_type` are the classes `GPT` builds its blocks and token table from (passed in:
     this module must not import `attnkit.models.gpt`, which imports it)."""
-    plan = _plan(gpt, block_type, tokens_type)  # checks everything before the cache is touched
+    plan = _recall(gpt, cache)
     if plan is None:
-        return None
+        plan = _plan(gpt, block_type, tokens_type)  # checks everything before the cache changes
+        if plan is None:
+            return None
+        _keep(gpt, cache, plan)
     tokens, positions, layers, norm, head = plan
     offset = cache.length
     if positions is not None and offset >= positions.shape[0]:
@@ -61,7 +64,7 @@ def decode_step(
         x = x + positions[offset : offset + 1]
     linear = _gemv if ids.shape[0] == 1 else F.linear
     for ln1, mha, attend, widths, qkv, proj, ln2, fc1, act, fc2 in layers:
-        o = mha.decode_core(linear(_layer_norm(ln1, x), *qkv), cache, attend, widths)
+        o = mha.decode_core(linear(_layer_norm(ln1, x), *qkv), cache, attend, widths, True)
         x = x + linear(o, *proj)  # (B, 1, C)
         h = _ACTIVATIONS[type(act)](act, linear(_layer_norm(ln2, x), *fc1))  # (B, 1, F)
         x = x + linear(h, *fc2)
@@ -80,6 +83,24 @@ def _gemv(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 def _layer_norm(norm: tuple, x: Tensor) -> Tensor:
     return F.layer_norm(x, *norm)
+
+
+def _recall(gpt: nn.Module, cache: KVCache) -> tuple | None:
+    """The plan kept at this generation loop's first step (see `_keep`), or None."""
+    if cache.loop_model is not gpt:
+        return None
+    return cache.memo.get(_MEMO)
+
+
+def _keep(gpt: nn.Module, cache: KVCache, plan: tuple) -> None:
+    """Keep the plan for the next steps when only `generate` runs between them: it calls this
+    GPT itself (`loop_model`) and the GPT has no hook (a hook would be code run between steps,
+    free to change the model; a global hook already made `_plan` refuse)."""
+    if cache.loop_model is gpt and not (gpt._forward_hooks or gpt._forward_pre_hooks):
+        cache.memo[_MEMO] = plan
+
+
+_MEMO = "attnkit.models.gpt_step"
 
 
 def _plan(gpt: nn.Module, block_type: type, tokens_type: type) -> tuple | None:
