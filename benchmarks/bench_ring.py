@@ -55,6 +55,7 @@ from torch.utils._pytree import tree_leaves
 from attnkit._io import atomic_write_json, atomic_write_text
 from attnkit.distributed import ring as ring_mod
 from attnkit.distributed import ring_attention, ulysses_attention
+from attnkit.distributed._block import travel_pieces
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -171,8 +172,8 @@ def step(fn, q, k, v, causal, layout, waits: WaitTimer | None = None):
 
 def comm_only(k, v, world, rank):
     """The ring's transfers of one step with no computation, in the pieces the ring sends
-    (`ring._parts`): 2(P-1) K/V hops and P-1 dK/dV hops (dK, dV shaped like K, V)."""
-    pieces = [[k[bs, hs], v[bs, hs]] for bs, hs in ring_mod._parts(k, v, world)]
+    (`_block.travel_pieces`): 2(P-1) K/V hops and P-1 dK/dV hops (dK, dV shaped like K, V)."""
+    pieces = [[k[bs, hs, cs], v[bs, hs, cs]] for bs, hs, cs in travel_pieces(k, v, world)]
     for _ in range(3 * (world - 1)):
         for kv in pieces:
             recv = [torch.empty_like(t) for t in kv]

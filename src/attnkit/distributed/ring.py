@@ -40,19 +40,19 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from attnkit.distributed import _block
 from attnkit.distributed._block import (
+    _ALL,
     BiasFn,
     Pool,
     bias_block,
     block_backward,
     block_forward,
-    block_geometry,
     check_bias,
     merge_into,
     part,
-    pieces,
     q_heads,
+    travel_pieces,
+    visiting,
 )
 from attnkit.distributed.layout import check_layout, positions
 from attnkit.functional.attention import AttentionOutput
@@ -87,33 +87,56 @@ def _wait(reqs) -> None:
         r.wait()
 
 
-def _kv_pieces(kv: list[list[Tensor]], mask: Tensor | None, pool: Pool, group, rank, world):
-    """Yields (step, c, [k, v] piece c of the block in hand, that block's key mask (uint8)).
+def _kv_ring(own: list[list[Tensor]], pool: Pool, group, rank: int, world: int):
+    """Yields (c, step, [k, v] piece c of the block in hand), piece-outer: for each piece c,
+    steps 0 … P-1 (our own piece, then rank-1's, …).
 
-    Before piece c is yielded (computed by the caller) its transfer to rank+1 starts, with
-    the receipt of piece c of the next block from rank-1; after, it is waited on and the
-    piece's buffers go back to ``pool`` (our own pieces, step 0, are the inputs: kept). So a
-    rank holds its block in hand plus the next one's pieces as they arrive: 1 + 1/C blocks.
-    The mask (n bytes per row) travels whole with piece 0.
+    Before a piece is yielded (computed by the caller) the transfer that brings the piece of
+    the next step is in flight: it forwards the piece in hand to rank+1, or during a piece's
+    last step (when nothing is forwarded) it starts the next piece's first hop, so that a
+    step 0 that computes nothing (`_first`) waits on nothing. It is waited on after the
+    yield, and received buffers go back to ``pool`` once forwarded (our own pieces are views
+    of the inputs: kept). So a rank holds two K/V pieces at a time, whatever P is.
     """
-    for step in range(world):
-        nxt: list = [None] * len(kv)
-        nxt_mask = None
-        for c, kvp in enumerate(kv):
-            reqs = None
-            if step + 1 < world:
-                send, recv = list(kvp), [pool.take(t) for t in kvp]
-                if c == 0 and mask is not None:
-                    nxt_mask = torch.empty_like(mask)
-                    send, recv = [*send, mask], [*recv, nxt_mask]
-                reqs = exchange(send, recv, group, rank, world)
-            yield step, c, kvp, mask
-            if reqs is not None:
-                _wait(reqs)
-                nxt[c] = recv[:2]
-                if step > 0:
-                    pool.give(kvp)
-        kv, mask = nxt, nxt_mask
+
+    def start(kvp):
+        recv = [pool.take(t) for t in kvp]
+        return exchange(list(kvp), recv, group, rank, world), recv
+
+    flight = start(own[0]) if world > 1 else None
+    for c, kvp in enumerate(own):
+        for step in range(world):
+            last = step == world - 1
+            if 0 < step < world - 1:
+                flight = start(kvp)
+            elif step > 0 and c + 1 < len(own):
+                flight = start(own[c + 1])
+            yield c, step, kvp
+            if not last:
+                _wait(flight[0])
+            if step > 0:
+                pool.give(kvp)  # forwarded (the wait above), or at the last step not at all
+            if not last:
+                kvp = flight[1]
+
+
+def _masks(mask: Tensor | None, group, world: int) -> list[Tensor] | None:
+    """src -> src's key-padding mask as uint8 (every backend sends bytes), by one all-gather:
+    n bytes per (B|1, H|1) row each, so every rank may hold all of them."""
+    if mask is None:
+        return None
+    m8 = mask.to(torch.uint8).contiguous()
+    if world == 1:
+        return [m8]
+    got = [torch.empty_like(m8) for _ in range(world)]
+    dist.all_gather(got, m8, group=group)
+    return got
+
+
+def _first(cs: slice) -> bool:
+    """Whether a piece is the first key run of its (batch, head) rectangle: that piece's
+    step 0 computes the rectangle's own (diagonal) block whole, never cut by key runs."""
+    return not cs.start
 
 
 class _RingAttention(torch.autograd.Function):
@@ -123,40 +146,44 @@ class _RingAttention(torch.autograd.Function):
         cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
         qc, kc, vc = (t.to(cdt).contiguous() for t in (q, k, v))
         b, h, n, _ = q.shape
-        g, parts = h // k.shape[1], _parts(kc, vc, world)
-        out = lse = None
+        g, parts = h // k.shape[1], travel_pieces(kc, vc, world)
         pos = _positions(n, rank, world, layout, q.device)
-        # the mask travels as uint8 (every backend can send bytes)
-        m8 = mask.to(torch.uint8).contiguous() if mask is not None else None
-        own = [[kc[bs, hs], vc[bs, hs]] for bs, hs in parts]
-        bb = None
-        for step, c, (kp, vp), m_src in _kv_pieces(own, m8, Pool(), group, rank, world):
-            src = (rank - step) % world
-            geo = block_geometry(rank, src, world, layout, causal, n)
-            if geo is None:
-                continue
-            rows, cols, cz = geo
-            if c == 0:  # the bias of this block, for all its pieces
-                bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
-            bs, hq = parts[c][0], q_heads(parts[c][1], g)
-            m = part(m_src, bs, hq)[..., cols].bool() if m_src is not None else None
-            o_b, l_b = block_forward(
-                qc[bs, hq][:, :, rows], kp[:, :, cols], vp[:, :, cols], m, part(bb, bs, hq),
-                cz, scale,
-            )  # fmt: skip
-            if step == 0:  # our own block, every row: the merge with nothing is o_b itself
-                if len(parts) == 1:
+        masks = _masks(mask, group, world)
+        out = lse = None
+        own = [[kc[bs, hs, cs], vc[bs, hs, cs]] for bs, hs, cs in parts]
+        for c, step, (kp, vp) in _kv_ring(own, Pool(), group, rank, world):
+            bs, hs, cs = parts[c]
+            hq, src = q_heads(hs, g), (rank - step) % world
+            m_src = None if masks is None else part(masks[src], bs, hq)
+            if step == 0:  # our own block (the causal diagonal), every row: no merge
+                if not _first(cs):
+                    continue
+                bb = bias_block(bias, bias_fn, pos(rank), pos(rank), _ALL, _ALL, cdt)
+                m = None if m_src is None else m_src.bool()
+                o_b, l_b = block_forward(
+                    qc[bs, hq], kc[bs, hs], vc[bs, hs], m, part(bb, bs, hq), causal, scale
+                )
+                if len(parts) == 1:  # the whole block: the kernel's results are ours
                     out, lse = o_b, l_b
                     continue
-                if out is None:
+                if out is None:  # lse merged in float64: 2/D of a unit buys float32's error
                     out = q.new_empty(b, h, n, v.shape[3], dtype=cdt)
-                    lse = q.new_empty(b, h, n, dtype=cdt)
-                out[bs, hq] = o_b
-                lse[bs, hq] = l_b
-            else:
-                merge_into(out[bs, hq], lse[bs, hq], rows, o_b, l_b)
-            del o_b, l_b, m
-        del bb
+                    lse = q.new_empty(b, h, n, dtype=torch.float64)
+                out[bs, hq], lse[bs, hq] = o_b, l_b
+                continue
+            vis = visiting(rank, src, world, layout, causal, n, cs)
+            if vis is None:
+                continue
+            rows, cols, sub = vis
+            bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
+            m = None if m_src is None else m_src[..., cols].bool()
+            o_b, l_b = block_forward(
+                qc[bs, hq][:, :, rows], kp[:, :, sub], vp[:, :, sub], m, part(bb, bs, hq),
+                False, scale,
+            )  # fmt: skip
+            merge_into(out[bs, hq], lse[bs, hq], rows, o_b, l_b)
+            del o_b, l_b, bb, m
+        lse = lse.to(cdt)
         ctx.save_for_backward(qc, kc, vc, mask, bias, out, lse)
         ctx.args = (bias_fn, causal, scale, layout, group, q.dtype, k.dtype, v.dtype)
         return out.to(q.dtype), lse
@@ -167,93 +194,87 @@ class _RingAttention(torch.autograd.Function):
         bias_fn, causal, scale, layout, group, qdt, kdt, vdt = ctx.args
         rank, world = group_info(group)
         cdt, (h, n) = qc.dtype, qc.shape[1:3]
-        g, parts = h // kc.shape[1], _parts(kc, vc, world)
+        g, parts = h // kc.shape[1], travel_pieces(kc, vc, world)
         pos = _positions(n, rank, world, layout, qc.device)
+        masks = _masks(mask, group, world)
         want_dbias = bias is not None and ctx.needs_input_grad[4]
         # this rank's query rows against every key: the gradient never leaves the rank
         dbias = torch.zeros(bias.shape, dtype=cdt, device=bias.device) if want_dbias else None
         dout = dout.to(cdt)
         dlse = None if dlse is None else dlse.to(cdt)
-        dq, dk_own, dv_own = (torch.empty_like(t) if world > 1 else None for t in (qc, kc, vc))
-        m8 = mask.to(torch.uint8).contiguous() if mask is not None else None
-        own = [[kc[bs, hs], vc[bs, hs]] for bs, hs in parts]
-        pool, acc_in, pending, bb = Pool(), {}, [], None
+        # the own blocks' kernels write dq and add into dk, dv (`block_backward`'s into=)
+        dq, dk_own, dv_own = torch.empty_like(qc), torch.zeros_like(kc), torch.zeros_like(vc)
+        own = [[kc[bs, hs, cs], vc[bs, hs, cs]] for bs, hs, cs in parts]
+        pool, moving, home = Pool(), None, None
 
-        def settle():
-            # the dK/dV transfer started one piece ago: its send is done (the buffer is free)
-            # and what arrived is the accumulator of that piece of our next block, or (after
-            # the last step) everyone else's share of our own block
-            for reqs, sent, recv, c, home in pending:
-                _wait(reqs)
-                pool.give(sent)
-                if home:
-                    bs, hs = parts[c]
-                    dk_own[bs, hs] += recv[0]
-                    dv_own[bs, hs] += recv[1]
-                    pool.give(recv)
-                else:
-                    acc_in[c] = recv
-            pending.clear()
+        def grads(bs, hq, rows, k_b, v_b, m, bb, cz, into=None):
+            sl = lambda t: t[bs, hq][:, :, rows]  # noqa: E731
+            return block_backward(
+                sl(dout), None if dlse is None else sl(dlse), sl(qc), k_b, v_b, sl(out),
+                sl(lse), m, part(bb, bs, hq), cz, scale, want_dbias, into,
+            )  # fmt: skip
 
-        for step, c, (kp, vp), m_src in _kv_pieces(own, m8, pool, group, rank, world):
-            src = (rank - step) % world
-            geo = block_geometry(rank, src, world, layout, causal, n)
-            bs, hs = parts[c]
-            hq = q_heads(hs, g)
+        def arrive(hop):
+            # a dK/dV transfer started earlier: its send is done (the buffer is free again)
+            # and what it received is the accumulator for our next step, or after the last
+            # hop everyone else's share of a piece of our own block
+            reqs, sent, recv = hop
+            _wait(reqs)
+            pool.give(sent)
+            return recv
+
+        def settle_home():
+            # our own piece's accumulator, started home during the previous piece's last
+            # step, waited on after a computation of this piece (or at the very end)
+            nonlocal home
+            hc, hop = home
+            acc, home = arrive(hop), None
+            dk_own[parts[hc]] += acc[0]
+            dv_own[parts[hc]] += acc[1]
+            pool.give(acc)
+
+        for c, step, (kp, vp) in _kv_ring(own, pool, group, rank, world):
+            bs, hs, cs = parts[c]
+            hq, src = q_heads(hs, g), (rank - step) % world
+            m_src = None if masks is None else part(masks[src], bs, hq)
+            if step == 0:
+                if _first(cs):  # our own block (the causal diagonal) whole, in place
+                    bb = bias_block(bias, bias_fn, pos(rank), pos(rank), _ALL, _ALL, cdt)
+                    m = None if m_src is None else m_src.bool()
+                    into = (dq[bs, hq], dk_own[bs, hs], dv_own[bs, hs])
+                    *_, gb = grads(bs, hq, _ALL, kc[bs, hs], vc[bs, hs], m, bb, causal, into)
+                    if want_dbias:
+                        part(dbias, bs, hq).index_add_(3, pos(rank), gb)
+                    del bb, m, gb
+                continue
             gk = gv = None
-            if geo is not None:
-                rows, cols, cz = geo
-                if c == 0:
-                    bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
-                m = part(m_src, bs, hq)[..., cols].bool() if m_src is not None else None
-                gq, gk, gv, gb = block_backward(
-                    dout[bs, hq][:, :, rows],
-                    None if dlse is None else dlse[bs, hq][:, :, rows],
-                    qc[bs, hq][:, :, rows], kp[:, :, cols], vp[:, :, cols],
-                    out[bs, hq][:, :, rows], lse[bs, hq][:, :, rows], m, part(bb, bs, hq),
-                    cz, scale, want_dbias,
-                )  # fmt: skip
-                if world == 1:  # one piece, nothing to add: the kernel's results are ours
-                    dq, dk_own, dv_own = gq, gk, gv
-                elif step == 0:  # our own block, every row: 0 + gq is gq
-                    dq[bs, hq] = gq
-                else:
-                    dq[bs, hq][:, :, rows] += gq
+            vis = visiting(rank, src, world, layout, causal, n, cs)
+            if vis is not None:
+                rows, cols, sub = vis
+                bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
+                m = None if m_src is None else m_src[..., cols].bool()
+                gq, gk, gv, gb = grads(bs, hq, rows, kp[:, :, sub], vp[:, :, sub], m, bb, False)
+                dq[bs, hq][:, :, rows] += gq
                 if want_dbias:  # (B|1, H|1, nq, nk) into src's key columns
                     part(dbias, bs, hq)[:, :, rows].index_add_(3, pos(src)[cols], gb)
-                del gq, gb, m
-            settle()
-            # our own block's dk/dv stay home (step 0: all its columns); every other block's
-            # accumulator arrives from rank-1 (or starts here at step 1), gains ours and
-            # moves on: P-1 hops, the reduce-scatter's minimum
-            if world == 1:
-                continue
-            if step == 0:
-                dk_own[bs, hs] = gk
-                dv_own[bs, hs] = gv
-                continue
-            if step == 1:  # src's accumulator starts here
-                acc = [pool.take(kp).zero_(), pool.take(vp).zero_()]
-            else:
-                acc = acc_in.pop(c)
+                del gq, gb, bb, m
+            if home is not None:  # the previous piece's accumulator, back at its owner
+                settle_home()
+            # src's accumulator for this piece starts here (step 1) or arrives from rank-1,
+            # gains ours and moves on: P-1 hops, the reduce-scatter's minimum
+            acc = [pool.take(kp).zero_(), pool.take(vp).zero_()] if step == 1 else arrive(moving)
             if gk is not None:
-                acc[0][:, :, cols] += gk
-                acc[1][:, :, cols] += gv
+                acc[0][:, :, sub] += gk
+                acc[1][:, :, sub] += gv
             del gk, gv
             recv = [pool.take(t) for t in acc]
-            pending.append((exchange(acc, recv, group, rank, world), acc, recv, c,
-                            step + 1 == world))  # fmt: skip
-        settle()
-        del bb
+            moving = (exchange(acc, recv, group, rank, world), acc, recv)
+            if step + 1 == world:  # it goes home; ours arrives, added during the next piece
+                home, moving = (c, moving), None
+        if home is not None:
+            settle_home()
         dbias = dbias.to(bias.dtype) if want_dbias else None
         return (dq.to(qdt), dk_own.to(kdt), dv_own.to(vdt), None, dbias) + (None,) * 5
-
-
-def _parts(k: Tensor, v: Tensor, world: int) -> list[tuple[slice, slice]]:
-    """The pieces a block travels in (`_block.pieces`); one when nothing travels or the
-    block is small."""
-    small = (k.numel() + v.numel()) * k.element_size() < _block.MIN_PIECE_BYTES
-    return [(slice(None), slice(None))] if world == 1 or small else pieces(*k.shape[:2])
 
 
 def _positions(n: int, rank: int, world: int, layout: str, device):
