@@ -20,6 +20,8 @@ import torch
 
 from attnkit.distributed import ring_attention
 from attnkit.distributed._block import pieces, q_heads, travel_pieces
+from attnkit.functional import native
+from attnkit.functional._dropout import NO_DROPOUT
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_ring.py"
 
@@ -117,3 +119,22 @@ def test_blocks_travel_in_as_many_pieces_as_they_have_min_piece_bytes_up_to_16()
     assert count(1024) == 16  # 2 MiB: 16 (one head, 256 keys each)
     assert count(8192) == 16  # never more
     assert count(8192, world=1) == 1  # alone: nothing travels
+
+
+# --------------------------------------------------------------------------- the kernel's into=
+
+
+@pytest.mark.skipif(not native.available(), reason="the compiled kernel is not built here")
+def test_backward_into_writes_dq_and_adds_into_dk_dv_as_the_kernel_does():
+    g = torch.Generator().manual_seed(1)
+    q, k, v, dout = (torch.randn(1, 2, 8, 4, generator=g) for _ in range(4))
+    out, lse = native._forward(q, k, v, None, None, True, 0.5, NO_DROPOUT, 1.0, None)
+    args = (dout, None, q, k, v, out, lse, None, None, True, 0.5, NO_DROPOUT, 1.0, None)
+    want = native._backward(*args)
+    dq = torch.full_like(q, 7.0)  # overwritten
+    dk, dv = torch.ones_like(k), torch.zeros_like(v)  # added to
+    native._backward_into(dq, dk, dv, *args)
+    assert torch.equal(dq, want[0]) and torch.equal(dv, want[2])  # from zero: bit for bit
+    torch.testing.assert_close(dk, want[1] + 1, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="dk must be contiguous float32 of shape"):
+        native._backward_into(dq, torch.zeros(1, 2, 4, 8).transpose(2, 3), dv, *args)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from attnkit.distributed.layout import positions
 from attnkit.functional import chunked, native
 from attnkit.functional._dropout import NO_DROPOUT
 
@@ -66,6 +67,18 @@ def travel_pieces(k: Tensor, v: Tensor, world: int) -> list[tuple[slice, slice, 
 def _split(n: int, k: int) -> list[tuple[int, int]]:
     cut = [n * i // k for i in range(k + 1)]
     return [(a, z) for a, z in itertools.pairwise(cut) if z > a]
+
+
+def position_cache(n: int, rank: int, world: int, layout: str, device):
+    """src -> the global positions (n,) of src's shard, on ``device`` (cached per call)."""
+    cache: dict[int, Tensor] = {}
+
+    def pos(src: int) -> Tensor:
+        if src not in cache:
+            cache[src] = positions(n * world, src, world, layout).to(device)
+        return cache[src]
+
+    return pos
 
 
 def q_heads(heads: slice, g: int) -> slice:

@@ -3,24 +3,29 @@
 Legend: B batch, H query heads, Hkv key/value heads, n = N/P local sequence length, D head
 width, Dv value width, P ranks, r this rank.
 
-Each rank keeps its queries; the key/value blocks (and their key-padding mask) travel around
-the ring r -> r+1 with non-blocking send/recv, started before the local block is computed so
-that the transfer overlaps the computation (Liu et al. 2023, "Ring Attention with Blockwise
-Transformers"). A block of 1 MiB or more travels in about 4 pieces (`_block.pieces`: runs of
-batch rows or key/value heads), each sent while it is computed, so that a rank holds its block
-in hand plus the next block's pieces as they arrive (1 + 1/C blocks, not 2), and the kernels'
-results are piece-sized; attention is per (batch row, head), so no number changes. Partial
-results over key blocks are merged by log-sum-exp:
+Each rank keeps its queries; the key/value blocks travel around the ring r -> r+1 with
+non-blocking send/recv, started before the computation they should hide (Liu et al. 2023,
+"Ring Attention with Blockwise Transformers"). The ring runs piece by piece: a block of
+128 KiB or more of K + V is cut into up to 16 pieces (`_block.pieces`: runs of batch rows or
+heads, or, with fewer than 16 (batch row, head) pairs, runs of key positions of each), and
+the loops are ``for piece: for step:``, so that only one piece of K/V and of the dK/dV
+accumulators travels at a time, ~1/C of a block. Attention is per (batch row, head), and a
+run of keys is a smaller key block (merged by lse; its dK/dV depend on it alone; dQ adds),
+so the pieces change results only by rounding. A rank's own block (the causal diagonal) is
+computed whole, once per (batch, head) rectangle. Partial results are merged by
+log-sum-exp (lse merged in float64 for float32, see `merge_into`):
 
     lse = logaddexp_i lse_i,   out = sum_i exp(lse_i - lse) out_i
 
 The backward pass is FlashAttention-2's Algorithm 2 restricted to one key block at a time:
 given the GLOBAL (merged) out and lse, P_ij = exp(S_ij - lse_i) and D_i = rowsum(dO_i * O_i)
-are exact, so each block's dq/dk/dv contributions are exact and simply add. dq stays home;
-dk/dv accumulators travel around the ring behind their K/V block, piece by piece, and arrive
-back at the owner after P-1 hops. Peak live tensors of a step, in units of one (B, H, n, D)
-tensor: 5 at P=1 (out, dout, dq, dk, dv), 8.7 at P=2, 10.7 at P=4 (the ring guide's accounting,
-asserted in tests/distributed).
+are exact, so each block's dq/dk/dv contributions are exact and simply add. dq stays home
+(the own block's kernel writes it, and adds into dK/dV, in place); the dk/dv accumulator of
+a piece travels around the ring behind its K/V piece and arrives back at the owner after P-1
+hops. Peak live tensors of a step, in units of one (B, H, n, D) tensor: 5 at P=1 (out, dout,
+dq, dk, dv); a ring adds one piece's K/V, accumulators and kernel results (~12/C) and one
+(batch row, head)'s dq from the kernel: 5.8 at P=2 and 5.9 at P=4 with B=1, H=4 (was 8.7
+and 10.7 with whole-block steps; asserted in tests/distributed).
 
 Causal geometry per (query shard r, key shard src): contiguous: src < r full, src == r causal,
 src > r skipped. Zigzag (rank r holds chunks r and 2P-1-r): src == r causal; src < r all queries
@@ -50,11 +55,12 @@ from attnkit.distributed._block import (
     check_bias,
     merge_into,
     part,
+    position_cache,
     q_heads,
     travel_pieces,
     visiting,
 )
-from attnkit.distributed.layout import check_layout, positions
+from attnkit.distributed.layout import check_layout
 from attnkit.functional.attention import AttentionOutput
 
 __all__ = ["ring_attention"]
@@ -147,7 +153,7 @@ class _RingAttention(torch.autograd.Function):
         qc, kc, vc = (t.to(cdt).contiguous() for t in (q, k, v))
         b, h, n, _ = q.shape
         g, parts = h // k.shape[1], travel_pieces(kc, vc, world)
-        pos = _positions(n, rank, world, layout, q.device)
+        pos = position_cache(n, rank, world, layout, q.device)
         masks = _masks(mask, group, world)
         out = lse = None
         own = [[kc[bs, hs, cs], vc[bs, hs, cs]] for bs, hs, cs in parts]
@@ -195,7 +201,7 @@ class _RingAttention(torch.autograd.Function):
         rank, world = group_info(group)
         cdt, (h, n) = qc.dtype, qc.shape[1:3]
         g, parts = h // kc.shape[1], travel_pieces(kc, vc, world)
-        pos = _positions(n, rank, world, layout, qc.device)
+        pos = position_cache(n, rank, world, layout, qc.device)
         masks = _masks(mask, group, world)
         want_dbias = bias is not None and ctx.needs_input_grad[4]
         # this rank's query rows against every key: the gradient never leaves the rank
@@ -277,18 +283,6 @@ class _RingAttention(torch.autograd.Function):
         return (dq.to(qdt), dk_own.to(kdt), dv_own.to(vdt), None, dbias) + (None,) * 5
 
 
-def _positions(n: int, rank: int, world: int, layout: str, device):
-    """src -> the global positions (n,) of src's shard, on ``device`` (cached per call)."""
-    cache: dict[int, Tensor] = {}
-
-    def pos(src: int) -> Tensor:
-        if src not in cache:
-            cache[src] = positions(n * world, src, world, layout).to(device)
-        return cache[src]
-
-    return pos
-
-
 def check_inputs(q, k, v, mask, name: str = "ring_attention") -> None:
     """ValueErrors naming the argument, for the shard shapes the strategies accept."""
     for arg, t in (("q", q), ("k", k), ("v", v)):
@@ -362,9 +356,10 @@ def ring_attention(
         bias_fn: the long-sequence form: ``bias_fn(q_pos, k_pos)`` with the global positions
             (nq,), (nk,) (int64) of one block returns its bias (B|1, H|1, nq, nk), so no rank
             ever holds N columns; ALiBi (``-slope_h * (q_pos[:, None] - k_pos)``) and T5
-            buckets of ``k_pos - q_pos`` are the uses. It is called once per block in the
-            forward and again in the backward, and is a constant: a result that requires
-            grad is a ValueError (pass a learned bias as ``bias``). Not with ``bias``.
+            buckets of ``k_pos - q_pos`` are the uses. It is called once per piece of a
+            block (a run of key positions) in the forward and again in the backward, and
+            is a constant: a result that requires grad is a ValueError (pass a learned
+            bias as ``bias``). Not with ``bias``.
         scale: multiplies q·kᵀ; defaults to 1/sqrt(D).
         dropout_p: must be 0 (ValueError otherwise). Attention dropout is refused rather than
             approximated: no single-process reference draws the same keep pattern.
