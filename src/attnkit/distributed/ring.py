@@ -24,7 +24,7 @@ are exact, so each block's dq/dk/dv contributions are exact and simply add. dq s
 a piece travels around the ring behind its K/V piece and arrives back at the owner after P-1
 hops. Peak live tensors of a step, in units of one (B, H, n, D) tensor: 5 at P=1 (out, dout,
 dq, dk, dv); a ring adds one piece's K/V, accumulators and kernel results (~12/C) and one
-(batch row, head)'s dq from the kernel: 5.8 at P=2 and 5.9 at P=4 with B=1, H=4 (was 8.7
+(batch row, head)'s dq from the kernel: 5.9 at P=2 and P=4 with B=1, H=4 (was 8.7
 and 10.7 with whole-block steps; asserted in tests/distributed).
 
 Causal geometry per (query shard r, key shard src): contiguous: src < r full, src == r causal,
