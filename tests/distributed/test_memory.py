@@ -79,29 +79,38 @@ def test_the_tracker_sees_what_autograd_allocates_in_backward():
 
 
 @pytest.mark.parametrize(
-    ("b", "hkv", "n", "want"),
-    [(1, 4, 64, 16), (1, 1, 64, 16), (2, 4, 5, 16), (2, 1, 6, 16), (3, 2, 9, 4), (5, 2, 8, 4),
-     (8, 8, 4, 16), (20, 1, 4, 16), (1, 1, 3, 16)],
+    ("b", "hkv", "n", "want", "halves"),
+    [(1, 4, 64, 16, False), (1, 1, 64, 16, False), (2, 4, 5, 16, False), (2, 1, 6, 16, False),
+     (3, 2, 9, 4, False), (5, 2, 8, 4, False), (8, 8, 4, 16, False), (20, 1, 4, 16, False),
+     (1, 1, 3, 16, False), (1, 4, 64, 16, True), (2, 1, 6, 16, True), (1, 1, 4, 16, True),
+     (2, 4, 5, 16, True), (8, 8, 4, 16, True)],
 )  # fmt: skip
-def test_pieces_cover_every_position_once_as_contiguous_views(b, hkv, n, want):
-    parts = pieces(b, hkv, n, want)
+def test_pieces_cover_every_position_once_as_contiguous_views(b, hkv, n, want, halves):
+    parts = pieces(b, hkv, n, want, halves)
     seen = torch.zeros(b, hkv, n, dtype=torch.long)
     k = torch.randn(b, hkv, n, 3)
     q = torch.randn(b, 3 * hkv, n, 3)  # GQA, G = 3
     for bs, hs, cs in parts:
-        seen[bs, hs, cs] += 1
-        assert k[bs, hs, cs].is_contiguous()
+        for run in cs:
+            seen[bs, hs, run] += 1
+            assert k[bs, hs, run].is_contiguous()
         assert q[bs, q_heads(hs, 3)].is_contiguous()
         assert torch.equal(q[bs, q_heads(hs, 3)], q.view(b, hkv, 3, n, 3)[bs, hs].flatten(1, 2))
+        if halves and n % 2 == 0 and b * hkv < want:  # the same run of both halves
+            assert len(cs) == 2 and cs[1].start - cs[0].start == n // 2
+            assert cs[1].stop - cs[1].start == cs[0].stop - cs[0].start
+        else:
+            assert len(cs) == 1
     assert bool((seen == 1).all())
     # about `want`: runs of batch rows or of heads when B·Hkv >= want, else key runs of
-    # every (batch row, head), at most one per key
+    # every (batch row, head), at most one per key (of a half, with halves)
+    span = n // 2 if halves and n % 2 == 0 else n
     if b >= want:
         assert len(parts) == want
     elif b * hkv >= want:
         assert len(parts) == b * -(-want // b)
     else:
-        assert len(parts) == b * hkv * min(n, -(-want // (b * hkv)))
+        assert len(parts) == b * hkv * min(span, -(-want // (b * hkv)))
 
 
 def test_the_ring_with_one_process_holds_what_one_process_needs():

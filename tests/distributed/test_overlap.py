@@ -24,7 +24,7 @@ def _no_dist(monkeypatch, world):
     all-gathers the key-padding masks once, outside the transfers recorded here)."""
     monkeypatch.setattr(ring_mod, "group_info", lambda group: (0, world))
     monkeypatch.setattr(
-        ring_mod, "_masks", lambda m, group, w: None if m is None else [m.to(torch.uint8)] * w
+        ring_mod, "gather_masks", lambda m, group, w: None if m is None else [m.to(torch.uint8)] * w
     )
 
 
@@ -133,3 +133,30 @@ def test_the_recorder_sees_a_ring_that_waits_before_computing(monkeypatch):
     ring_mod.ring_attention(q, q, q, mask=MASK)
     assert rec.events != [("start-kv", 1), ("fwd", 0), ("wait", 1), ("fwd", 0)]
     assert rec.events[:3] == [("start-kv", 1), ("wait", 1), ("fwd", 0)]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_causal_zigzag_ring_sends_pairs_of_key_runs_in_the_same_order(monkeypatch, world):
+    """Causal zigzag: each piece is the same key run of both chunks (two K and two V
+    tensors per transfer), so every rank has work in every piece; the order claims hold."""
+    rec = _Recorder()
+    monkeypatch.setattr(_block, "MIN_PIECE_BYTES", 0)
+    _no_dist(monkeypatch, world)
+    monkeypatch.setattr(ring_mod, "exchange", rec.exchange)
+    monkeypatch.setattr(ring_mod, "block_forward", rec.wrap(ring_mod.block_forward, "fwd"))
+    monkeypatch.setattr(ring_mod, "block_backward", rec.wrap(ring_mod.block_backward, "bwd"))
+    sent = []
+    real = rec.exchange
+    monkeypatch.setattr(
+        ring_mod, "exchange", lambda s, r, *a: sent.append(len(s)) or real(s, r, *a)
+    )
+    q, k, v = (torch.randn(1, 2, 8, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    parts, _ = ring_mod._pieces(k, v, world, "zigzag", True)
+    c = len(parts)
+    assert c == 8 and all(len(cs) == 2 for _, _, cs in parts)  # 4 runs of each half, per head
+    out = ring_mod.ring_attention(q, k, v, causal=True, layout="zigzag").out
+    _check(rec.events, world, c, "fwd")
+    rec.events.clear()
+    out.sum().backward()
+    _check(rec.events, world, c, "bwd")
+    assert set(sent) == {4}  # K, K, V, V (or dK, dK, dV, dV)

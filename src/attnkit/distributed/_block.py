@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from attnkit.distributed.layout import positions
@@ -27,41 +28,53 @@ PIECES = 16
 MIN_PIECE_BYTES = 128 << 10
 
 
-def pieces(b: int, hkv: int, n: int, want: int = PIECES) -> list[tuple[slice, slice, slice]]:
-    """(batch, key/value head, key position) boxes covering (B, Hkv, n), about ``want``.
+Piece = tuple[slice, slice, tuple[slice, ...]]  # batch rows, kv heads, key runs
+
+
+def pieces(b: int, hkv: int, n: int, want: int = PIECES, halves: bool = False) -> list[Piece]:
+    """(batch rows, key/value heads, key runs) boxes covering (B, Hkv, n), about ``want``.
 
     With B·Hkv >= want: runs of batch rows (every head), or one batch row with a run of heads,
-    every position. Otherwise every (batch row, head) alone, cut into runs of key positions.
-    Each box is a contiguous view of a contiguous (B, Hkv, n, …) tensor (sent as it is), and
-    its (batch, head) rectangle one of the (B, H, …) query-side tensors (query heads g·h0 …
-    g·h1, G = H/Hkv). Attention is per (batch, head), and a run of keys is a smaller key
-    block (merged by lse like any other; its dK/dV depend on it alone; dQ adds), so cutting
-    the work this way changes no result beyond rounding.
+    every position. Otherwise every (batch row, head) alone, its keys cut into runs; with
+    ``halves`` (zigzag, n even) a piece is a PAIR of runs, the same offsets in both halves
+    of the shard (its two chunks), so that every piece holds keys of both chunks and a
+    causal zigzag ring gives every rank the same work per piece (`block_geometry`: a rank
+    sees either the first half of a block's keys with all its rows, or all keys with half
+    its rows). Each run is a contiguous view of a contiguous (B, Hkv, n, …) tensor (sent as
+    it is), and the (batch, head) rectangle one of the (B, H, …) query-side tensors (query
+    heads g·h0 … g·h1, G = H/Hkv). Attention is per (batch, head), and a run of keys is a
+    smaller key block (merged by lse like any other; its dK/dV depend on it alone; dQ adds),
+    so cutting the work this way changes no result beyond rounding.
     """
     if b * hkv >= want:
         if b >= want:
-            return [(slice(b0, b1), _ALL, _ALL) for b0, b1 in _split(b, want)]
+            return [(slice(b0, b1), _ALL, (_ALL,)) for b0, b1 in _split(b, want)]
         per = -(-want // b)  # head runs per batch row, <= hkv
         return [
-            (slice(i, i + 1), slice(h0, h1), _ALL) for i in range(b) for h0, h1 in _split(hkv, per)
+            (slice(i, i + 1), slice(h0, h1), (_ALL,))
+            for i in range(b)
+            for h0, h1 in _split(hkv, per)
         ]
-    runs = min(n, -(-want // (b * hkv)))  # key runs per (batch row, head)
+    halves = halves and n % 2 == 0
+    span = n // 2 if halves else n  # runs are cut from one half, mirrored in the other
+    runs = min(span, -(-want // (b * hkv)))  # pieces per (batch row, head)
+    cut = [
+        (slice(j0, j1), slice(span + j0, span + j1)) if halves else (slice(j0, j1),)
+        for j0, j1 in _split(span, runs)
+    ]
     return [
-        (slice(i, i + 1), slice(h, h + 1), slice(j0, j1))
-        for i in range(b)
-        for h in range(hkv)
-        for j0, j1 in _split(n, runs)
+        (slice(i, i + 1), slice(h, h + 1), c) for i in range(b) for h in range(hkv) for c in cut
     ]
 
 
-def travel_pieces(k: Tensor, v: Tensor, world: int) -> list[tuple[slice, slice, slice]]:
+def travel_pieces(k: Tensor, v: Tensor, world: int, halves: bool = False) -> list[Piece]:
     """The pieces a block of K (B, Hkv, n, D), V (B, Hkv, n, Dv) travels in (`pieces`): as
     many as it has MIN_PIECE_BYTES of K + V, at most PIECES; one when nothing travels."""
     size = (k.numel() + v.numel()) * k.element_size()
     want = min(PIECES, size // max(1, MIN_PIECE_BYTES))
     if world == 1 or want <= 1:
-        return [(_ALL, _ALL, _ALL)]
-    return pieces(*k.shape[:3], want=want)
+        return [(_ALL, _ALL, (_ALL,))]
+    return pieces(*k.shape[:3], want=want, halves=halves)
 
 
 def _split(n: int, k: int) -> list[tuple[int, int]]:
@@ -91,6 +104,19 @@ def part(t: Tensor | None, rows: slice, heads: slice) -> Tensor | None:
     if t is None:
         return None
     return t[rows if t.shape[0] > 1 else _ALL, heads if t.shape[1] > 1 else _ALL]
+
+
+def gather_masks(mask: Tensor | None, group, world: int) -> list[Tensor] | None:
+    """src -> src's key-padding mask as uint8 (every backend sends bytes), by one all-gather:
+    n bytes per (B|1, H|1) row each, so every rank may hold all of them."""
+    if mask is None:
+        return None
+    m8 = mask.to(torch.uint8).contiguous()
+    if world == 1:
+        return [m8]
+    got = [torch.empty_like(m8) for _ in range(world)]
+    dist.all_gather(got, m8, group=group)
+    return got
 
 
 class Pool:

@@ -7,7 +7,8 @@ Each rank keeps its queries; the key/value blocks travel around the ring r -> r+
 non-blocking send/recv, started before the computation they should hide (Liu et al. 2023,
 "Ring Attention with Blockwise Transformers"). The ring runs piece by piece: a block of
 128 KiB or more of K + V is cut into up to 16 pieces (`_block.pieces`: runs of batch rows or
-heads, or, with fewer than 16 (batch row, head) pairs, runs of key positions of each), and
+heads, or, with fewer than 16 (batch row, head) pairs, runs of key positions of each; for
+a causal zigzag ring the same run of both chunks, so every rank works in every piece), and
 the loops are ``for piece: for step:``, so that only one piece of K/V and of the dK/dV
 accumulators travels at a time, ~1/C of a block. Attention is per (batch row, head), and a
 run of keys is a smaller key block (merged by lse; its dK/dV depend on it alone; dQ adds),
@@ -53,6 +54,7 @@ from attnkit.distributed._block import (
     block_backward,
     block_forward,
     check_bias,
+    gather_masks,
     merge_into,
     part,
     position_cache,
@@ -126,23 +128,18 @@ def _kv_ring(own: list[list[Tensor]], pool: Pool, group, rank: int, world: int):
                 kvp = flight[1]
 
 
-def _masks(mask: Tensor | None, group, world: int) -> list[Tensor] | None:
-    """src -> src's key-padding mask as uint8 (every backend sends bytes), by one all-gather:
-    n bytes per (B|1, H|1) row each, so every rank may hold all of them."""
-    if mask is None:
-        return None
-    m8 = mask.to(torch.uint8).contiguous()
-    if world == 1:
-        return [m8]
-    got = [torch.empty_like(m8) for _ in range(world)]
-    dist.all_gather(got, m8, group=group)
-    return got
-
-
-def _first(cs: slice) -> bool:
-    """Whether a piece is the first key run of its (batch, head) rectangle: that piece's
+def _first(cs: tuple[slice, ...]) -> bool:
+    """Whether a piece holds the first key run of its (batch, head) rectangle: that piece's
     step 0 computes the rectangle's own (diagonal) block whole, never cut by key runs."""
-    return not cs.start
+    return not cs[0].start
+
+
+def _pieces(kc: Tensor, vc: Tensor, world: int, layout: str, causal: bool):
+    """The pieces (`_block.travel_pieces`; pairs of key runs for a causal zigzag ring, whose
+    ranks then do the same work per piece) and ours: per piece its K runs, then its V runs."""
+    parts = travel_pieces(kc, vc, world, halves=causal and layout == "zigzag")
+    own = [[kc[bs, hs, c] for c in cs] + [vc[bs, hs, c] for c in cs] for bs, hs, cs in parts]
+    return parts, own
 
 
 class _RingAttention(torch.autograd.Function):
@@ -152,12 +149,11 @@ class _RingAttention(torch.autograd.Function):
         cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
         qc, kc, vc = (t.to(cdt).contiguous() for t in (q, k, v))
         b, h, n, _ = q.shape
-        g, parts = h // k.shape[1], travel_pieces(kc, vc, world)
+        g, (parts, own) = h // k.shape[1], _pieces(kc, vc, world, layout, causal)
         pos = position_cache(n, rank, world, layout, q.device)
-        masks = _masks(mask, group, world)
+        masks = gather_masks(mask, group, world)
         out = lse = None
-        own = [[kc[bs, hs, cs], vc[bs, hs, cs]] for bs, hs, cs in parts]
-        for c, step, (kp, vp) in _kv_ring(own, Pool(), group, rank, world):
+        for c, step, kvp in _kv_ring(own, Pool(), group, rank, world):
             bs, hs, cs = parts[c]
             hq, src = q_heads(hs, g), (rank - step) % world
             m_src = None if masks is None else part(masks[src], bs, hq)
@@ -177,18 +173,19 @@ class _RingAttention(torch.autograd.Function):
                     lse = q.new_empty(b, h, n, dtype=torch.float64)
                 out[bs, hq], lse[bs, hq] = o_b, l_b
                 continue
-            vis = visiting(rank, src, world, layout, causal, n, cs)
-            if vis is None:
-                continue
-            rows, cols, sub = vis
-            bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
-            m = None if m_src is None else m_src[..., cols].bool()
-            o_b, l_b = block_forward(
-                qc[bs, hq][:, :, rows], kp[:, :, sub], vp[:, :, sub], m, part(bb, bs, hq),
-                False, scale,
-            )  # fmt: skip
-            merge_into(out[bs, hq], lse[bs, hq], rows, o_b, l_b)
-            del o_b, l_b, bb, m
+            for i, run in enumerate(cs):  # kvp: the runs' K, then their V
+                vis = visiting(rank, src, world, layout, causal, n, run)
+                if vis is None:
+                    continue
+                rows, cols, sub = vis
+                bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
+                m = None if m_src is None else m_src[..., cols].bool()
+                k_b, v_b = kvp[i][:, :, sub], kvp[len(cs) + i][:, :, sub]
+                o_b, l_b = block_forward(
+                    qc[bs, hq][:, :, rows], k_b, v_b, m, part(bb, bs, hq), False, scale
+                )
+                merge_into(out[bs, hq], lse[bs, hq], rows, o_b, l_b)
+                del o_b, l_b, bb, m
         lse = lse.to(cdt)
         ctx.save_for_backward(qc, kc, vc, mask, bias, out, lse)
         ctx.args = (bias_fn, causal, scale, layout, group, q.dtype, k.dtype, v.dtype)
@@ -200,9 +197,9 @@ class _RingAttention(torch.autograd.Function):
         bias_fn, causal, scale, layout, group, qdt, kdt, vdt = ctx.args
         rank, world = group_info(group)
         cdt, (h, n) = qc.dtype, qc.shape[1:3]
-        g, parts = h // kc.shape[1], travel_pieces(kc, vc, world)
+        g, (parts, own) = h // kc.shape[1], _pieces(kc, vc, world, layout, causal)
         pos = position_cache(n, rank, world, layout, qc.device)
-        masks = _masks(mask, group, world)
+        masks = gather_masks(mask, group, world)
         want_dbias = bias is not None and ctx.needs_input_grad[4]
         # this rank's query rows against every key: the gradient never leaves the rank
         dbias = torch.zeros(bias.shape, dtype=cdt, device=bias.device) if want_dbias else None
@@ -210,7 +207,6 @@ class _RingAttention(torch.autograd.Function):
         dlse = None if dlse is None else dlse.to(cdt)
         # the own blocks' kernels write dq and add into dk, dv (`block_backward`'s into=)
         dq, dk_own, dv_own = torch.empty_like(qc), torch.zeros_like(kc), torch.zeros_like(vc)
-        own = [[kc[bs, hs, cs], vc[bs, hs, cs]] for bs, hs, cs in parts]
         pool, moving, home = Pool(), None, None
 
         def grads(bs, hq, rows, k_b, v_b, m, bb, cz, into=None):
@@ -235,11 +231,13 @@ class _RingAttention(torch.autograd.Function):
             nonlocal home
             hc, hop = home
             acc, home = arrive(hop), None
-            dk_own[parts[hc]] += acc[0]
-            dv_own[parts[hc]] += acc[1]
+            bs, hs, cs = parts[hc]
+            for i, run in enumerate(cs):  # acc: the runs' dK, then their dV
+                dk_own[bs, hs, run] += acc[i]
+                dv_own[bs, hs, run] += acc[len(cs) + i]
             pool.give(acc)
 
-        for c, step, (kp, vp) in _kv_ring(own, pool, group, rank, world):
+        for c, step, kvp in _kv_ring(own, pool, group, rank, world):
             bs, hs, cs = parts[c]
             hq, src = q_heads(hs, g), (rank - step) % world
             m_src = None if masks is None else part(masks[src], bs, hq)
@@ -253,26 +251,30 @@ class _RingAttention(torch.autograd.Function):
                         part(dbias, bs, hq).index_add_(3, pos(rank), gb)
                     del bb, m, gb
                 continue
-            gk = gv = None
-            vis = visiting(rank, src, world, layout, causal, n, cs)
-            if vis is not None:
+            gkv = []  # (run, its columns in the piece, dk, dv)
+            for i, run in enumerate(cs):  # kvp: the runs' K, then their V
+                vis = visiting(rank, src, world, layout, causal, n, run)
+                if vis is None:
+                    continue
                 rows, cols, sub = vis
                 bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
                 m = None if m_src is None else m_src[..., cols].bool()
-                gq, gk, gv, gb = grads(bs, hq, rows, kp[:, :, sub], vp[:, :, sub], m, bb, False)
+                k_b, v_b = kvp[i][:, :, sub], kvp[len(cs) + i][:, :, sub]
+                gq, gk, gv, gb = grads(bs, hq, rows, k_b, v_b, m, bb, False)
                 dq[bs, hq][:, :, rows] += gq
                 if want_dbias:  # (B|1, H|1, nq, nk) into src's key columns
                     part(dbias, bs, hq)[:, :, rows].index_add_(3, pos(src)[cols], gb)
-                del gq, gb, bb, m
+                gkv.append((i, sub, gk, gv))
+                del gq, gk, gv, gb, bb, m
             if home is not None:  # the previous piece's accumulator, back at its owner
                 settle_home()
             # src's accumulator for this piece starts here (step 1) or arrives from rank-1,
             # gains ours and moves on: P-1 hops, the reduce-scatter's minimum
-            acc = [pool.take(kp).zero_(), pool.take(vp).zero_()] if step == 1 else arrive(moving)
-            if gk is not None:
-                acc[0][:, :, sub] += gk
-                acc[1][:, :, sub] += gv
-            del gk, gv
+            acc = [pool.take(t).zero_() for t in kvp] if step == 1 else arrive(moving)
+            for i, sub, gk, gv in gkv:
+                acc[i][:, :, sub] += gk
+                acc[len(cs) + i][:, :, sub] += gv
+            del gkv
             recv = [pool.take(t) for t in acc]
             moving = (exchange(acc, recv, group, rank, world), acc, recv)
             if step + 1 == world:  # it goes home; ours arrives, added during the next piece
