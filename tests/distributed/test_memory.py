@@ -4,12 +4,13 @@ pieces blocks travel in, and the accounting of a step's live tensors.
 The unit is one (B, H, N/P, D) float32 tensor, i.e. one rank's share of q. One process
 (P=1) needs 5 units for a training step of attention: out, dO, dQ, dK, dV. A rank of a ring
 runs piece by piece (C pieces of a block, each a (batch, head, key run) box, C = 16 here):
-besides the 5 it holds one piece's K/V in hand and arriving, its dK/dV accumulator in hand,
-arriving and being sent, and the block kernel's dk/dv of it (about 12/C units), plus the
-kernel's dq of one (batch row, head) against the visiting keys (1/(B·Hkv) unit, 0.25 here).
-`peak_units` is called in the 2- and 4-process workers of test_ring.py; the bounds there are
-this accounting, 5 + 0.75 + 0.25, with a slack of 0.2 for the per-row lse and mask tensors
-(1/D of a unit each). main's ring before the piece-by-piece order: 8.7 (P=2) and 10.7 (P=4).
+besides the 5 it holds one piece's K/V in hand and arriving (4/C units), its dK/dV
+accumulator travelling, the one sent and the one arriving (4/C), and the block kernel's dk/dv
+of it (at most 2/C), plus the kernel's dq of one (batch row, head) against the visiting keys
+(1/(B·Hkv) unit, 0.25 here). `peak_units` is called in the 2- and 4-process workers of
+test_ring.py; the bounds there are this accounting, 5 + 0.625 + 0.25, with a slack of 0.3 for
+the per-row lse (float32 and, while merging, float64) and mask tensors (1/D of a unit each).
+main's ring before the piece-by-piece order: 8.7 (P=2) and 10.7 (P=4).
 """
 
 import importlib.util

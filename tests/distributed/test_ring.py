@@ -300,8 +300,8 @@ def test_ulysses_refuses_heads_not_divisible_by_ranks(results):
         assert "H=3 query heads must be divisible by P=" in res["ulysses-heads-error"]
 
 
-# 5 units (out, dO, dQ, dK, dV) + one piece's K/V, accumulators and kernel results (~0.75
-# at 16 pieces) + one (batch row, head)'s dq from the kernel (0.25): see test_memory.py.
+# 5 units (out, dO, dQ, dK, dV) + one piece's K/V, accumulators and kernel results (10/C =
+# 0.625 at 16 pieces) + one (batch row, head)'s dq from the kernel (0.25): see test_memory.py.
 # Before the piece-by-piece order: 8.7 and 10.7.
 MEMORY_BOUND = {2: 6.2, 4: 6.2}
 

@@ -20,7 +20,7 @@ from attnkit.functional._dropout import NO_DROPOUT
 
 _ALL = slice(None)
 # pieces per block: a rank holds one piece's K/V, dK/dV accumulators and their transfers at
-# a time, ~12/PIECES units (ring.py's docstring), against ~1/PIECES of extra calls and messages
+# a time, ~10/PIECES units (ring.py's docstring), against ~1/PIECES of extra calls and messages
 PIECES = 16
 # a piece's K + V are at least this many bytes (fewer pieces for a smaller block, one below
 # it): under it the pieces' per-call and per-message costs would outweigh the memory they

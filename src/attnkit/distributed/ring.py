@@ -24,7 +24,7 @@ are exact, so each block's dq/dk/dv contributions are exact and simply add. dq s
 (the own block's kernel writes it, and adds into dK/dV, in place); the dk/dv accumulator of
 a piece travels around the ring behind its K/V piece and arrives back at the owner after P-1
 hops. Peak live tensors of a step, in units of one (B, H, n, D) tensor: 5 at P=1 (out, dout,
-dq, dk, dv); a ring adds one piece's K/V, accumulators and kernel results (~12/C) and one
+dq, dk, dv); a ring adds one piece's K/V, accumulators and kernel results (~10/C) and one
 (batch row, head)'s dq from the kernel: 5.9 at P=2 and P=4 with B=1, H=4 (was 8.7
 and 10.7 with whole-block steps; asserted in tests/distributed).
 
@@ -96,8 +96,8 @@ def _wait(reqs) -> None:
 
 
 def _kv_ring(own: list[list[Tensor]], pool: Pool, group, rank: int, world: int):
-    """Yields (c, step, [k, v] piece c of the block in hand), piece-outer: for each piece c,
-    steps 0 … P-1 (our own piece, then rank-1's, …).
+    """Yields (c, step, piece c of the block in hand: its K runs, then its V runs),
+    piece-outer: for each piece c, steps 0 … P-1 (our own piece, then rank-1's, …).
 
     Before a piece is yielded (computed by the caller) the transfer that brings the piece of
     the next step is in flight: it forwards the piece in hand to rank+1, or during a piece's
