@@ -169,10 +169,10 @@ def step(fn, q, k, v, causal, layout, waits: WaitTimer | None = None):
     out.backward(torch.ones_like(out))
 
 
-def comm_only(k, v, world, rank):
+def comm_only(k, v, world, rank, layout, causal):
     """The ring's transfers of one step with no computation, in the pieces the ring sends
-    (`ring._parts`): 2(P-1) K/V hops and P-1 dK/dV hops (dK, dV shaped like K, V)."""
-    pieces = [[k[bs, hs], v[bs, hs]] for bs, hs in ring_mod._parts(k, v, world)]
+    (`ring._pieces`): 2(P-1) K/V hops and P-1 dK/dV hops (dK, dV shaped like K, V)."""
+    _, pieces = ring_mod._pieces(k, v, world, layout, causal)
     for _ in range(3 * (world - 1)):
         for kv in pieces:
             recv = [torch.empty_like(t) for t in kv]
@@ -242,7 +242,9 @@ def measure(args, n: int, rank: int, world: int, device) -> dict:
         with SendCounter(local=True):
             t_comp = timed(run_local, args.repeats, device)
         kd, vd = k.detach(), v.detach()
-        t_comm = timed(lambda: comm_only(kd, vd, world, rank), args.repeats, device)
+        t_comm = timed(
+            lambda: comm_only(kd, vd, world, rank, args.layout, args.causal), args.repeats, device
+        )
         hidden = 1.0 - exposed / t_comm if t_comm > 0 else 1.0
         row.update(
             compute_s=t_comp, comm_s=t_comm, exposed_s=exposed, overlap=max(0.0, min(1.0, hidden))

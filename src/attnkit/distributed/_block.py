@@ -11,35 +11,87 @@ import itertools
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
+from attnkit.distributed.layout import positions
 from attnkit.functional import chunked, native
 from attnkit.functional._dropout import NO_DROPOUT
 
 _ALL = slice(None)
-PIECES = 4  # transfers per block: the double buffers hold 1 + 1/PIECES blocks, not 2
-# a block whose K/V are smaller travels whole: there the pieces' per-call and per-message
-# costs would outweigh the memory they save (tests set 0 to cut even tiny blocks)
-MIN_PIECE_BYTES = 1 << 20
+# pieces per block: a rank holds one piece's K/V, dK/dV accumulators and their transfers at
+# a time, ~10/PIECES units (ring.py's docstring), against ~1/PIECES of extra calls and messages
+PIECES = 16
+# a piece's K + V are at least this many bytes (fewer pieces for a smaller block, one below
+# it): under it the pieces' per-call and per-message costs would outweigh the memory they
+# save (tests set 0 to cut even tiny blocks into PIECES)
+MIN_PIECE_BYTES = 128 << 10
 
 
-def pieces(b: int, hkv: int, want: int = PIECES) -> list[tuple[slice, slice]]:
-    """(batch, key/value head) rectangles covering (B, Hkv), about ``want`` of them.
+Piece = tuple[slice, slice, tuple[slice, ...]]  # batch rows, kv heads, key runs
 
-    Each is one batch row with a run of heads or a run of batch rows with every head, so
-    that it is a contiguous view of a contiguous (B, Hkv, …) tensor (sent as it is) and of
-    (B, H, …) query-side tensors (heads g·h0 … g·h1, G = H/Hkv). Attention is computed per
-    (batch, head), so cutting the work this way changes no number.
+
+def pieces(b: int, hkv: int, n: int, want: int = PIECES, halves: bool = False) -> list[Piece]:
+    """(batch rows, key/value heads, key runs) boxes covering (B, Hkv, n), about ``want``.
+
+    With B·Hkv >= want: runs of batch rows (every head), or one batch row with a run of heads,
+    every position. Otherwise every (batch row, head) alone, its keys cut into runs; with
+    ``halves`` (zigzag, n even) a piece is a PAIR of runs, the same offsets in both halves
+    of the shard (its two chunks), so that every piece holds keys of both chunks and a
+    causal zigzag ring gives every rank the same work per piece (`block_geometry`: a rank
+    sees either the first half of a block's keys with all its rows, or all keys with half
+    its rows). Each run is a contiguous view of a contiguous (B, Hkv, n, …) tensor (sent as
+    it is), and the (batch, head) rectangle one of the (B, H, …) query-side tensors (query
+    heads g·h0 … g·h1, G = H/Hkv). Attention is per (batch, head), and a run of keys is a
+    smaller key block (merged by lse like any other; its dK/dV depend on it alone; dQ adds),
+    so cutting the work this way changes no result beyond rounding.
     """
-    if b >= want:
-        return [(slice(b0, b1), _ALL) for b0, b1 in _split(b, want)]
-    per = min(hkv, -(-want // b))  # head runs per batch row
-    return [(slice(i, i + 1), slice(h0, h1)) for i in range(b) for h0, h1 in _split(hkv, per)]
+    if b * hkv >= want:
+        if b >= want:
+            return [(slice(b0, b1), _ALL, (_ALL,)) for b0, b1 in _split(b, want)]
+        per = -(-want // b)  # head runs per batch row, <= hkv
+        return [
+            (slice(i, i + 1), slice(h0, h1), (_ALL,))
+            for i in range(b)
+            for h0, h1 in _split(hkv, per)
+        ]
+    halves = halves and n % 2 == 0
+    span = n // 2 if halves else n  # runs are cut from one half, mirrored in the other
+    runs = min(span, -(-want // (b * hkv)))  # pieces per (batch row, head)
+    cut = [
+        (slice(j0, j1), slice(span + j0, span + j1)) if halves else (slice(j0, j1),)
+        for j0, j1 in _split(span, runs)
+    ]
+    return [
+        (slice(i, i + 1), slice(h, h + 1), c) for i in range(b) for h in range(hkv) for c in cut
+    ]
+
+
+def travel_pieces(k: Tensor, v: Tensor, world: int, halves: bool = False) -> list[Piece]:
+    """The pieces a block of K (B, Hkv, n, D), V (B, Hkv, n, Dv) travels in (`pieces`): as
+    many as it has MIN_PIECE_BYTES of K + V, at most PIECES; one when nothing travels."""
+    size = (k.numel() + v.numel()) * k.element_size()
+    want = min(PIECES, size // max(1, MIN_PIECE_BYTES))
+    if world == 1 or want <= 1:
+        return [(_ALL, _ALL, (_ALL,))]
+    return pieces(*k.shape[:3], want=want, halves=halves)
 
 
 def _split(n: int, k: int) -> list[tuple[int, int]]:
     cut = [n * i // k for i in range(k + 1)]
     return [(a, z) for a, z in itertools.pairwise(cut) if z > a]
+
+
+def position_cache(n: int, rank: int, world: int, layout: str, device):
+    """src -> the global positions (n,) of src's shard, on ``device`` (cached per call)."""
+    cache: dict[int, Tensor] = {}
+
+    def pos(src: int) -> Tensor:
+        if src not in cache:
+            cache[src] = positions(n * world, src, world, layout).to(device)
+        return cache[src]
+
+    return pos
 
 
 def q_heads(heads: slice, g: int) -> slice:
@@ -54,20 +106,40 @@ def part(t: Tensor | None, rows: slice, heads: slice) -> Tensor | None:
     return t[rows if t.shape[0] > 1 else _ALL, heads if t.shape[1] > 1 else _ALL]
 
 
+def gather_masks(mask: Tensor | None, group, world: int) -> list[Tensor] | None:
+    """src -> src's key-padding mask as uint8 (every backend sends bytes), by one all-gather:
+    n bytes per (B|1, H|1) row each, so every rank may hold all of them."""
+    if mask is None:
+        return None
+    m8 = mask.to(torch.uint8).contiguous()
+    if world == 1:
+        return [m8]
+    got = [torch.empty_like(m8) for _ in range(world)]
+    dist.all_gather(got, m8, group=group)
+    return got
+
+
 class Pool:
-    """Free receive buffers by shape: the pieces of a block, once computed and sent on, are
-    reused for the pieces that arrive, so the ring allocates its buffers once per call."""
+    """Free transfer buffers: a piece's, once computed and sent on, is reused for a piece
+    that arrives, so the ring allocates a few buffers per call. The pieces differ in shape
+    (K or V, key runs one position apart): a buffer serves any piece it is large enough for."""
 
     def __init__(self):
-        self.free: dict[tuple, list[Tensor]] = {}
+        self.free: list[Tensor] = []  # flat (numel,) buffers
 
     def take(self, like: Tensor) -> Tensor:
-        got = self.free.get((like.shape, like.dtype))
-        return got.pop() if got else torch.empty_like(like, memory_format=torch.contiguous_format)
+        """An uninitialised contiguous tensor shaped like ``like``."""
+        n, fits = like.numel(), None
+        for i, buf in enumerate(self.free):
+            ok = buf.dtype == like.dtype and buf.device == like.device and buf.numel() >= n
+            if ok and (fits is None or buf.numel() < self.free[fits].numel()):
+                fits = i  # the smallest that fits
+        flat = self.free.pop(fits) if fits is not None else like.new_empty(n)
+        return flat[:n].view(like.shape)
 
     def give(self, ts) -> None:
-        for t in ts:
-            self.free.setdefault((t.shape, t.dtype), []).append(t)
+        for t in ts:  # a view of a flat buffer from take(): its _base is that buffer
+            self.free.append(t if t._base is None else t._base)
 
 
 def _native_ok(q: Tensor, want_dbias: bool = False) -> bool:
@@ -105,22 +177,36 @@ def block_forward(q, k, v, mask, bias, causal: bool, scale: float) -> tuple[Tens
     return chunked._forward(pl, q, k, v, chunked._as4d(mask), bias, NO_DROPOUT, None)
 
 
-def block_backward(dout, dlse, q, k, v, out, lse, mask, bias, causal, scale, want_dbias):
+def block_backward(dout, dlse, q, k, v, out, lse, mask, bias, causal, scale, want_dbias,
+                   into=None):  # fmt: skip
     """dq, dk, dv, dbias (or None) of one block given the GLOBAL out (B, H, nq, Dv), lse (B, H, nq).
 
     dbias has the block bias's shape (B|1, H|1, nq, nk), summed over its broadcast dims.
+    ``into=(dq, dk, dv)``: dq is written there and dk, dv are added there (the compiled
+    kernel does so without temporaries, `native._backward_into`), and the first three
+    results are None.
     """
     if _native_ok(q, want_dbias):
         c = [t.contiguous() for t in (dout, q, k, v, out, lse)]
         dlse = None if dlse is None else dlse.contiguous()
-        dq, dk, dv = native._backward(
-            c[0], dlse, *c[1:], mask, bias, causal, scale, NO_DROPOUT, 1.0, None
-        )
-        return dq, dk, dv, None
-    pl = _plan(q, k, v, causal, scale)
-    return chunked._backward(
-        pl, q, k, v, chunked._as4d(mask), bias, out, lse, dout, dlse, NO_DROPOUT, None, want_dbias
-    )
+        rest = (mask, bias, causal, scale, NO_DROPOUT, 1.0, None)
+        if into is not None and all(t.is_contiguous() for t in into):
+            native._backward_into(*into, c[0], dlse, *c[1:], *rest)
+            return None, None, None, None
+        dq, dk, dv = native._backward(c[0], dlse, *c[1:], *rest)
+        gb = None
+    else:
+        pl = _plan(q, k, v, causal, scale)
+        dq, dk, dv, gb = chunked._backward(
+            pl, q, k, v, chunked._as4d(mask), bias, out, lse, dout, dlse, NO_DROPOUT, None,
+            want_dbias,
+        )  # fmt: skip
+    if into is None:
+        return dq, dk, dv, gb
+    into[0].copy_(dq)
+    into[1].add_(dk)
+    into[2].add_(dv)
+    return None, None, None, gb
 
 
 def block_geometry(rank: int, src: int, world: int, layout: str, causal: bool, n: int):
@@ -137,20 +223,37 @@ def block_geometry(rank: int, src: int, world: int, layout: str, causal: bool, n
     return slice(half, None), _ALL, False  # only our late chunk sees src's chunks
 
 
+def visiting(rank: int, src: int, world: int, layout: str, causal: bool, n: int, cs: slice):
+    """For a block that travelled (src != rank): (query rows, key columns of src's shard,
+    the same columns relative to the key run ``cs`` of a piece), or None when the run adds
+    nothing to this rank's queries. Such blocks are never causal (`block_geometry`)."""
+    geo = block_geometry(rank, src, world, layout, causal, n)
+    if geo is None:
+        return None
+    rows, cols, _ = geo
+    (c0, c1, _), (j0, j1, _) = cols.indices(n), cs.indices(n)
+    a, z = max(c0, j0), min(c1, j1)
+    return None if a >= z else (rows, slice(a, z), slice(a - j0, z - j0))
+
+
 def merge_into(out: Tensor, lse: Tensor, rows: slice, o_b: Tensor, l_b: Tensor) -> None:
     """out[rows], lse[rows] <- the log-sum-exp merge with a block's (o_b, l_b), in place.
 
-    Rows that saw nothing so far or in this block have lse -inf; they are shifted by 0 so
-    that exp(-inf - 0) = 0 (never -inf - -inf = NaN). o_b is consumed (scaled in place):
-    the only temporaries are per row, (B, H, nq), never (B, H, nq, Dv). The same three
-    roundings as wa * out + wb * o_b, so the result is bit for bit that expression's.
+    out + wb·(o_b - out) with wb = exp(l_b - lse_new), which is wa·out + wb·o_b as wa + wb = 1,
+    but its rounding error scales with the (usually small) weight of the new block rather than
+    with |out|; and lse may be float64 for a float32 out (a ring merges P·(key runs) partial
+    results: both keep float32 within the single-process error). Rows that saw nothing so
+    far or in this block have lse -inf; they are shifted by 0 so that exp(-inf - 0) = 0
+    (never -inf - -inf = NaN). o_b is consumed (overwritten): the only temporaries are per
+    row, (B, H, nq), never (B, H, nq, Dv).
     """
     lo = lse[:, :, rows]  # (B, H, nq)
+    l_b = l_b.to(lse.dtype)
     new = torch.logaddexp(lo, l_b)
     safe = new.masked_fill(torch.isinf(new) & (new < 0), 0.0)
-    o = out[:, :, rows]  # a view: the updates below write into out
-    o.mul_((lo - safe).exp_().unsqueeze(-1))  # (B, H, nq, 1) broadcast over Dv
-    o.add_(o_b.mul_((l_b - safe).exp_().unsqueeze(-1)))
+    wb = (l_b - safe).exp_().to(out.dtype).unsqueeze(-1)  # (B, H, nq, 1) over Dv
+    o = out[:, :, rows]  # a view: the update below writes into out
+    o.add_(o_b.sub_(o).mul_(wb))
     lse[:, :, rows] = new
 
 

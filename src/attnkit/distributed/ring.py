@@ -3,24 +3,30 @@
 Legend: B batch, H query heads, Hkv key/value heads, n = N/P local sequence length, D head
 width, Dv value width, P ranks, r this rank.
 
-Each rank keeps its queries; the key/value blocks (and their key-padding mask) travel around
-the ring r -> r+1 with non-blocking send/recv, started before the local block is computed so
-that the transfer overlaps the computation (Liu et al. 2023, "Ring Attention with Blockwise
-Transformers"). A block of 1 MiB or more travels in about 4 pieces (`_block.pieces`: runs of
-batch rows or key/value heads), each sent while it is computed, so that a rank holds its block
-in hand plus the next block's pieces as they arrive (1 + 1/C blocks, not 2), and the kernels'
-results are piece-sized; attention is per (batch row, head), so no number changes. Partial
-results over key blocks are merged by log-sum-exp:
+Each rank keeps its queries; the key/value blocks travel around the ring r -> r+1 with
+non-blocking send/recv, started before the computation they should hide (Liu et al. 2023,
+"Ring Attention with Blockwise Transformers"). The ring runs piece by piece: a block of
+128 KiB or more of K + V is cut into up to 16 pieces (`_block.pieces`: runs of batch rows or
+heads, or, with fewer than 16 (batch row, head) pairs, runs of key positions of each; for
+a causal zigzag ring the same run of both chunks, so every rank works in every piece), and
+the loops are ``for piece: for step:``, so that only one piece of K/V and of the dK/dV
+accumulators travels at a time, ~1/C of a block. Attention is per (batch row, head), and a
+run of keys is a smaller key block (merged by lse; its dK/dV depend on it alone; dQ adds),
+so the pieces change results only by rounding. A rank's own block (the causal diagonal) is
+computed whole, once per (batch, head) rectangle. Partial results are merged by
+log-sum-exp (lse merged in float64 for float32, see `merge_into`):
 
     lse = logaddexp_i lse_i,   out = sum_i exp(lse_i - lse) out_i
 
 The backward pass is FlashAttention-2's Algorithm 2 restricted to one key block at a time:
 given the GLOBAL (merged) out and lse, P_ij = exp(S_ij - lse_i) and D_i = rowsum(dO_i * O_i)
-are exact, so each block's dq/dk/dv contributions are exact and simply add. dq stays home;
-dk/dv accumulators travel around the ring behind their K/V block, piece by piece, and arrive
-back at the owner after P-1 hops. Peak live tensors of a step, in units of one (B, H, n, D)
-tensor: 5 at P=1 (out, dout, dq, dk, dv), 8.7 at P=2, 10.7 at P=4 (the ring guide's accounting,
-asserted in tests/distributed).
+are exact, so each block's dq/dk/dv contributions are exact and simply add. dq stays home
+(the own block's kernel writes it, and adds into dK/dV, in place); the dk/dv accumulator of
+a piece travels around the ring behind its K/V piece and arrives back at the owner after P-1
+hops. Peak live tensors of a step, in units of one (B, H, n, D) tensor: 5 at P=1 (out, dout,
+dq, dk, dv); a ring adds one piece's K/V, accumulators and kernel results (~10/C) and one
+(batch row, head)'s dq from the kernel: 5.9 at P=2 and P=4 with B=1, H=4 (was 8.7
+and 10.7 with whole-block steps; asserted in tests/distributed).
 
 Causal geometry per (query shard r, key shard src): contiguous: src < r full, src == r causal,
 src > r skipped. Zigzag (rank r holds chunks r and 2P-1-r): src == r causal; src < r all queries
@@ -40,21 +46,23 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from attnkit.distributed import _block
 from attnkit.distributed._block import (
+    _ALL,
     BiasFn,
     Pool,
     bias_block,
     block_backward,
     block_forward,
-    block_geometry,
     check_bias,
+    gather_masks,
     merge_into,
     part,
-    pieces,
+    position_cache,
     q_heads,
+    travel_pieces,
+    visiting,
 )
-from attnkit.distributed.layout import check_layout, positions
+from attnkit.distributed.layout import check_layout
 from attnkit.functional.attention import AttentionOutput
 
 __all__ = ["ring_attention"]
@@ -87,33 +95,51 @@ def _wait(reqs) -> None:
         r.wait()
 
 
-def _kv_pieces(kv: list[list[Tensor]], mask: Tensor | None, pool: Pool, group, rank, world):
-    """Yields (step, c, [k, v] piece c of the block in hand, that block's key mask (uint8)).
+def _kv_ring(own: list[list[Tensor]], pool: Pool, group, rank: int, world: int):
+    """Yields (c, step, piece c of the block in hand: its K runs, then its V runs),
+    piece-outer: for each piece c, steps 0 … P-1 (our own piece, then rank-1's, …).
 
-    Before piece c is yielded (computed by the caller) its transfer to rank+1 starts, with
-    the receipt of piece c of the next block from rank-1; after, it is waited on and the
-    piece's buffers go back to ``pool`` (our own pieces, step 0, are the inputs: kept). So a
-    rank holds its block in hand plus the next one's pieces as they arrive: 1 + 1/C blocks.
-    The mask (n bytes per row) travels whole with piece 0.
+    Before a piece is yielded (computed by the caller) the transfer that brings the piece of
+    the next step is in flight: it forwards the piece in hand to rank+1, or during a piece's
+    last step (when nothing is forwarded) it starts the next piece's first hop, so that a
+    step 0 that computes nothing (`_first`) waits on nothing. It is waited on after the
+    yield, and received buffers go back to ``pool`` once forwarded (our own pieces are views
+    of the inputs: kept). So a rank holds two K/V pieces at a time, whatever P is.
     """
-    for step in range(world):
-        nxt: list = [None] * len(kv)
-        nxt_mask = None
-        for c, kvp in enumerate(kv):
-            reqs = None
-            if step + 1 < world:
-                send, recv = list(kvp), [pool.take(t) for t in kvp]
-                if c == 0 and mask is not None:
-                    nxt_mask = torch.empty_like(mask)
-                    send, recv = [*send, mask], [*recv, nxt_mask]
-                reqs = exchange(send, recv, group, rank, world)
-            yield step, c, kvp, mask
-            if reqs is not None:
-                _wait(reqs)
-                nxt[c] = recv[:2]
-                if step > 0:
-                    pool.give(kvp)
-        kv, mask = nxt, nxt_mask
+
+    def start(kvp):
+        recv = [pool.take(t) for t in kvp]
+        return exchange(list(kvp), recv, group, rank, world), recv
+
+    flight = start(own[0]) if world > 1 else None
+    for c, kvp in enumerate(own):
+        for step in range(world):
+            last = step == world - 1
+            if 0 < step < world - 1:
+                flight = start(kvp)
+            elif step > 0 and c + 1 < len(own):
+                flight = start(own[c + 1])
+            yield c, step, kvp
+            if not last:
+                _wait(flight[0])
+            if step > 0:
+                pool.give(kvp)  # forwarded (the wait above), or at the last step not at all
+            if not last:
+                kvp = flight[1]
+
+
+def _first(cs: tuple[slice, ...]) -> bool:
+    """Whether a piece holds the first key run of its (batch, head) rectangle: that piece's
+    step 0 computes the rectangle's own (diagonal) block whole, never cut by key runs."""
+    return not cs[0].start
+
+
+def _pieces(kc: Tensor, vc: Tensor, world: int, layout: str, causal: bool):
+    """The pieces (`_block.travel_pieces`; pairs of key runs for a causal zigzag ring, whose
+    ranks then do the same work per piece) and ours: per piece its K runs, then its V runs."""
+    parts = travel_pieces(kc, vc, world, halves=causal and layout == "zigzag")
+    own = [[kc[bs, hs, c] for c in cs] + [vc[bs, hs, c] for c in cs] for bs, hs, cs in parts]
+    return parts, own
 
 
 class _RingAttention(torch.autograd.Function):
@@ -123,40 +149,44 @@ class _RingAttention(torch.autograd.Function):
         cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
         qc, kc, vc = (t.to(cdt).contiguous() for t in (q, k, v))
         b, h, n, _ = q.shape
-        g, parts = h // k.shape[1], _parts(kc, vc, world)
+        g, (parts, own) = h // k.shape[1], _pieces(kc, vc, world, layout, causal)
+        pos = position_cache(n, rank, world, layout, q.device)
+        masks = gather_masks(mask, group, world)
         out = lse = None
-        pos = _positions(n, rank, world, layout, q.device)
-        # the mask travels as uint8 (every backend can send bytes)
-        m8 = mask.to(torch.uint8).contiguous() if mask is not None else None
-        own = [[kc[bs, hs], vc[bs, hs]] for bs, hs in parts]
-        bb = None
-        for step, c, (kp, vp), m_src in _kv_pieces(own, m8, Pool(), group, rank, world):
-            src = (rank - step) % world
-            geo = block_geometry(rank, src, world, layout, causal, n)
-            if geo is None:
-                continue
-            rows, cols, cz = geo
-            if c == 0:  # the bias of this block, for all its pieces
-                bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
-            bs, hq = parts[c][0], q_heads(parts[c][1], g)
-            m = part(m_src, bs, hq)[..., cols].bool() if m_src is not None else None
-            o_b, l_b = block_forward(
-                qc[bs, hq][:, :, rows], kp[:, :, cols], vp[:, :, cols], m, part(bb, bs, hq),
-                cz, scale,
-            )  # fmt: skip
-            if step == 0:  # our own block, every row: the merge with nothing is o_b itself
-                if len(parts) == 1:
+        for c, step, kvp in _kv_ring(own, Pool(), group, rank, world):
+            bs, hs, cs = parts[c]
+            hq, src = q_heads(hs, g), (rank - step) % world
+            m_src = None if masks is None else part(masks[src], bs, hq)
+            if step == 0:  # our own block (the causal diagonal), every row: no merge
+                if not _first(cs):
+                    continue
+                bb = bias_block(bias, bias_fn, pos(rank), pos(rank), _ALL, _ALL, cdt)
+                m = None if m_src is None else m_src.bool()
+                o_b, l_b = block_forward(
+                    qc[bs, hq], kc[bs, hs], vc[bs, hs], m, part(bb, bs, hq), causal, scale
+                )
+                if len(parts) == 1:  # the whole block: the kernel's results are ours
                     out, lse = o_b, l_b
                     continue
-                if out is None:
+                if out is None:  # lse merged in float64: 2/D of a unit buys float32's error
                     out = q.new_empty(b, h, n, v.shape[3], dtype=cdt)
-                    lse = q.new_empty(b, h, n, dtype=cdt)
-                out[bs, hq] = o_b
-                lse[bs, hq] = l_b
-            else:
+                    lse = q.new_empty(b, h, n, dtype=torch.float64)
+                out[bs, hq], lse[bs, hq] = o_b, l_b
+                continue
+            for i, run in enumerate(cs):  # kvp: the runs' K, then their V
+                vis = visiting(rank, src, world, layout, causal, n, run)
+                if vis is None:
+                    continue
+                rows, cols, sub = vis
+                bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
+                m = None if m_src is None else m_src[..., cols].bool()
+                k_b, v_b = kvp[i][:, :, sub], kvp[len(cs) + i][:, :, sub]
+                o_b, l_b = block_forward(
+                    qc[bs, hq][:, :, rows], k_b, v_b, m, part(bb, bs, hq), False, scale
+                )
                 merge_into(out[bs, hq], lse[bs, hq], rows, o_b, l_b)
-            del o_b, l_b, m
-        del bb
+                del o_b, l_b, bb, m
+        lse = lse.to(cdt)
         ctx.save_for_backward(qc, kc, vc, mask, bias, out, lse)
         ctx.args = (bias_fn, causal, scale, layout, group, q.dtype, k.dtype, v.dtype)
         return out.to(q.dtype), lse
@@ -167,105 +197,92 @@ class _RingAttention(torch.autograd.Function):
         bias_fn, causal, scale, layout, group, qdt, kdt, vdt = ctx.args
         rank, world = group_info(group)
         cdt, (h, n) = qc.dtype, qc.shape[1:3]
-        g, parts = h // kc.shape[1], _parts(kc, vc, world)
-        pos = _positions(n, rank, world, layout, qc.device)
+        g, (parts, own) = h // kc.shape[1], _pieces(kc, vc, world, layout, causal)
+        pos = position_cache(n, rank, world, layout, qc.device)
+        masks = gather_masks(mask, group, world)
         want_dbias = bias is not None and ctx.needs_input_grad[4]
         # this rank's query rows against every key: the gradient never leaves the rank
         dbias = torch.zeros(bias.shape, dtype=cdt, device=bias.device) if want_dbias else None
         dout = dout.to(cdt)
         dlse = None if dlse is None else dlse.to(cdt)
-        dq, dk_own, dv_own = (torch.empty_like(t) if world > 1 else None for t in (qc, kc, vc))
-        m8 = mask.to(torch.uint8).contiguous() if mask is not None else None
-        own = [[kc[bs, hs], vc[bs, hs]] for bs, hs in parts]
-        pool, acc_in, pending, bb = Pool(), {}, [], None
+        # the own blocks' kernels write dq and add into dk, dv (`block_backward`'s into=)
+        dq, dk_own, dv_own = torch.empty_like(qc), torch.zeros_like(kc), torch.zeros_like(vc)
+        pool, moving, home = Pool(), None, None
 
-        def settle():
-            # the dK/dV transfer started one piece ago: its send is done (the buffer is free)
-            # and what arrived is the accumulator of that piece of our next block, or (after
-            # the last step) everyone else's share of our own block
-            for reqs, sent, recv, c, home in pending:
-                _wait(reqs)
-                pool.give(sent)
-                if home:
-                    bs, hs = parts[c]
-                    dk_own[bs, hs] += recv[0]
-                    dv_own[bs, hs] += recv[1]
-                    pool.give(recv)
-                else:
-                    acc_in[c] = recv
-            pending.clear()
+        def grads(bs, hq, rows, k_b, v_b, m, bb, cz, into=None):
+            sl = lambda t: t[bs, hq][:, :, rows]  # noqa: E731
+            return block_backward(
+                sl(dout), None if dlse is None else sl(dlse), sl(qc), k_b, v_b, sl(out),
+                sl(lse), m, part(bb, bs, hq), cz, scale, want_dbias, into,
+            )  # fmt: skip
 
-        for step, c, (kp, vp), m_src in _kv_pieces(own, m8, pool, group, rank, world):
-            src = (rank - step) % world
-            geo = block_geometry(rank, src, world, layout, causal, n)
-            bs, hs = parts[c]
-            hq = q_heads(hs, g)
-            gk = gv = None
-            if geo is not None:
-                rows, cols, cz = geo
-                if c == 0:
-                    bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
-                m = part(m_src, bs, hq)[..., cols].bool() if m_src is not None else None
-                gq, gk, gv, gb = block_backward(
-                    dout[bs, hq][:, :, rows],
-                    None if dlse is None else dlse[bs, hq][:, :, rows],
-                    qc[bs, hq][:, :, rows], kp[:, :, cols], vp[:, :, cols],
-                    out[bs, hq][:, :, rows], lse[bs, hq][:, :, rows], m, part(bb, bs, hq),
-                    cz, scale, want_dbias,
-                )  # fmt: skip
-                if world == 1:  # one piece, nothing to add: the kernel's results are ours
-                    dq, dk_own, dv_own = gq, gk, gv
-                elif step == 0:  # our own block, every row: 0 + gq is gq
-                    dq[bs, hq] = gq
-                else:
-                    dq[bs, hq][:, :, rows] += gq
+        def arrive(hop):
+            # a dK/dV transfer started earlier: its send is done (the buffer is free again)
+            # and what it received is the accumulator for our next step, or after the last
+            # hop everyone else's share of a piece of our own block
+            reqs, sent, recv = hop
+            _wait(reqs)
+            pool.give(sent)
+            return recv
+
+        def settle_home():
+            # our own piece's accumulator, started home during the previous piece's last
+            # step, waited on after a computation of this piece (or at the very end)
+            nonlocal home
+            hc, hop = home
+            acc, home = arrive(hop), None
+            bs, hs, cs = parts[hc]
+            for i, run in enumerate(cs):  # acc: the runs' dK, then their dV
+                dk_own[bs, hs, run] += acc[i]
+                dv_own[bs, hs, run] += acc[len(cs) + i]
+            pool.give(acc)
+
+        for c, step, kvp in _kv_ring(own, pool, group, rank, world):
+            bs, hs, cs = parts[c]
+            hq, src = q_heads(hs, g), (rank - step) % world
+            m_src = None if masks is None else part(masks[src], bs, hq)
+            if step == 0:
+                if _first(cs):  # our own block (the causal diagonal) whole, in place
+                    bb = bias_block(bias, bias_fn, pos(rank), pos(rank), _ALL, _ALL, cdt)
+                    m = None if m_src is None else m_src.bool()
+                    into = (dq[bs, hq], dk_own[bs, hs], dv_own[bs, hs])
+                    *_, gb = grads(bs, hq, _ALL, kc[bs, hs], vc[bs, hs], m, bb, causal, into)
+                    if want_dbias:
+                        part(dbias, bs, hq).index_add_(3, pos(rank), gb)
+                    del bb, m, gb
+                continue
+            gkv = []  # (run, its columns in the piece, dk, dv)
+            for i, run in enumerate(cs):  # kvp: the runs' K, then their V
+                vis = visiting(rank, src, world, layout, causal, n, run)
+                if vis is None:
+                    continue
+                rows, cols, sub = vis
+                bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
+                m = None if m_src is None else m_src[..., cols].bool()
+                k_b, v_b = kvp[i][:, :, sub], kvp[len(cs) + i][:, :, sub]
+                gq, gk, gv, gb = grads(bs, hq, rows, k_b, v_b, m, bb, False)
+                dq[bs, hq][:, :, rows] += gq
                 if want_dbias:  # (B|1, H|1, nq, nk) into src's key columns
                     part(dbias, bs, hq)[:, :, rows].index_add_(3, pos(src)[cols], gb)
-                del gq, gb, m
-            settle()
-            # our own block's dk/dv stay home (step 0: all its columns); every other block's
-            # accumulator arrives from rank-1 (or starts here at step 1), gains ours and
-            # moves on: P-1 hops, the reduce-scatter's minimum
-            if world == 1:
-                continue
-            if step == 0:
-                dk_own[bs, hs] = gk
-                dv_own[bs, hs] = gv
-                continue
-            if step == 1:  # src's accumulator starts here
-                acc = [pool.take(kp).zero_(), pool.take(vp).zero_()]
-            else:
-                acc = acc_in.pop(c)
-            if gk is not None:
-                acc[0][:, :, cols] += gk
-                acc[1][:, :, cols] += gv
-            del gk, gv
+                gkv.append((i, sub, gk, gv))
+                del gq, gk, gv, gb, bb, m
+            if home is not None:  # the previous piece's accumulator, back at its owner
+                settle_home()
+            # src's accumulator for this piece starts here (step 1) or arrives from rank-1,
+            # gains ours and moves on: P-1 hops, the reduce-scatter's minimum
+            acc = [pool.take(t).zero_() for t in kvp] if step == 1 else arrive(moving)
+            for i, sub, gk, gv in gkv:
+                acc[i][:, :, sub] += gk
+                acc[len(cs) + i][:, :, sub] += gv
+            del gkv
             recv = [pool.take(t) for t in acc]
-            pending.append((exchange(acc, recv, group, rank, world), acc, recv, c,
-                            step + 1 == world))  # fmt: skip
-        settle()
-        del bb
+            moving = (exchange(acc, recv, group, rank, world), acc, recv)
+            if step + 1 == world:  # it goes home; ours arrives, added during the next piece
+                home, moving = (c, moving), None
+        if home is not None:
+            settle_home()
         dbias = dbias.to(bias.dtype) if want_dbias else None
         return (dq.to(qdt), dk_own.to(kdt), dv_own.to(vdt), None, dbias) + (None,) * 5
-
-
-def _parts(k: Tensor, v: Tensor, world: int) -> list[tuple[slice, slice]]:
-    """The pieces a block travels in (`_block.pieces`); one when nothing travels or the
-    block is small."""
-    small = (k.numel() + v.numel()) * k.element_size() < _block.MIN_PIECE_BYTES
-    return [(slice(None), slice(None))] if world == 1 or small else pieces(*k.shape[:2])
-
-
-def _positions(n: int, rank: int, world: int, layout: str, device):
-    """src -> the global positions (n,) of src's shard, on ``device`` (cached per call)."""
-    cache: dict[int, Tensor] = {}
-
-    def pos(src: int) -> Tensor:
-        if src not in cache:
-            cache[src] = positions(n * world, src, world, layout).to(device)
-        return cache[src]
-
-    return pos
 
 
 def check_inputs(q, k, v, mask, name: str = "ring_attention") -> None:
@@ -341,9 +358,10 @@ def ring_attention(
         bias_fn: the long-sequence form: ``bias_fn(q_pos, k_pos)`` with the global positions
             (nq,), (nk,) (int64) of one block returns its bias (B|1, H|1, nq, nk), so no rank
             ever holds N columns; ALiBi (``-slope_h * (q_pos[:, None] - k_pos)``) and T5
-            buckets of ``k_pos - q_pos`` are the uses. It is called once per block in the
-            forward and again in the backward, and is a constant: a result that requires
-            grad is a ValueError (pass a learned bias as ``bias``). Not with ``bias``.
+            buckets of ``k_pos - q_pos`` are the uses. It is called once per piece of a
+            block (a run of key positions) in the forward and again in the backward, and
+            is a constant: a result that requires grad is a ValueError (pass a learned
+            bias as ``bias``). Not with ``bias``.
         scale: multiplies q·kᵀ; defaults to 1/sqrt(D).
         dropout_p: must be 0 (ValueError otherwise). Attention dropout is refused rather than
             approximated: no single-process reference draws the same keep pattern.

@@ -302,17 +302,53 @@ def _backward(
     seed: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (float32) of the forward's out and lse."""
-    dout = dout.contiguous()
-    dlse = None if dlse is None else dlse.contiguous()
     dq = torch.empty_like(q)
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    args = (mask, bias, causal, scale, keep_t, inv_keep, seed)
+    _backward_into(dq, dk, dv, dout, dlse, q, k, v, out, lse, *args)
+    return dq, dk, dv
+
+
+def _backward_into(
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+    dout: Tensor,
+    dlse: Tensor | None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    causal: bool,
+    scale: float,
+    keep_t: int,
+    inv_keep: float,
+    seed: Tensor | None,
+) -> None:
+    """`_backward` into the caller's tensors: dq (like q) is overwritten, dk (like k) and
+    dv (like v) are ADDED to, as the kernel does with the zeroed ones `_backward` passes.
+
+    For ring attention, which accumulates a key block's gradient over several query blocks
+    without a temporary per call. All three must be contiguous float32 (views of larger
+    tensors are fine). With dk, dv zero the numbers are `_backward`'s, bit for bit.
+    """
+    for name, t, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        if t.shape != like.shape or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(
+                f"_backward_into: {name} must be contiguous float32 of shape "
+                f"{tuple(like.shape)}, got {tuple(t.shape)} {t.dtype}"
+            )
+    dout = dout.contiguous()
+    dlse = None if dlse is None else dlse.contiguous()
     args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed))
     a = _args(q, k, v, *args, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K))
     a.out, a.lse, a.dout = out.data_ptr(), lse.data_ptr(), dout.data_ptr()
     a.dlse = None if dlse is None else dlse.data_ptr()
     a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
     load().attnkit_attention_backward(ctypes.byref(a))
-    return dq, dk, dv
 
 
 attention_fwd = torch.library.custom_op(
