@@ -71,6 +71,12 @@ def test_readme_quotes_the_decode_benchmark_verbatim():
     assert all(row["same_tokens"] for row in rows)
 
 
+def test_readme_quotes_the_ring_benchmark_verbatim():
+    """The ring attention table is benchmarks/bench_ring.py's (results/ring.md)."""
+    written = README.parent / "benchmarks" / "results" / "ring.md"
+    assert written.read_text().strip() in README.read_text()
+
+
 def test_readme_quotes_the_transformers_benchmark_verbatim():
     """The attnkit-vs-sdpa-vs-eager table is benchmarks/bench_hf.py's (results/hf.md)."""
     written = README.parent / "benchmarks" / "results" / "hf.md"
