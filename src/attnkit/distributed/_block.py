@@ -327,3 +327,32 @@ def bias_block(bias, bias_fn: BiasFn | None, q_pos: Tensor, k_pos: Tensor, rows,
     else:
         return None
     return blk.to(dtype)
+
+
+def visit_fns(bias, bias_fn, pos, rank, world, layout, causal, n, cdt):
+    """This call's `visiting` (src, run) and `bias_block` (src, rows, cols), the other
+    arguments fixed."""
+
+    def see(src, run):
+        return visiting(rank, src, world, layout, causal, n, run)
+
+    def bias_of(src, rows, cols):
+        return bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
+
+    return see, bias_of
+
+
+def visits(kvp, cs, m_src, src, see, bias_of):
+    """The key runs of the visiting piece ``kvp`` (its runs' K, then their V) that this rank's
+    queries see: per run (i, query rows, key columns, the run's slice, its bias block, its key
+    mask or None, K, V). The bias block and mask are dropped here before the next run's are
+    made, so only one run's are alive at a time."""
+    for i, run in enumerate(cs):
+        vis = see(src, run)
+        if vis is None:
+            continue
+        rows, cols, sub = vis
+        bb = bias_of(src, rows, cols)
+        m = None if m_src is None else m_src[..., cols].bool()
+        yield i, rows, cols, sub, bb, m, kvp[i][:, :, sub], kvp[len(cs) + i][:, :, sub]
+        del bb, m

@@ -50,7 +50,6 @@ from attnkit.distributed._block import (
     _ALL,
     BiasFn,
     Pool,
-    bias_block,
     block_backward,
     block_forward,
     check_bias,
@@ -60,7 +59,8 @@ from attnkit.distributed._block import (
     position_cache,
     q_heads,
     travel_pieces,
-    visiting,
+    visit_fns,
+    visits,
 )
 from attnkit.distributed.layout import check_layout
 from attnkit.functional.attention import AttentionOutput
@@ -152,6 +152,7 @@ class _RingAttention(torch.autograd.Function):
         g, (parts, own) = h // k.shape[1], _pieces(kc, vc, world, layout, causal)
         pos = position_cache(n, rank, world, layout, q.device)
         masks = gather_masks(mask, group, world)
+        see, bias_of = visit_fns(bias, bias_fn, pos, rank, world, layout, causal, n, cdt)
         out = lse = None
         for c, step, kvp in _kv_ring(own, Pool(), group, rank, world):
             bs, hs, cs = parts[c]
@@ -160,7 +161,7 @@ class _RingAttention(torch.autograd.Function):
             if step == 0:  # our own block (the causal diagonal), every row: no merge
                 if not _first(cs):
                     continue
-                bb = bias_block(bias, bias_fn, pos(rank), pos(rank), _ALL, _ALL, cdt)
+                bb = bias_of(rank, _ALL, _ALL)
                 m = None if m_src is None else m_src.bool()
                 o_b, l_b = block_forward(
                     qc[bs, hq], kc[bs, hs], vc[bs, hs], m, part(bb, bs, hq), causal, scale
@@ -173,14 +174,7 @@ class _RingAttention(torch.autograd.Function):
                     lse = q.new_empty(b, h, n, dtype=torch.float64)
                 out[bs, hq], lse[bs, hq] = o_b, l_b
                 continue
-            for i, run in enumerate(cs):  # kvp: the runs' K, then their V
-                vis = visiting(rank, src, world, layout, causal, n, run)
-                if vis is None:
-                    continue
-                rows, cols, sub = vis
-                bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
-                m = None if m_src is None else m_src[..., cols].bool()
-                k_b, v_b = kvp[i][:, :, sub], kvp[len(cs) + i][:, :, sub]
+            for _, rows, _, _, bb, m, k_b, v_b in visits(kvp, cs, m_src, src, see, bias_of):
                 o_b, l_b = block_forward(
                     qc[bs, hq][:, :, rows], k_b, v_b, m, part(bb, bs, hq), False, scale
                 )
@@ -200,6 +194,7 @@ class _RingAttention(torch.autograd.Function):
         g, (parts, own) = h // kc.shape[1], _pieces(kc, vc, world, layout, causal)
         pos = position_cache(n, rank, world, layout, qc.device)
         masks = gather_masks(mask, group, world)
+        see, bias_of = visit_fns(bias, bias_fn, pos, rank, world, layout, causal, n, cdt)
         want_dbias = bias is not None and ctx.needs_input_grad[4]
         # this rank's query rows against every key: the gradient never leaves the rank
         dbias = torch.zeros(bias.shape, dtype=cdt, device=bias.device) if want_dbias else None
@@ -243,7 +238,7 @@ class _RingAttention(torch.autograd.Function):
             m_src = None if masks is None else part(masks[src], bs, hq)
             if step == 0:
                 if _first(cs):  # our own block (the causal diagonal) whole, in place
-                    bb = bias_block(bias, bias_fn, pos(rank), pos(rank), _ALL, _ALL, cdt)
+                    bb = bias_of(rank, _ALL, _ALL)
                     m = None if m_src is None else m_src.bool()
                     into = (dq[bs, hq], dk_own[bs, hs], dv_own[bs, hs])
                     *_, gb = grads(bs, hq, _ALL, kc[bs, hs], vc[bs, hs], m, bb, causal, into)
@@ -252,14 +247,7 @@ class _RingAttention(torch.autograd.Function):
                     del bb, m, gb
                 continue
             gkv = []  # (run, its columns in the piece, dk, dv)
-            for i, run in enumerate(cs):  # kvp: the runs' K, then their V
-                vis = visiting(rank, src, world, layout, causal, n, run)
-                if vis is None:
-                    continue
-                rows, cols, sub = vis
-                bb = bias_block(bias, bias_fn, pos(rank), pos(src), rows, cols, cdt)
-                m = None if m_src is None else m_src[..., cols].bool()
-                k_b, v_b = kvp[i][:, :, sub], kvp[len(cs) + i][:, :, sub]
+            for i, rows, cols, sub, bb, m, k_b, v_b in visits(kvp, cs, m_src, src, see, bias_of):
                 gq, gk, gv, gb = grads(bs, hq, rows, k_b, v_b, m, bb, False)
                 dq[bs, hq][:, :, rows] += gq
                 if want_dbias:  # (B|1, H|1, nq, nk) into src's key columns
