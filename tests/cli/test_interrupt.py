@@ -12,6 +12,18 @@ import time
 
 import pytest
 
+
+def _popen(args: list[str], **kw) -> subprocess.Popen:
+    """The command with Ctrl-C's default action restored in the child: a test suite launched
+    in the background (`nohup … &`) runs with SIGINT ignored, which the child would inherit,
+    and Python then never installs its KeyboardInterrupt handler (found by a fresh-clone run
+    started that way: the interrupted commands ran on to exit 0)."""
+    restore = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if os.name == "posix" else None
+    return subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=restore, **kw
+    )
+
+
 CASES = {
     "bench": (["bench", "--quick", "--no-memory", "--sizes", "16", "--repeats", "1"], ("bench",)),
 }
@@ -22,11 +34,8 @@ def test_ctrl_c_exits_130_with_one_line_and_no_partial_files(name, tmp_path):
     argv, started = CASES[name]
     out = tmp_path / "out"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.Popen(
+    proc = _popen(
         [sys.executable, "-m", "attnkit", *argv, "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
         env=env,
     )
     seen = ""
@@ -69,11 +78,8 @@ console()
 def test_ctrl_c_while_explain_writes_keeps_only_complete_files(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.Popen(
+    proc = _popen(
         [sys.executable, "-c", STALL_EXPLAIN, str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
         env=env,
     )
     seen = ""
@@ -95,11 +101,8 @@ def test_ctrl_c_while_explain_writes_keeps_only_complete_files(tmp_path):
 
 def test_ctrl_c_during_training_keeps_the_last_finished_epoch(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen(
+    proc = _popen(
         [sys.executable, "-m", "attnkit", "train", "cnn", "--epochs", "30", "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     seen = ""
     while "epoch 1  " not in seen:  # the first epoch's line: its checkpoint is written
