@@ -189,3 +189,14 @@ def test_bad_prompts_and_lengths():
         generate(m, ids(1, 2), -1)
     with pytest.raises(ValueError, match="model must have an integer `context`"):
         generate(torch.nn.Identity(), ids(1, 2), 1)
+
+
+def test_the_ids_keep_their_integer_dtype():
+    from attnkit.models import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=23, n_layer=1, n_head=2, d_model=16, context=8)).eval()
+    ids = torch.tensor([[3, 1, 4]], dtype=torch.int32)
+    out = model.generate(ids, 9)  # past the context: the window slides too
+    assert out.dtype == torch.int32
+    assert torch.equal(out.long(), model.generate(ids.long(), 9))

@@ -78,7 +78,7 @@ def generate(
             window[:, cache.length] = True  # the new token is real
             mask = window[:, : cache.length + 1]  # (B, S): a view of the buffer
             logits = model(nxt, cache=cache, attention_mask=mask).select(1, -1)
-    return torch.cat(out, 1)
+    return torch.cat(out, 1).to(ids.dtype)  # cat promotes int32 ids to the picks' int64
 
 
 def _cut(keep: Tensor | None, n: int) -> Tensor | None:
