@@ -392,10 +392,7 @@ def attention_without_checks(q: Tensor, k: Tensor, v: Tensor, *, scale=None, bac
     if backend == "auto" and q.dtype == torch.bfloat16 and not _NATIVE_BF16 and low_grad:
         return None  # auto takes chunked here (see `_choose_backend`)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    if k.shape[1] == q.shape[1]:  # two calls, not one with enable_gqa=False: fewer µs to parse
-        out = F.scaled_dot_product_attention(q, k, v, scale=scale)
-    else:
-        out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+    out = _sdpa_unmasked(q, k, v, scale, 0.0, False, bool(k.shape[1] != q.shape[1]))
     return out if _surely_finite(q) else _poison_rows(AttentionOutput(out), q).out
 
 
