@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnkit.functional.structured import StructuredMask
+
 __all__ = ["validate"]
 
 
@@ -67,6 +69,9 @@ def validate(q, k, v, mask, bias, dropout_p, scale) -> None:
             f"(q {_shape(q)}, k {_shape(k)})"
         )
     full = (b, h, n, k.shape[2])
+    if isinstance(mask, StructuredMask):
+        _check_structured(mask, full)
+        mask = None
     for name, t, kind in (("mask", mask, "bool"), ("bias", bias, "float")):
         if t is None:
             continue
@@ -92,6 +97,18 @@ def validate(q, k, v, mask, bias, dropout_p, scale) -> None:
         float(scale) == float(scale) and abs(float(scale)) < float("inf")
     ):
         raise ValueError(f"scale must be a finite number, got {scale}")
+
+
+def _check_structured(mask: StructuredMask, full: tuple[int, int, int, int]) -> None:
+    """A structured mask must describe (B|1, H|1, N, S) exactly: its N and S are sizes it was
+    built for (a window or document layout of another length means something else)."""
+    b, h, n, s = full
+    mb, mh, mn, ms = mask.shape
+    if (mn, ms) != (n, s) or mb not in (1, b) or mh not in (1, h):
+        raise ValueError(
+            f"mask {mask.describe()} describes (B, H, N, S) = {mask.shape}, which does not fit "
+            f"the call's {full}: build it for N={n} queries and S={s} keys"
+        )
 
 
 def _broadcasts_to(shape: tuple, full: tuple) -> bool:

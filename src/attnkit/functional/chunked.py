@@ -31,6 +31,8 @@ from attnkit.functional._dropout import (
     keep_threshold,
     row_ids,
 )
+from attnkit.functional._mask_plan import key_blocks, plan_mask
+from attnkit.functional.structured import StructuredMask
 
 # The PyTorch kernel's blocks, tuned on the 2-core CPU (1 MiB L2 per core), N=2048, H=8, D=64,
 # dropout 0.1, fwd+bwd: 128×1024 was fastest of 128×256 … 512×512 (one head's score block,
@@ -46,6 +48,9 @@ DEFAULT_BLOCK_K = 1024
 DROPOUT_BLOCK_K = 512
 CAUSAL_BLOCK_Q = 256
 CAUSAL_BLOCK_K = 256
+# The grid on which a structured mask's partial blocks are stored as tiles (both kernels walk
+# it, forward and backward, when there are tiles): the compiled kernel's backward blocks.
+STRUCTURED_BLOCK_Q, STRUCTURED_BLOCK_K = 128, 256
 
 _NEG_INF = float("-inf")
 
@@ -59,6 +64,10 @@ def _block5(t4: Tensor, i0: int, i1: int, j0: int, j1: int, hkv: int, g: int) ->
     """Slice a broadcastable (B|1, H|1, N|1, S|1) tensor to the block, as 5-D for s5."""
     t = t4[:, :, i0:i1] if t4.shape[2] != 1 else t4
     t = t[..., j0:j1] if t4.shape[3] != 1 else t
+    return _heads5(t, hkv, g)
+
+
+def _heads5(t: Tensor, hkv: int, g: int) -> Tensor:
     # (Bm, H, r, c) -> (Bm, Hkv, G, r, c)  or  (Bm, 1, r, c) -> (Bm, 1, 1, r, c)
     return t.unflatten(1, (hkv, g)) if t.shape[1] != 1 else t.unsqueeze(2)
 
@@ -83,36 +92,62 @@ class _Workspace:
 
 
 class _Plan:
-    """Sizes, blocking and causal geometry shared by forward and backward."""
+    """Sizes, blocking and mask geometry (causal, a structured mask's `MaskPlan`) shared by
+    forward and backward."""
 
-    def __init__(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, bq: int, bk: int):
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, bq: int, bk: int, structure):
         self.b, self.h, self.n, self.d = q.shape
         self.hkv, self.s, self.dv = k.shape[1], k.shape[2], v.shape[3]
         self.g = self.h // self.hkv
-        self.causal, self.bq, self.bk = causal, bq, bk
         self.cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
         self.dev = q.device  # every buffer lives on the inputs' device
+        self.causal, self.structure = causal, structure
+        if structure is not None and structure.tiles is not None:
+            bq, bk = structure.tiles.shape[1:]  # the tiles' grid
+            full_empty = torch.zeros(2, bq, bk, dtype=torch.uint8, device=self.dev)
+            full_empty[0] = 1
+            self.tiles = torch.cat([structure.tiles, full_empty])  # index -2: full, -1: empty
+        self.bq, self.bk = bq, bk
 
     def q_blocks(self):
         for i0 in range(0, self.n, self.bq):
             yield i0, min(i0 + self.bq, self.n)
 
     def k_blocks(self, i0: int, i1: int):
-        """Key blocks of query rows i0:i1, with whether the causal mask cuts through them."""
+        """Key blocks (j0, j1) of query rows i0:i1 (`_mask_plan.key_blocks`), with whether the
+        causal mask cuts through them and the structured mask's booleans there
+        ((B|1, H|1, nq, nk), None: no limit)."""
         off = self.s - self.n  # bottom-right alignment: query i sees keys j <= i + off
-        end = min(self.s, i1 + off) if self.causal else self.s  # blocks past it are all masked
-        for j0 in range(0, max(end, 0), self.bk):
-            j1 = min(j0 + self.bk, self.s)
-            yield j0, j1, self.causal and j1 - 1 > i0 + off
+        walk = (self.structure, i0, i1, self.n, self.s, self.bq, self.bk, self.causal)
+        for j0, j1, ids, col in key_blocks(*walk):
+            cut = self.causal and j1 - 1 > i0 + off
+            yield j0, j1, cut, self._allowed(i0, i1, j0, j1, ids, col)
+
+    def _allowed(self, i0, i1, j0, j1, ids=None, col=0):
+        """The structured mask's booleans on the block: rows' intervals & the tile."""
+        st, allowed = self.structure, None
+        if st is None:
+            return None
+        if st.rows is not None:
+            keys = torch.arange(j0, j1, device=self.dev)  # (nk,)
+            lo, hi = st.rows[0][:, i0:i1, None], st.rows[1][:, i0:i1, None]  # (B|1, nq, 1)
+            allowed = ((keys >= lo) & (keys < hi))[:, None]  # (B|1, 1, nq, nk)
+        if ids is not None and not bool((ids == -2).all()):
+            tile = self.tiles[ids.long()]  # (B|1, H|1, bq, bk); -1, -2 pick the last two
+            tile = tile[:, :, : i1 - i0, col : col + j1 - j0].bool()  # (B|1, H|1, nq, nk)
+            allowed = tile if allowed is None else allowed & tile
+        return allowed
 
 
-def _scores(pl, s, i0, i1, j0, j1, cut, mask4, bias4):
+def _scores(pl, s, i0, i1, j0, j1, cut, mask4, bias4, allowed):
     """Add bias and apply masks in place on s (B*Hkv, G*nq, nk); masked entries -> -inf."""
     s5 = s.view(pl.b, pl.hkv, pl.g, i1 - i0, j1 - j0)  # (B, Hkv, G, nq, nk)
     if bias4 is not None:
         s5.add_(_block5(bias4, i0, i1, j0, j1, pl.hkv, pl.g))
     if mask4 is not None:
         s5.masked_fill_(_block5(mask4, i0, i1, j0, j1, pl.hkv, pl.g).logical_not(), _NEG_INF)
+    if allowed is not None:
+        s5.masked_fill_(_heads5(allowed, pl.hkv, pl.g).logical_not(), _NEG_INF)
     if cut:
         rows = torch.arange(i0, i1, device=pl.dev).unsqueeze(1) + (pl.s - pl.n)  # (nq, 1)
         above = torch.arange(j0, j1, device=pl.dev) > rows  # (nq, nk) above the diagonal
@@ -137,10 +172,10 @@ def _forward(pl, q, k, v, mask4, bias4, t_keep, seed):
         l = torch.zeros(b * hkv, g * nq, 1, **like)  # running sum of exp
         acc = torch.zeros(b * hkv, g * nq, pl.dv, **like)  # unnormalised output
         rows = row_ids(b, pl.h, n, i0, i1, pl.dev) if seed is not None else None  # for dropout
-        for j0, j1, cut in pl.k_blocks(i0, i1):
+        for j0, j1, cut, allowed in pl.k_blocks(i0, i1):
             nk = j1 - j0
             s = torch.bmm(qb, kt[:, :, j0:j1], out=ws("s", (b * hkv, g * nq, nk), pl.cdt))
-            _scores(pl, s, i0, i1, j0, j1, cut, mask4, bias4)
+            _scores(pl, s, i0, i1, j0, j1, cut, mask4, bias4, allowed)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             # rows with nothing visible yet keep max -inf; shift them by 0 so exp gives 0, not NaN
             m_safe = m_new.nan_to_num(neginf=0.0)
@@ -190,12 +225,12 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
         neg_lse = -lse4[:, :, :, i0:i1].to(cdt).nan_to_num(neginf=0.0).reshape(*rows, 1)
         dqb = torch.zeros(b * hkv, g * nq, pl.d, dtype=cdt, device=pl.dev)
         drop_rows = row_ids(b, pl.h, n, i0, i1, pl.dev) if seed is not None else None
-        for j0, j1, cut in pl.k_blocks(i0, i1):
+        for j0, j1, cut, allowed in pl.k_blocks(i0, i1):
             nk = j1 - j0
             # S - lse in the gemm's accumulator (beta = 1), then bias and masks
             blk = (b * hkv, g * nq, nk)  # (B*Hkv, G*nq, nk)
             s = torch.baddbmm(neg_lse, qb, kk[:, j0:j1].transpose(1, 2), out=ws("s", blk, cdt))
-            _scores(pl, s, i0, i1, j0, j1, cut, mask4, bias4)
+            _scores(pl, s, i0, i1, j0, j1, cut, mask4, bias4, allowed)
             p = s.exp_()  # P = exp(S - lse), Algorithm 2 line 11
             dp = torch.bmm(dob, vv[:, j0:j1].transpose(1, 2), out=ws("dp", blk, cdt))
             if seed is not None:
@@ -222,8 +257,8 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
 
 class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, bias, causal, scale, t_keep, seed, bq, bk):
-        pl = _Plan(q, k, v, causal, bq, bk)
+    def forward(ctx, q, k, v, mask, bias, causal, scale, t_keep, seed, bq, bk, structure):
+        pl = _Plan(q, k, v, causal, bq, bk, structure)
         pl.scale, pl.inv_keep = scale, (NO_DROPOUT / t_keep if t_keep else 0.0)
         mask4, bias4 = _as4d(mask), _as4d(bias)
         out, lse = _forward(pl, q, k, v, mask4, bias4, t_keep, seed)
@@ -241,7 +276,7 @@ class _ChunkedAttention(torch.autograd.Function):
             ctx.t_keep, seed, want_dbias,
         )  # fmt: skip
         dbias = dbias4.view(bias.shape).to(bias.dtype) if want_dbias else None
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, dbias) + (None,) * 6
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, dbias) + (None,) * 7
 
 
 def chunked_attention(
@@ -249,7 +284,7 @@ def chunked_attention(
     k: Tensor,
     v: Tensor,
     *,
-    mask: Tensor | None,
+    mask: Tensor | StructuredMask | None,
     bias: Tensor | None,
     causal: bool,
     scale: float,
@@ -265,6 +300,9 @@ def chunked_attention(
     kv head h // (H // Hkv). ``mask`` is boolean, True = may attend, and ``bias`` is additive
     (may hold -inf); both broadcast to (B, H, N, S) and are only ever sliced per block.
     ``causal`` is aligned bottom-right when N != S: query i sees keys j <= i + S - N.
+    A `StructuredMask` (`attnkit.masks.window`, `document`, `prefix`, ...) means its `.dense()`;
+    both kernels visit only the key blocks it lets a query block see, apply no mask to full
+    blocks and evaluate it inside partial ones, so time follows its density.
 
         S = scale * q k^T + bias, masked entries excluded;  P = softmax_j(S)
         out = dropout(P) @ v   (B, H, N, Dv), q.dtype;   lse = logsumexp_j(S)  (B, H, N)
@@ -293,15 +331,21 @@ def chunked_attention(
             f"gradient: {bias is not None and bias.requires_grad}, kernel built: "
             f"{native.available()})"
         )
+    structure = None
+    if isinstance(mask, StructuredMask):
+        grid = (block_q or STRUCTURED_BLOCK_Q, block_k or STRUCTURED_BLOCK_K)
+        structure = plan_mask(mask, *grid, q.device)
+        mask = structure.dense
     if kernel == "native" or (
         kernel == "auto" and block_q is None and block_k is None and native.supports(q, bias)
     ):
         return native.native_attention(
             q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, keep_t=t_keep,
-            inv_keep=inv_keep, seed=seed,
+            inv_keep=inv_keep, seed=seed, plan=structure,
         )  # fmt: skip
     bq = block_q or (CAUSAL_BLOCK_Q if causal else DEFAULT_BLOCK_Q)
     bk = block_k or (
         CAUSAL_BLOCK_K if causal else (DROPOUT_BLOCK_K if p_drop > 0 else DEFAULT_BLOCK_K)
     )
-    return _ChunkedAttention.apply(q, k, v, mask, bias, causal, scale, t_keep, seed, bq, bk)
+    args = (causal, scale, t_keep, seed, bq, bk, structure)
+    return _ChunkedAttention.apply(q, k, v, mask, bias, *args)

@@ -16,6 +16,10 @@ themselves). `from_zero_blocked` keeps the shape it is given.
 Causal masks with N != S are aligned bottom-right: query i sees keys
 j <= i + (S - N). That is what decoding with a key/value cache needs (the last
 query is the newest token and sees every cached key).
+
+Structured masks (`window`, `document`, `prefix`, `from_function`, and their `&` / `|`
+with each other and with boolean tensors) describe themselves instead of holding an (N, S)
+tensor: kernels skip the blocks they hide. See `attnkit.functional.structured`.
 """
 
 from __future__ import annotations
@@ -23,16 +27,32 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnkit.functional.structured import (
+    StructuredMask,
+    document,
+    document_ids,
+    from_function,
+    prefix,
+    window,
+)
+from attnkit.functional.structured import window as _window
+
 __all__ = [
+    "StructuredMask",
     "causal",
     "combine",
+    "document",
+    "document_ids",
+    "from_function",
     "from_hf_attention_mask",
     "from_keras_attention_mask",
     "from_torch_attn_mask",
     "from_torch_key_padding_mask",
     "from_zero_blocked",
     "padding",
+    "prefix",
     "sliding_window",
+    "window",
 ]
 
 
@@ -83,16 +103,12 @@ def sliding_window(
     Positions are aligned bottom-right as for `causal` (query i sits at key
     position i + S - N). Without `causal`, keys with |j - pos(i)| < window are
     kept (2·window - 1 keys in the interior); with `causal`, only the `window`
-    keys pos(i) - window < j <= pos(i).
+    keys pos(i) - window < j <= pos(i). The dense form of `window(...)`, which kernels
+    run without building this tensor.
     """
-    if window < 1:
+    if isinstance(window, int) and not isinstance(window, bool) and window < 1:
         raise ValueError(f"sliding_window: window must be >= 1, got {window}")
-    s = n if s is None else s
-    pos = torch.arange(n, device=device)[:, None] + (s - n)  # (N, 1)
-    keys = torch.arange(s, device=device)[None, :]  # (1, S)
-    distance = pos - keys  # (N, S)
-    allowed = (distance >= 0) & (distance < window) if causal else distance.abs() < window
-    return allowed[None, None]  # (1, 1, N, S)
+    return _window(n, window, s, causal=causal, device=device).dense()
 
 
 def combine(*masks: Tensor | None) -> Tensor | None:

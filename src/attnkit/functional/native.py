@@ -21,6 +21,7 @@ backend stays on its PyTorch kernel (same results, same dropout bits; slower).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -45,7 +47,7 @@ from attnkit.functional._trace import tracing
 __all__ = ["available", "load", "native_attention", "supports"]
 
 _SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
-_ABI = 3
+_ABI = 4
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # Tuned at N=2048, H=8, D=64, dropout 0.1 (1 thread) over 32-256 query x 128-1024 key blocks,
@@ -80,6 +82,13 @@ class _Args(ctypes.Structure):
         ("dq", ctypes.c_void_p),
         ("dk", ctypes.c_void_p),
         ("dv", ctypes.c_void_p),
+        ("rows", ctypes.c_void_p),
+        ("rows_bst", ctypes.c_int64),
+        ("rows_half", ctypes.c_int64),
+        ("table", ctypes.c_void_p),
+        ("table_st", ctypes.c_int64 * 2),
+        ("tiles", ctypes.c_void_p),
+        ("work", ctypes.c_void_p),
     ]
 
 
@@ -226,8 +235,11 @@ def _broadcast(t: Tensor, full: tuple[int, int, int, int]) -> tuple[Tensor, list
     return view, list(view.stride())
 
 
-def _args(q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, blocks) -> _Args:
+def _args(q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, structure, blocks) -> _Args:
     b, h, n, d = q.shape
+    rows, table, tiles = structure
+    if tiles is not None:  # the tiles fix the grid of both passes
+        blocks = tuple(tiles.shape[1:])
     a = _Args(
         B=b, H=h, Hkv=k.shape[1], N=n, S=k.shape[2], D=d, Dv=v.shape[3], bq=blocks[0],
         bk=blocks[1], causal=int(causal), keep_t=keep_t, nthreads=torch.get_num_threads(),
@@ -241,7 +253,32 @@ def _args(q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, blocks) ->
     if bias is not None:
         view, a.bias_st[:] = _broadcast(bias, full)
         a.bias = view.data_ptr()
+    if rows is not None:  # (2, B|1, N) int64, contiguous
+        a.rows, a.rows_half = rows.data_ptr(), rows[0].numel()
+        a.rows_bst = n if rows.shape[1] != 1 else 0
+    if table is not None:  # (B|1, H|1, nqb, nkb) int32, contiguous
+        a.table, a.tiles = table.data_ptr(), tiles.data_ptr()
+        a.table_st[:] = [table.stride(i) if table.shape[i] != 1 else 0 for i in (0, 1)]
+    if _work is not None:
+        a.work = _work.data_ptr()
     return a
+
+
+# Score entries the kernel computes, counted while `count_work` is active (eager calls only).
+_work: Tensor | None = None
+
+
+@contextlib.contextmanager
+def count_work() -> Iterator[Tensor]:
+    """Count the score entries (query, key pairs) the kernel computes inside the block, forward
+    and backward together: a 1-element int64 tensor, filled as calls run. The cost model's
+    count of computed blocks (`attnkit.analysis`) is tested against it."""
+    global _work
+    before, _work = _work, torch.zeros(1, dtype=torch.int64)
+    try:
+        yield _work
+    finally:
+        _work = before
 
 
 # --------------------------------------------------------------------------- the operators
@@ -273,12 +310,16 @@ def _forward(
     keep_t: int,
     inv_keep: float,
     seed: Tensor | None,
+    rows: Tensor | None = None,
+    table: Tensor | None = None,
+    tiles: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """out (B, H, N, Dv) and lse (B, H, N), float32."""
+    """out (B, H, N, Dv) and lse (B, H, N), float32. rows/table/tiles: a structured mask's
+    `attnkit.functional._mask_plan.MaskPlan` parts (None: none)."""
     b, h, n, _ = q.shape
     out = q.new_empty(b, h, n, v.shape[3])
     lse = q.new_empty(b, h, n)
-    args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed))
+    args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed), (rows, table, tiles))
     a = _args(q, k, v, *args, (FORWARD_BLOCK_Q, FORWARD_BLOCK_K))
     a.out, a.lse = out.data_ptr(), lse.data_ptr()
     load().attnkit_attention_forward(ctypes.byref(a))
@@ -300,11 +341,14 @@ def _backward(
     keep_t: int,
     inv_keep: float,
     seed: Tensor | None,
+    rows: Tensor | None = None,
+    table: Tensor | None = None,
+    tiles: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (float32) of the forward's out and lse."""
     dq = torch.empty_like(q)
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    args = (mask, bias, causal, scale, keep_t, inv_keep, seed)
+    args = (mask, bias, causal, scale, keep_t, inv_keep, seed, rows, table, tiles)
     _backward_into(dq, dk, dv, dout, dlse, q, k, v, out, lse, *args)
     return dq, dk, dv
 
@@ -327,6 +371,9 @@ def _backward_into(
     keep_t: int,
     inv_keep: float,
     seed: Tensor | None,
+    rows: Tensor | None = None,
+    table: Tensor | None = None,
+    tiles: Tensor | None = None,
 ) -> None:
     """`_backward` into the caller's tensors: dq (like q) is overwritten, dk (like k) and
     dv (like v) are ADDED to, as the kernel does with the zeroed ones `_backward` passes.
@@ -343,7 +390,7 @@ def _backward_into(
             )
     dout = dout.contiguous()
     dlse = None if dlse is None else dlse.contiguous()
-    args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed))
+    args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed), (rows, table, tiles))
     a = _args(q, k, v, *args, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K))
     a.out, a.lse, a.dout = out.data_ptr(), lse.data_ptr(), dout.data_ptr()
     a.dlse = None if dlse is None else dlse.data_ptr()
@@ -360,28 +407,28 @@ attention_bwd = torch.library.custom_op(
 
 
 @attention_fwd.register_fake
-def _(q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed):
+def _(q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, *plan):
     b, h, n, _ = q.shape
     return q.new_empty(b, h, n, v.shape[3]), q.new_empty(b, h, n)
 
 
 @attention_bwd.register_fake
-def _(dout, dlse, q, k, v, out, lse, mask, bias, causal, scale, keep_t, inv_keep, seed):
+def _(dout, dlse, q, k, v, out, lse, mask, bias, causal, scale, keep_t, inv_keep, seed, *plan):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _save(ctx, inputs, output) -> None:
-    q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed = inputs
-    ctx.save_for_backward(q, k, v, *output, mask, bias, seed)
+    q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, *plan = inputs
+    ctx.save_for_backward(q, k, v, *output, mask, bias, seed, *plan)
     ctx.scalars = (causal, scale, keep_t, inv_keep)
 
 
 def _grads(ctx, dout, dlse, backward) -> tuple:
-    q, k, v, out, lse, mask, bias, seed = ctx.saved_tensors
+    q, k, v, out, lse, mask, bias, seed, *plan = ctx.saved_tensors
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)
-    dq, dk, dv = backward(dout, dlse, q, k, v, out, lse, mask, bias, *ctx.scalars, seed)
-    return (dq, dk, dv) + (None,) * 7
+    dq, dk, dv = backward(dout, dlse, q, k, v, out, lse, mask, bias, *ctx.scalars, seed, *plan)
+    return (dq, dk, dv) + (None,) * 10
 
 
 attention_fwd.register_autograd(
@@ -416,17 +463,20 @@ def native_attention(
     keep_t: int,
     inv_keep: float,
     seed: Tensor | None,
+    plan=None,
 ) -> tuple[Tensor, Tensor]:
     """The chunked backend's contract (see `chunked_attention`) on the compiled kernel.
 
     ``keep_t``/``inv_keep``/``seed`` are the dropout threshold, rescale and per-call seed (a
     0-d int64 tensor, None without dropout) of `attnkit.functional._dropout` (keep_t = 2^32:
     no dropout). Returns out in q's dtype and lse in float32. Check `supports` first.
+    ``plan``: a structured mask's `MaskPlan` (its dense part arrives as ``mask``), or None.
     Traced code (torch.compile, export) sees the operator `attnkit::attention_fwd`.
     """
     q32, k32, v32 = (t.to(torch.float32).contiguous() for t in (q, k, v))
     bias32 = None if bias is None else bias.detach().to(torch.float32)
-    inputs = (q32, k32, v32, mask, bias32, causal, scale, keep_t, inv_keep, seed)
+    structure = (None, None, None) if plan is None else (plan.rows, plan.table, plan.tiles)
+    inputs = (q32, k32, v32, mask, bias32, causal, scale, keep_t, inv_keep, seed, *structure)
     out, lse = attention_fwd(*inputs) if tracing() else _Eager.apply(*inputs)
     return out.to(q.dtype), lse
 

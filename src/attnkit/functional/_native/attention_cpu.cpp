@@ -140,6 +140,15 @@ struct Args {
     float* dq;
     float* dk;            // zeroed by the caller
     float* dv;            // zeroed by the caller
+    // Structured masks (attnkit/functional/_mask_plan.py), ANDed with mask, bias and causal:
+    const int64_t* rows;  // may be null: lo (B|1, N) then hi, row i sees keys lo <= j < hi
+    int64_t rows_bst;     // batch stride of lo and hi (0 when one row set serves every batch)
+    int64_t rows_half;    // offset of hi from lo
+    const int32_t* table; // may be null: (B|1, H|1, nqb, nkb) on the bq x bk grid, per block
+                          // -1 empty (skipped), -2 full, t >= 0 partial with tile t
+    int64_t table_st[2];  // batch and head strides of the table (elements)
+    const uint8_t* tiles; // (T, bq, bk): the partial blocks' booleans
+    int64_t* work;        // may be null: score entries computed are added here
 };
 
 }  // extern "C"
@@ -204,15 +213,80 @@ void mask_row(const Args& a, int64_t b, int64_t h, int64_t i, int64_t j0, int64_
     }
 }
 
-// End (exclusive) of the keys that rows i0..i1-1 may see at all.
+// One key block of a query block: keys j0 .. j0 + nk, and the partial tile's row 0 column 0
+// at this block's first key (null: no tile mask).
+struct KeyBlock {
+    int64_t j0, nk;
+    const uint8_t* tile;
+};
+
+// Structured masks on one row of a block: keys outside [lo, hi) and where the tile says no.
+void mask_row_structured(const Args& a, const KeyBlock& kb, int64_t lo, int64_t hi, int64_t r,
+                         float* s) {
+    if (a.rows) {
+        const int64_t below = std::min(std::max<int64_t>(lo - kb.j0, 0), kb.nk);
+        const int64_t from = std::min(std::max<int64_t>(hi - kb.j0, 0), kb.nk);
+        for (int64_t c = 0; c < below; ++c) s[c] = kNegInf;
+        for (int64_t c = from; c < kb.nk; ++c) s[c] = kNegInf;
+    }
+    if (kb.tile) {
+        const uint8_t* t = kb.tile + r * a.bk;
+#pragma omp simd
+        for (int64_t c = 0; c < kb.nk; ++c) s[c] = t[c] ? s[c] : kNegInf;
+    }
+}
+
+// End (exclusive) of the keys that rows i0..i1-1 may see at all under `causal`.
 inline int64_t key_end(const Args& a, int64_t i1) {
     return a.causal ? std::min(a.S, std::max<int64_t>(i1 + a.S - a.N, 0)) : a.S;
 }
 
+// The key blocks rows i0..i1-1 of head (b, h) compute, in order: the span [min lo, max hi) of
+// the rows' intervals (rows that see nothing add nothing) cut by the causal end, in blocks of
+// bk from its first key; on the table's grid instead when there is a table, without the blocks
+// it marks empty. Rows' own [lo, hi) go to lo[r], hi[r].
+void key_blocks(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
+                std::vector<KeyBlock>& out, int64_t* lo, int64_t* hi) {
+    out.clear();
+    int64_t first = 0, end = key_end(a, i1);
+    if (a.rows) {
+        const int64_t* rl = a.rows + b * a.rows_bst + i0;
+        const int64_t* rh = rl + a.rows_half;
+        int64_t mn = a.S, mx = 0;
+        for (int64_t r = 0; r < i1 - i0; ++r) {
+            lo[r] = rl[r];
+            hi[r] = rh[r];
+            if (rl[r] < rh[r]) {
+                mn = std::min(mn, rl[r]);
+                mx = std::max(mx, rh[r]);
+            }
+        }
+        first = mn;
+        end = std::min(end, mx);
+    }
+    if (!a.table) {
+        for (int64_t j0 = first; j0 < end; j0 += a.bk) out.push_back({j0, std::min(a.bk, end - j0), nullptr});
+        return;
+    }
+    const int64_t nkb = (a.S + a.bk - 1) / a.bk, qb = i0 / a.bq;
+    const int32_t* row = a.table + b * a.table_st[0] + h * a.table_st[1] + qb * nkb;
+    for (int64_t kb = first / a.bk; kb * a.bk < end; ++kb) {
+        const int32_t t = row[kb];
+        if (t == -1) continue;
+        const int64_t j0 = std::max(kb * a.bk, first), j1 = std::min((kb + 1) * a.bk, end);
+        const uint8_t* tile = t >= 0 ? a.tiles + t * a.bq * a.bk + (j0 - kb * a.bk) : nullptr;
+        out.push_back({j0, j1 - j0, tile});
+    }
+}
+
 struct Scratch {
     std::vector<float> s, dp, qs, acc, dob, m, l, dlt, dk, dv;
+    std::vector<KeyBlock> blocks;
+    std::vector<int64_t> lo, hi;  // each row's key interval (structured masks)
+    int64_t work = 0;             // score entries computed by this thread
     explicit Scratch(const Args& a)
-        : s(a.bq * a.bk), qs(a.bq * a.D), acc(a.bq * std::max(a.Dv, a.D)), m(a.bq), l(a.bq) {}
+        : s(a.bq * a.bk), qs(a.bq * a.D), acc(a.bq * std::max(a.Dv, a.D)), m(a.bq), l(a.bq),
+          lo(a.bq), hi(a.bq) {}
 };
 
 // Rows i0..i1 of head (b, h), pre-scaled: qs (nq, D) = scale * q.
@@ -231,14 +305,16 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1, 
     std::fill(w.m.begin(), w.m.begin() + nq, kNegInf);  // running row max
     std::fill(w.l.begin(), w.l.begin() + nq, 0.0f);     // running sum of exp (before dropout)
     std::fill(acc, acc + nq * Dv, 0.0f);                // unnormalised output
-    const int64_t end = key_end(a, i1);
-    for (int64_t j0 = 0; j0 < end; j0 += a.bk) {
-        const int64_t nk = std::min(a.bk, a.S - j0);
+    key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
+    for (const KeyBlock& blk : w.blocks) {
+        const int64_t j0 = blk.j0, nk = blk.nk;
+        w.work += nq * nk;
         mm_nt(nq, nk, D, qs, D, kb + j0 * D, D, 0.0f, s, nk);  // S = (scale q) k^T
         for (int64_t r = 0; r < nq; ++r) {
             float* sr = s + r * nk;
             const int64_t i = i0 + r;
             mask_row(a, b, h, i, j0, nk, sr);
+            mask_row_structured(a, blk, w.lo[r], w.hi[r], r, sr);
             const float m_new = std::max(w.m[r], row_max(sr, nk));
             const float m_safe = m_new == kNegInf ? 0.0f : m_new;  // nothing seen yet: exp -> 0
             const float alpha = exp_f(w.m[r] - m_safe);
@@ -302,10 +378,11 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
         lse[r] = a.lse[row0 + r];
     }
     std::fill(dq, dq + nq * D, 0.0f);
-    const int64_t end = key_end(a, i1);
+    key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
     const uint32_t t = static_cast<uint32_t>(a.keep_t < kNoDropout ? a.keep_t : 0);
-    for (int64_t j0 = 0; j0 < end; j0 += a.bk) {
-        const int64_t nk = std::min(a.bk, a.S - j0);
+    for (const KeyBlock& blk : w.blocks) {
+        const int64_t j0 = blk.j0, nk = blk.nk;
+        w.work += nq * nk;
         mm_nt(nq, nk, D, qs, D, kb + j0 * D, D, 0.0f, s, nk);         // S
         mm_nt(nq, nk, Dv, dob, Dv, vb + j0 * Dv, Dv, 0.0f, dp, nk);  // dP~ = dO' v^T
         for (int64_t r = 0; r < nq; ++r) {
@@ -317,6 +394,7 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
                 continue;
             }
             mask_row(a, b, h, i, j0, nk, sr);
+            mask_row_structured(a, blk, w.lo[r], w.hi[r], r, sr);
             const float l = lse[r], di = dlt[r];
             if (a.keep_t < kNoDropout) {
                 const RowKey key = row_key(a, row0 + r);
@@ -351,7 +429,7 @@ int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
 extern "C" {
 
-int attnkit_abi_version() { return 3; }
+int attnkit_abi_version() { return 4; }
 
 // Forward: fills out and lse. Work items are (b, h, query block), spread over the threads.
 void attnkit_attention_forward(const Args* args) {
@@ -364,6 +442,10 @@ void attnkit_attention_forward(const Args* args) {
         for (int64_t t = 0; t < items; ++t) {
             const int64_t bh = t / nqb, i0 = (t % nqb) * a.bq;
             forward_block(a, bh / a.H, bh % a.H, i0, std::min(i0 + a.bq, a.N), w);
+        }
+        if (a.work) {
+#pragma omp atomic
+            *a.work += w.work;
         }
     }
 }
@@ -414,6 +496,10 @@ void attnkit_attention_backward(const Args* args) {
                     for (int64_t e = 0; e < a.S * a.Dv; ++e) dv[e] += w.dv[e];
                 }
             }
+        }
+        if (a.work) {
+#pragma omp atomic
+            *a.work += w.work;
         }
     }
 }

@@ -1,0 +1,126 @@
+"""What a blocked kernel needs of a structured mask: row intervals, a dense remainder, tiles.
+
+Legend: B batch, H heads, N queries, S keys; bq × bk the kernel's score blocks.
+
+A `StructuredMask` is split into the AND of three parts, each read the cheapest way:
+
+* ``rows`` int64 (2, B|1, N): lo and hi of the intersection of every factor that is a row
+  interval (causal, window, prefix, contiguous documents). A kernel derives each query block's
+  key span from them and applies them with two fills per row.
+* ``dense``: the boolean tensors the user combined in (key padding masks, say), ANDed, read
+  through broadcast strides as today.
+* ``table`` int32 (B|1, H|1, nqb, nkb) and ``tiles`` uint8 (T, bq, bk) for the rest
+  (predicates, non-contiguous documents, unions): per block -1 empty (skipped), -2 full (no
+  mask), t >= 0 partial, masked by tile t. Only partial blocks are stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from attnkit.functional.structured import (
+    FULL,
+    PARTIAL,
+    StructuredMask,
+    _And,
+    _classify,
+    _Dense,
+)
+
+__all__ = ["MaskPlan", "key_blocks", "plan_mask"]
+
+TILE_EMPTY, TILE_FULL = -1, -2
+
+
+class MaskPlan(NamedTuple):
+    rows: Tensor | None  # int64 (2, B|1, N)
+    dense: Tensor | None  # bool, broadcastable to (B, H, N, S)
+    table: Tensor | None  # int32 (B|1, H|1, nqb, nkb)
+    tiles: Tensor | None  # uint8 (T, bq, bk)
+
+
+def plan_mask(mask: StructuredMask, block_q: int, block_k: int, device) -> MaskPlan:
+    """Split `mask` into row intervals, a dense remainder and tiles on a bq × bk grid."""
+    factors = mask.factors() if isinstance(mask, _And) else [mask]
+    rows, dense, rest = None, None, []
+    for f in factors:
+        iv = f.intervals()
+        if iv is not None:
+            lo, hi = (x.to(device) for x in iv)
+            if rows is not None:  # the intersection of intervals is an interval
+                lo, hi = torch.maximum(rows[0], lo), torch.minimum(rows[1], hi)
+            rows = (lo, hi)
+        elif isinstance(f, _Dense):
+            t = f.t.to(device)
+            dense = t if dense is None else dense & t
+        else:
+            rest.append(f)
+    stacked = None if rows is None else torch.stack(torch.broadcast_tensors(*rows)).contiguous()
+    table = tiles = None
+    if rest:
+        other = rest[0]
+        for f in rest[1:]:
+            other = other & f
+        table, tiles = _tiles(other, block_q, block_k, device)
+    return MaskPlan(stacked, dense, table, tiles)
+
+
+def _tiles(mask: StructuredMask, bq: int, bk: int, device) -> tuple[Tensor, Tensor]:
+    """Evaluate `mask` one row of blocks at a time; keep the booleans of partial blocks only."""
+    b, h, n, s = mask.shape
+    nqb, nkb = -(-n // bq), -(-s // bk)
+    table = torch.empty(b, h, nqb, nkb, dtype=torch.int32)
+    kept: list[Tensor] = []
+    count = 0
+    for qb in range(nqb):
+        i0, i1 = qb * bq, min((qb + 1) * bq, n)
+        block_row = mask.block(i0, i1, 0, s).cpu()  # (B|1, H|1, nq, S)
+        cls = _classify(block_row, bk)  # (B|1, H|1, nkb)
+        part = cls == PARTIAL
+        idx = torch.full(cls.shape, TILE_EMPTY, dtype=torch.int32)
+        idx[cls == FULL] = TILE_FULL
+        found = int(part.sum())
+        idx[part] = torch.arange(count, count + found, dtype=torch.int32)
+        table[:, :, qb] = idx
+        if found:
+            padded = torch.nn.functional.pad(block_row, (0, nkb * bk - s, 0, bq - (i1 - i0)))
+            grid = padded.view(b, h, bq, nkb, bk).permute(0, 1, 3, 2, 4)  # (B|1, H|1, nkb, bq, bk)
+            kept.append(grid[part].to(torch.uint8))  # (found, bq, bk), in table order
+            count += found
+    tiles = torch.cat(kept) if kept else torch.zeros(0, bq, bk, dtype=torch.uint8)
+    return table.to(device), tiles.contiguous().to(device)
+
+
+def key_blocks(
+    plan: MaskPlan | None, i0: int, i1: int, n: int, s: int, bq: int, bk: int, causal: bool
+) -> Iterator[tuple[int, int, Tensor | None, int]]:
+    """The key blocks (j0, j1) that query rows i0:i1 compute, with the tile table's entries
+    there ((B|1, H|1) int32, None without tiles) and the block's first column in its tile.
+
+    They cover [min lo, max hi) of the rows' intervals (rows that see nothing add nothing) up
+    to the causal end (bottom-right: query i sees keys j <= i + S - N), in steps of bk from
+    the first key; on the tiles' bq × bk grid, less the blocks the table marks empty, where
+    there are tiles. The compiled kernel walks the same blocks (`key_blocks` in
+    attention_cpu.cpp); the PyTorch kernel and the cost model walk these."""
+    first, end = 0, min(s, i1 + s - n) if causal else s
+    if plan is not None and plan.rows is not None:
+        lo, hi = plan.rows[0][:, i0:i1], plan.rows[1][:, i0:i1]  # (B|1, nq)
+        seen = lo < hi
+        if not bool(seen.any()):
+            return
+        first, end = int(lo[seen].min()), min(end, int(hi[seen].max()))
+    if plan is None or plan.table is None:
+        for j0 in range(first, end, bk):
+            yield j0, min(j0 + bk, end), None, 0
+        return
+    qb = i0 // bq
+    for kb in range(first // bk, -(-end // bk)):
+        ids = plan.table[:, :, qb, kb]  # (B|1, H|1): -1 empty, -2 full, t partial
+        if bool((ids == TILE_EMPTY).all()):
+            continue
+        j0 = max(kb * bk, first)
+        yield j0, min((kb + 1) * bk, end), ids, j0 - kb * bk
