@@ -1,0 +1,183 @@
+"""Structured masks on the CPU: attnkit's descriptions against the same masks as tensors,
+torch SDPA and compiled FlexAttention, in one process run.
+
+Legend: B batch, H heads, N queries = S keys, D head width.
+
+For each mask kind, N and thread count (B=1, H=8, D=64, float32, eager) the row times:
+
+* ``structured`` / ``structured_fb`` — `attnkit.attention` with the description (forward /
+  forward + backward): the chunked kernel visits only the blocks the mask lets through;
+* ``dense`` / ``dense_fb`` — `attnkit.attention` with the same mask as an (N, S) tensor
+  (what attnkit did before structured masks, and what every other backend receives);
+* ``sdpa`` — `torch.nn.functional.scaled_dot_product_attention` with the tensor (forward);
+* ``flex`` — `torch.compile(flex_attention)` with the equivalent `create_block_mask` (forward:
+  FlexAttention has no backward on the CPU). Its compile (seconds per mask function) and the
+  block mask's creation happen before timing.
+
+Dense tensors are skipped where the (N, S) float32 scores of one head would pass
+`DENSE_LIMIT_N`; timings are medians of interleaved repeats (`bench.time_interleaved`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from attnkit.analysis.bench import time_interleaved
+from attnkit.functional import masks
+from attnkit.functional.attention import attention
+from attnkit.functional.structured import StructuredMask, causal_intervals
+
+__all__ = ["KINDS", "StructuredCase", "memory_row", "structured_row"]
+
+DENSE_LIMIT_N = 16384  # (N, S) tensors up to 16384² booleans (256 MiB; SDPA makes it 1 GiB)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A mask kind: attnkit's description and FlexAttention's mask_mod for sequence length n."""
+
+    describe: Callable[[int], StructuredMask]
+    mask_mod: Callable[[int], Callable]
+
+
+def _documents(count: int) -> Kind:
+    """`count` causal documents of equal length (N is a multiple of 64 here). FlexAttention
+    gets them as q // L == k // L: a mask_mod that indexes a captured id tensor fails to
+    compile in inductor's CPU template (torch 2.13: "cur_qSplitSize8 was not declared")."""
+
+    def mod(n):
+        length = n // count
+        return lambda b, h, q, k: (q // length == k // length) & (q >= k)
+
+    def describe(n):
+        return masks.document(masks.document_ids([n // count] * count), causal=True)
+
+    return Kind(describe, mod)
+
+
+def _window(w: int) -> Kind:
+    return Kind(
+        lambda n: masks.window(n, w, causal=True),
+        lambda n: lambda b, h, q, k: (q >= k) & (q - k < w),
+    )
+
+
+KINDS: dict[str, Kind] = {
+    "causal": Kind(causal_intervals, lambda n: lambda b, h, q, k: q >= k),
+    "window 256": _window(256),
+    "window 1024": _window(1024),
+    "16 documents": _documents(16),
+    "64 documents": _documents(64),
+    "prefix-LM (first quarter)": Kind(
+        lambda n: masks.prefix(n, n // 4),
+        lambda n: lambda b, h, q, k: (k < n // 4) | (q >= k),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class StructuredCase:
+    kind: str
+    n: int
+    threads: int
+    b: int = 1
+    h: int = 8
+    d: int = 64
+
+
+def _flex(kind: Kind, case: StructuredCase, q, k, v) -> Callable[[], None] | None:
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:  # a torch without FlexAttention
+        return None
+    block_mask = create_block_mask(kind.mask_mod(case.n), 1, 1, case.n, case.n, device="cpu")
+    compiled = torch.compile(flex_attention)
+
+    def step():
+        with torch.no_grad():
+            compiled(q, k, v, block_mask=block_mask)
+
+    return step
+
+
+def structured_row(case: StructuredCase, repeats: int, log: Callable[[str], None]) -> dict:
+    """One row: median ms of every implementation that applies at this size."""
+    torch.set_num_threads(case.threads)
+    kind = KINDS[case.kind]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(case.b, case.h, case.n, case.d, generator=g) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    mask = kind.describe(case.n)
+
+    def forward(m):
+        def step():
+            with torch.no_grad():
+                attention(q, k, v, mask=m)
+
+        return step
+
+    def both(m):
+        def step():
+            for t in (qg, kg, vg):
+                t.grad = None
+            attention(qg, kg, vg, mask=m).out.sum().backward()
+
+        return step
+
+    steps = {"structured": forward(mask), "structured_fb": both(mask)}
+    if case.n <= DENSE_LIMIT_N:
+        dense = mask.dense()
+        steps |= {
+            "dense": forward(dense),
+            "dense_fb": both(dense),
+            "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense),
+        }
+    start = time.perf_counter()
+    flex = _flex(kind, case, q, k, v)
+    if flex is not None:
+        flex()  # compile and first call outside the timing
+        steps["flex"] = flex
+    log(f"  {case.kind}, N={case.n}, {case.threads} thread(s): flex ready in "
+        f"{time.perf_counter() - start:.1f} s, timing {len(steps)} implementations")  # fmt: skip
+    ms = time_interleaved(steps, repeats)
+    return {"kind": case.kind, "n": case.n, "threads": case.threads, "density": mask.density,
+            "ms": ms}  # fmt: skip
+
+
+def memory_row(n: int = 65536, window: int = 512, heads: int = 2, d: int = 64) -> dict:
+    """Peak bytes of tensors alive at once during a window-`window` forward + backward at N=`n`
+    (inputs q, k, v included), against inputs + outputs + gradients: the structured mask needs
+    no (N, S) anything."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    from torch.utils.weak import StorageWeakRef
+
+    class Peak(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.live, self.peak = {}, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.live = {c: (w, b) for c, (w, b) in self.live.items() if not w.expired()}
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    st = t.untyped_storage()
+                    self.live.setdefault(st._cdata, (StorageWeakRef(st), st.nbytes()))
+            self.peak = max(self.peak, sum(b for _, b in self.live.values()))
+            return out
+
+    shape = (1, heads, n, d)
+    q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+    one = q.numel() * q.element_size()
+    with Peak() as peak:
+        attention(q, k, v, mask=masks.window(n, window, causal=True)).out.sum().backward()
+    # q, k, v, out, its cotangent, dq, dk, dv: what any attention's forward + backward holds
+    io = 8 * one
+    return {"n": n, "window": window, "heads": heads, "peak_mib": (peak.peak + 3 * one) / 2**20,
+            "io_mib": io / 2**20, "budget_mib": io / 2**20 + 256}  # fmt: skip
