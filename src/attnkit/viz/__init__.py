@@ -5,7 +5,7 @@ probabilities from any model; :class:`AttentionMaps` holds (L, H, N, S) for one
 example; :func:`head_view` turns it into a self-contained HTML page,
 :func:`show` into the same view inside a Jupyter notebook (recordings and maps also
 display themselves there) and :func:`model_view` into a matplotlib figure (layers × heads
-heatmaps).
+heatmaps). :func:`plot_block_map` draws which blocks a structured mask lets a kernel skip.
 """
 
 from attnkit.viz.head_view import head_view, write_html
@@ -19,6 +19,7 @@ __all__ = [
     "HeadViewHTML",
     "head_view",
     "model_view",
+    "plot_block_map",
     "record_attention",
     "save_model_view",
     "show",
@@ -32,4 +33,8 @@ def __getattr__(name: str):
         from attnkit.viz import figures
 
         return getattr(figures, name)
+    if name == "plot_block_map":
+        from attnkit.viz.block_map import plot_block_map
+
+        return plot_block_map
     raise AttributeError(f"module 'attnkit.viz' has no attribute {name!r}")
