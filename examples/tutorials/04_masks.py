@@ -368,7 +368,6 @@ for ax, m in zip(axes, [local, packed, prefix_lm, packed & local], strict=True):
 fig.tight_layout()
 fig.savefig("block-maps.png", dpi=80)
 
-
 # %% [markdown]
 # ![Block maps of a sliding window, four packed documents, a prefix-LM and documents & window: the kernel computes 18 %, 17 %, 55 % and 14 % of the blocks](../../assets/tutorials/04-masks/block-maps.png)
 #
@@ -376,8 +375,11 @@ fig.savefig("block-maps.png", dpi=80)
 # `mask_mod`, without a compiler): it receives index tensors and must use tensor operations.
 
 # %%
-def dilated(b, h, q_idx, kv_idx):  # every 4th of the last 64 keys
-    return (q_idx >= kv_idx) & (q_idx - kv_idx < 64) & ((q_idx - kv_idx) % 4 == 0)
+span, stride = 64, 4  # every 4th of the last 64 keys
+
+
+def dilated(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx) & (q_idx - kv_idx < span) & ((q_idx - kv_idx) % stride == 0)
 
 
 sparse = masks.from_function(dilated, n)
