@@ -264,3 +264,32 @@ def test_kernel_skips_what_the_mask_hides():
             q, q, q, mask=masks.sliding_window(n, 256, causal=True), backend="chunked"
         )
     assert dense_work.item() == n * n
+
+
+def test_compiled_and_exported_models_take_descriptions():
+    """Traced code runs a description's dense form: built inside the graph or passed in."""
+    torch.manual_seed(0)
+    mha = attnkit.MultiHeadAttention(32, 4).eval()
+    x = torch.randn(2, 64, 32)
+    ids = masks.document_ids([20, 44])
+
+    def inside(x):
+        return mha(x, mask=masks.document(ids, causal=True))
+
+    def passed(x, m):
+        return mha(x, mask=m)
+
+    window = masks.window(64, 8, causal=True)
+    torch.testing.assert_close(torch.compile(inside, fullgraph=True)(x), inside(x))
+    torch.testing.assert_close(torch.compile(passed, fullgraph=True)(x, window), passed(x, window))
+
+    class Windowed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, x):
+            return self.mha(x, mask=masks.window(64, 8, causal=True))
+
+    exported = torch.export.export(Windowed(), (x,)).module()
+    torch.testing.assert_close(exported(x), passed(x, window))

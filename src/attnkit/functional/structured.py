@@ -28,6 +28,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from attnkit.functional._trace import tracing
+
 __all__ = [
     "EMPTY",
     "FULL",
@@ -275,6 +277,8 @@ def document(ids: Tensor, *, causal: bool = False) -> StructuredMask:
     ids2 = ids[None] if ids.dim() == 1 else ids  # (B|1, N)
     n = ids2.shape[1]
     name = f"document({'causal' if causal else 'bidirectional'})"
+    if tracing():  # the contiguity check reads data; traced code runs `.dense()` anyway
+        return _SameId(ids2, causal, name)
     starts = torch.ones_like(ids2, dtype=torch.bool)
     starts[:, 1:] = ids2[:, 1:] != ids2[:, :-1]  # (B|1, N): a new run starts here
     runs = starts.sum(1)  # runs per batch row
