@@ -95,7 +95,9 @@ class _Plan:
     """Sizes, blocking and mask geometry (causal, a structured mask's `MaskPlan`) shared by
     forward and backward."""
 
-    def __init__(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, bq: int, bk: int, structure):
+    def __init__(
+        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, bq: int, bk: int, structure=None
+    ):
         self.b, self.h, self.n, self.d = q.shape
         self.hkv, self.s, self.dv = k.shape[1], k.shape[2], v.shape[3]
         self.g = self.h // self.hkv
