@@ -105,8 +105,11 @@ def _flex(kind: Kind, case: StructuredCase, q, k, v) -> Callable[[], None] | Non
     return step
 
 
-def structured_row(case: StructuredCase, repeats: int, log: Callable[[str], None]) -> dict:
-    """One row: median ms of every implementation that applies at this size."""
+def structured_row(
+    case: StructuredCase, repeats: int, log: Callable[[str], None], flex: bool = True
+) -> dict:
+    """One row: median ms of every implementation that applies at this size (FlexAttention
+    only with `flex`: its compile takes seconds)."""
     torch.set_num_threads(case.threads)
     kind = KINDS[case.kind]
     g = torch.Generator().manual_seed(0)
@@ -138,10 +141,10 @@ def structured_row(case: StructuredCase, repeats: int, log: Callable[[str], None
             "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense),
         }
     start = time.perf_counter()
-    flex = _flex(kind, case, q, k, v)
-    if flex is not None:
-        flex()  # compile and first call outside the timing
-        steps["flex"] = flex
+    compiled = _flex(kind, case, q, k, v) if flex else None
+    if compiled is not None:
+        compiled()  # compile and first call outside the timing
+        steps["flex"] = compiled
     log(f"  {case.kind}, N={case.n}, {case.threads} thread(s): flex ready in "
         f"{time.perf_counter() - start:.1f} s, timing {len(steps)} implementations")  # fmt: skip
     ms = time_interleaved(steps, repeats)
@@ -153,9 +156,9 @@ def memory_row(n: int = 65536, window: int = 512, heads: int = 2, d: int = 64) -
     """Peak bytes of tensors alive at once during a window-`window` forward + backward at N=`n`
     (inputs q, k, v included), against inputs + outputs + gradients: the structured mask needs
     no (N, S) anything."""
+    from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
-    from torch.utils.weak import StorageWeakRef
 
     class Peak(TorchDispatchMode):
         def __init__(self):
