@@ -293,3 +293,10 @@ def test_compiled_and_exported_models_take_descriptions():
 
     exported = torch.export.export(Windowed(), (x,)).module()
     torch.testing.assert_close(exported(x), passed(x, window))
+
+
+def test_combine_takes_descriptions():
+    pad = masks.padding(torch.tensor([5, 8]), 8)
+    got = masks.combine(pad, None, masks.window(8, 3, causal=True))
+    assert isinstance(got, masks.StructuredMask)
+    assert torch.equal(got.dense(), pad & masks.sliding_window(8, 3, causal=True))

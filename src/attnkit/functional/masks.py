@@ -111,13 +111,14 @@ def sliding_window(
     return _window(n, window, s, causal=causal, device=device).dense()
 
 
-def combine(*masks: Tensor | None) -> Tensor | None:
-    """Logical AND of boolean masks (broadcast); `None` entries mean "no restriction"."""
-    result: Tensor | None = None
+def combine(*masks: Tensor | StructuredMask | None) -> Tensor | StructuredMask | None:
+    """Logical AND of boolean masks (broadcast); `None` entries mean "no restriction". With a
+    structured mask among them the result is a structured mask (`&` of them all)."""
+    result: Tensor | StructuredMask | None = None
     for i, m in enumerate(masks):
         if m is None:
             continue
-        if m.dtype != torch.bool:
+        if not isinstance(m, StructuredMask) and m.dtype != torch.bool:
             raise ValueError(f"combine: mask {i} must be boolean, got {m.dtype} {_shape(m)}")
         result = m if result is None else result & m
     return result
