@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from attnkit.functional import native
+from attnkit.functional._double_backward import kernel_grads
 from attnkit.functional._dropout import (
     NO_DROPOUT,
     block_keep,
@@ -236,9 +237,19 @@ class _ChunkedAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, mask, bias, out, lse, seed = ctx.saved_tensors
         want_dbias = bias is not None and ctx.needs_input_grad[4]
+        pl = ctx.pl
+        if torch.is_grad_enabled():
+            # create_graph=True: the blocks' in-place arithmetic cannot be differentiated; the
+            # same gradient in differentiable ops, over all of (B, H, N, S) (`_double_backward`)
+            dq, dk, dv, dbias = kernel_grads(
+                q, k, v, dout, dlse, mask, bias, pl.causal, pl.scale, ctx.t_keep, pl.inv_keep,
+                seed, want_dbias,
+            )  # fmt: skip
+            dbias = dbias.to(bias.dtype) if want_dbias else None
+            return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, dbias) + (None,) * 6
         dq, dk, dv, dbias4 = _backward(
-            ctx.pl, q, k, v, _as4d(mask), _as4d(bias), out, lse, dout, dlse,
-            ctx.t_keep, seed, want_dbias,
+            pl, q, k, v, _as4d(mask), _as4d(bias), out, lse, dout, dlse, ctx.t_keep, seed,
+            want_dbias,
         )  # fmt: skip
         dbias = dbias4.view(bias.shape).to(bias.dtype) if want_dbias else None
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, dbias) + (None,) * 6
