@@ -171,8 +171,8 @@ def exact_sdpa_second_order(out: Tensor) -> Tensor:
 def _sdpa_hook(grad_inputs: tuple, grad_outputs: tuple) -> tuple | None:
     if not torch.is_grad_enabled():
         return None  # a first-order backward: SDPA's own gradients stand
-    # The node being run; its saved inputs are released only after its post-hooks.
-    node = torch._C._current_autograd_node()
+    # The node being run (torch >= 2.1); its saved inputs are released after its post-hooks.
+    node = getattr(torch._C, "_current_autograd_node", lambda: None)()
     saved = {
         name: getattr(node, f"_saved_{name}", None)
         for name in ("query", "key", "value", "attn_mask", "attn_bias", "dropout_p",
