@@ -300,3 +300,25 @@ def test_combine_takes_descriptions():
     got = masks.combine(pad, None, masks.window(8, 3, causal=True))
     assert isinstance(got, masks.StructuredMask)
     assert torch.equal(got.dense(), pad & masks.sliding_window(8, 3, causal=True))
+
+
+@pytest.mark.parametrize("kind", ["window-causal", "function", "with-padding"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_second_order_gradients_through_a_description(kind, dtype):
+    """create_graph=True through the chunked kernels (float64: PyTorch, float32: compiled)
+    keeps the description's mask in the differentiable backward."""
+    n = 40
+    mask = _kinds(n)[kind]
+    q, k, v = _inputs(dtype, n=n, seed=5)
+
+    def penalty(m, backend, inputs):
+        out = attnkit.attention(*inputs, mask=m, backend=backend).out
+        grads = torch.autograd.grad(out.square().sum(), inputs, create_graph=True)
+        return torch.autograd.grad(sum(g.square().sum() for g in grads), inputs)
+
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = penalty(mask.dense(), "reference", ref_in)
+    got = penalty(mask, "chunked", (q, k, v))
+    tol = 1e-10 if dtype == torch.float64 else 2e-3
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol)

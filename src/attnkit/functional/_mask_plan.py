@@ -31,7 +31,7 @@ from attnkit.functional.structured import (
     _Dense,
 )
 
-__all__ = ["MaskPlan", "key_blocks", "plan_mask"]
+__all__ = ["MaskPlan", "dense_with_plan", "key_blocks", "plan_mask"]
 
 TILE_EMPTY, TILE_FULL = -1, -2
 
@@ -124,3 +124,30 @@ def key_blocks(
             continue
         j0 = max(kb * bk, first)
         yield j0, min((kb + 1) * bk, end), ids, j0 - kb * bk
+
+
+def dense_with_plan(
+    mask: Tensor | None, rows: Tensor | None, table: Tensor | None, tiles: Tensor | None,
+    n: int, s: int,
+) -> Tensor | None:  # fmt: skip
+    """The whole mask a kernel call applied, as one boolean (B|1, H|1, N, S) tensor: `mask`
+    (the dense part) & the row intervals & the tiles. For the differentiable second-order
+    backward (`_double_backward`), which holds (B, H, N, S) probabilities anyway."""
+    parts = [] if mask is None else [mask[(None,) * (4 - mask.dim())]]
+    if rows is not None:
+        keys = torch.arange(s, device=rows.device)
+        parts.append(((keys >= rows[0][..., None]) & (keys < rows[1][..., None]))[:, None])
+    if table is not None:
+        bq, bk = tiles.shape[1:]
+        full_empty = torch.zeros(2, bq, bk, dtype=torch.uint8, device=tiles.device)
+        full_empty[0] = 1  # index -2: full, -1: empty
+        grid = torch.cat([tiles, full_empty])[table.long()]  # (B|1, H|1, nqb, nkb, bq, bk)
+        b, h, nqb, nkb = table.shape
+        whole = grid.permute(0, 1, 2, 4, 3, 5).reshape(b, h, nqb * bq, nkb * bk)
+        parts.append(whole[:, :, :n, :s].bool())
+    if not parts:
+        return None
+    out = parts[0]
+    for part in parts[1:]:
+        out = out & part
+    return out

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit._cpu import has_native_bf16
+from attnkit.functional._double_backward import exact_sdpa_second_order
 from attnkit.functional._reference import _allowed, _eager_cpu, _repeat_kv, reference
 from attnkit.functional._trace import tracing
 from attnkit.functional._validate import validate as _validate
@@ -131,6 +132,14 @@ def attention(
 
     A query row that may attend to no key at all (every key masked, or S = 0) gets
     output exactly 0, lse -inf and gradient exactly 0 on every backend (never NaN).
+
+    Higher-order gradients (``torch.autograd.grad(..., create_graph=True)``: gradient
+    penalties, Hessian-vector products) are exact on every backend. The kernels whose backward
+    autograd cannot differentiate (chunked, compiled or not; SDPA's fused kernels) then compute
+    the gradient again in differentiable PyTorch ops, with the same mask, bias, causal limit,
+    GQA and dropout entries, in O(B·H·N·S) memory. Dropout that SDPA draws inside a fused
+    kernel (CUDA) cannot be replayed: a second-order gradient there raises NotImplementedError
+    naming the way out, ``backend="chunked"`` or ``"reference"``.
 
     Non-finite input has one meaning on every backend (tested):
 
@@ -390,15 +399,17 @@ def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
     )
+    out = exact_sdpa_second_order(out)
     if dead is not None:
         out = out.masked_fill(dead, 0.0)
     return AttentionOutput(out)
 
 
 def _sdpa_unmasked(q, k, v, scale: float, dropout_p: float, causal: bool, gqa: bool) -> Tensor:
-    return F.scaled_dot_product_attention(
+    out = F.scaled_dot_product_attention(
         q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
     )
+    return exact_sdpa_second_order(out)
 
 
 def attention_without_checks(q: Tensor, k: Tensor, v: Tensor, *, scale=None, backend="auto"):

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from attnkit.functional import native
+from attnkit.functional._double_backward import kernel_grads
 from attnkit.functional._dropout import (
     NO_DROPOUT,
     block_keep,
@@ -31,7 +32,7 @@ from attnkit.functional._dropout import (
     keep_threshold,
     row_ids,
 )
-from attnkit.functional._mask_plan import key_blocks, plan_mask
+from attnkit.functional._mask_plan import dense_with_plan, key_blocks, plan_mask
 from attnkit.functional.structured import StructuredMask
 
 # The PyTorch kernel's blocks, tuned on the 2-core CPU (1 MiB L2 per core), N=2048, H=8, D=64,
@@ -259,7 +260,7 @@ def _backward(pl, q, k, v, mask4, bias4, out, lse, dout, dlse, t_keep, seed, wan
 
 class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, bias, causal, scale, t_keep, seed, bq, bk, structure):
+    def forward(ctx, q, k, v, mask, bias, causal, scale, t_keep, seed, bq, bk, structure=None):
         pl = _Plan(q, k, v, causal, bq, bk, structure)
         pl.scale, pl.inv_keep = scale, (NO_DROPOUT / t_keep if t_keep else 0.0)
         mask4, bias4 = _as4d(mask), _as4d(bias)
@@ -273,9 +274,22 @@ class _ChunkedAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, mask, bias, out, lse, seed = ctx.saved_tensors
         want_dbias = bias is not None and ctx.needs_input_grad[4]
+        pl = ctx.pl
+        if torch.is_grad_enabled():
+            # create_graph=True: the blocks' in-place arithmetic cannot be differentiated; the
+            # same gradient in differentiable ops, over all of (B, H, N, S) (`_double_backward`)
+            st = pl.structure
+            plan = (None,) * 3 if st is None else (st.rows, st.table, st.tiles)
+            whole = dense_with_plan(mask, *plan, pl.n, pl.s)
+            dq, dk, dv, dbias = kernel_grads(
+                q, k, v, dout, dlse, whole, bias, pl.causal, pl.scale, ctx.t_keep, pl.inv_keep,
+                seed, want_dbias,
+            )  # fmt: skip
+            dbias = dbias.to(bias.dtype) if want_dbias else None
+            return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, dbias) + (None,) * 7
         dq, dk, dv, dbias4 = _backward(
-            ctx.pl, q, k, v, _as4d(mask), _as4d(bias), out, lse, dout, dlse,
-            ctx.t_keep, seed, want_dbias,
+            pl, q, k, v, _as4d(mask), _as4d(bias), out, lse, dout, dlse, ctx.t_keep, seed,
+            want_dbias,
         )  # fmt: skip
         dbias = dbias4.view(bias.shape).to(bias.dtype) if want_dbias else None
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, dbias) + (None,) * 7

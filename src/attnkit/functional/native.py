@@ -42,6 +42,8 @@ from torch import Tensor
 
 from attnkit._cpu import cpu_flags
 from attnkit._io import atomic_write_bytes
+from attnkit.functional._double_backward import kernel_grads
+from attnkit.functional._mask_plan import dense_with_plan
 from attnkit.functional._trace import tracing
 
 __all__ = ["available", "load", "native_attention", "supports"]
@@ -425,6 +427,12 @@ def _save(ctx, inputs, output) -> None:
 
 def _grads(ctx, dout, dlse, backward) -> tuple:
     q, k, v, out, lse, mask, bias, seed, *plan = ctx.saved_tensors
+    if torch.is_grad_enabled():
+        # create_graph=True: this gradient will be differentiated, and the kernel's is opaque to
+        # autograd; the same gradient in differentiable torch ops (see `_double_backward`)
+        whole = dense_with_plan(mask, *(plan or (None,) * 3), q.shape[2], k.shape[2])
+        dq, dk, dv, _ = kernel_grads(q, k, v, dout, dlse, whole, bias, *ctx.scalars, seed)
+        return (dq, dk, dv) + (None,) * 10
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)
     dq, dk, dv = backward(dout, dlse, q, k, v, out, lse, mask, bias, *ctx.scalars, seed, *plan)
