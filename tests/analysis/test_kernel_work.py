@@ -8,6 +8,7 @@ import torch
 import attnkit
 from attnkit import masks
 from attnkit.analysis import kernel_work, mha_cost
+from attnkit.analysis.kernel_work import PASSES
 from attnkit.functional import native
 
 needs_kernel = pytest.mark.skipif(
@@ -69,6 +70,20 @@ def test_model_equals_the_kernel_counter(n, s, causal):
             for p in ("forward", "backward")
         )
         assert got == want, f"{name} at N={n}, S={s}, causal={causal}: {got} != kernel {want}"
+
+
+@needs_kernel
+def test_bias_and_dropout_change_no_block():
+    n, mask = 333, masks.document(masks.document_ids([100, 33, 200]), causal=True)
+    q, k, v = (torch.randn(2, 4, n, 8, requires_grad=True) for _ in range(3))
+    bias = torch.randn(1, 4, n, n)
+    with native.count_work() as counted:
+        out = attnkit.attention(
+            q, k, v, mask=mask, bias=bias, dropout_p=0.3, training=True, backend="chunked"
+        ).out
+        out.sum().backward()
+    work = [kernel_work(mask, pass_=p, batch=2, heads=4).computed for p in PASSES]
+    assert counted.item() == sum(work)
 
 
 @needs_kernel

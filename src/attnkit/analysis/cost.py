@@ -119,7 +119,9 @@ class Cost:
         attnkit's ``chunked`` backend and torch SDPA's CPU flash kernel with
         ``is_causal`` skip whole blocks that are fully masked, so they land
         between this figure and `macs` (closer to this one for long sequences);
-        the ``reference`` backend computes every product (`macs`).
+        the ``reference`` backend computes every product (`macs`). Under a
+        structured mask (`mha_cost(mask=...)`) `computed_macs` is the compiled
+        kernel's figure, exactly.
         """
         return self.macs - self.masked_macs
 
