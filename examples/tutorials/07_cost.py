@@ -13,7 +13,9 @@
 # - where 3NC² + 2N²C (one head) and 4NC² + 2N²C (multi-head, with W_O) come from;
 # - why the number of heads does not change the count;
 # - at which sequence length the N² term becomes the larger one;
-# - how window attention turns 2N²C into 2M²NC, and what that saves on a 56×56 grid.
+# - how window attention turns 2N²C into 2M²NC, and what that saves on a 56×56 grid;
+# - what a sliding window or packed documents cost: the pairs the mask allows, and the blocks
+#   a kernel that skips masked work really computes.
 #
 # ## Counting rule
 #
@@ -302,6 +304,134 @@ fig.savefig("cost.png", dpi=100)
 # so compare the shapes of the curves, not single points. For careful timings use a quiet
 # machine: `attnkit flops --plot` measures the same thing on one thread and also reports
 # the achieved GFLOP/s.
+#
+# ## Masks that skip: sliding windows and packed documents
+#
+# Language models rarely attend to everything. A sliding window (Mistral, Longformer, Gemma's
+# local layers) lets query i see only the last w keys; packed training puts several documents
+# in one sequence, each seeing only itself. Such masks describe themselves (`attnkit.masks`),
+# and attnkit's compiled CPU kernel (the `chunked` backend) skips the blocks they hide. There
+# are now three counts of score entries, the (query, key) pairs of Q·Kᵀ:
+#
+# - **dense**: all N·S of them per head, what a kernel that ignores the mask computes;
+#   `mha_cost(...).macs` counts these: 4NC² + 2N²C;
+# - **allowed**: the pairs the mask keeps (its density); with A of them per head, a kernel
+#   that skips every masked product needs 4NC² + 2·A·C (`unmasked_macs`);
+# - **computed**: what the kernel really computes, in whole blocks (`computed_macs`).
+#
+# A causal window of w keys keeps w keys per query, fewer in the first w rows:
+# A = N·w - w(w - 1)/2, so the layer costs **4NC² + 2·A·C ≈ 4NC² + 2wNC**. That is Swin's
+# 4hwC² + 2M²hwC in one dimension: there each query sees the M² keys of its window, here the w
+# keys before it.
+
+# %%
+from attnkit import masks
+
+N, C, H, w = 4096, 512, 8, 256
+mask = masks.window(N, w, causal=True)  # query i sees keys i - w < j <= i
+print(mask.describe(), f"density {mask.density:.4f}")
+cost = mha_cost(N, C, H, mask=mask)
+A = N * w - w * (w - 1) // 2  # pairs one head may attend
+print(f"dense    4NC² + 2N²C  = {4 * N * C**2 + 2 * N**2 * C:>14,}  mha_cost: {cost.macs:,}")
+print(f"allowed  4NC² + 2·A·C = {4 * N * C**2 + 2 * A * C:>14,}  mha_cost: {cost.unmasked_macs:,}")
+print(f"about    4NC² + 2wNC  = {4 * N * C**2 + 2 * w * N * C:>14,}")
+print(f"computed (blocks)     = {cost.computed_macs:>14,}")
+
+# %% [markdown]
+# ```text
+# window(256, causal) density 0.0606
+# dense    4NC² + 2N²C  = 21,474,836,480  mha_cost: 21,474,836,480
+# allowed  4NC² + 2·A·C =  5,335,285,760  mha_cost: 5,335,285,760
+# about    4NC² + 2wNC  =  5,368,709,120
+# computed (blocks)     =  5,851,316,224
+# ```
+#
+# Why does the kernel compute more than the mask allows? It works on blocks of 128 query rows
+# at a time, and a block computes every key that any of its rows may see: from the first row's
+# first key to the last row's last key. Under a sliding window that span is w + 127 keys wide,
+# while each row needs only w of them: a triangle of 127·128/2 masked entries at each end of
+# the span is computed and thrown away (the partial blocks). `kernel_work` walks the blocks
+# exactly as the kernel does, with the kernel's own block sizes:
+
+# %%
+from attnkit.analysis import kernel_work
+
+for pass_ in ("forward", "backward"):
+    work = kernel_work(mask, pass_=pass_, heads=H)
+    print(
+        f"{pass_:8} computed {work.computed:,} entries in {work.blocks} blocks of "
+        f"{work.block_q}×{work.block_k}; allowed {work.allowed:,} of {work.dense:,}"
+    )
+K = 128 * (128 + 256 + 30 * 383)  # one head: 32 query blocks span 128, 256, then 30 × (w + 127)
+print(f"K = {K:,} per head; 4NC² + 2·K·C = {4 * N * C**2 + 2 * K * C:,}")
+
+# %% [markdown]
+# ```text
+# forward  computed 12,158,976 entries in 256 blocks of 128×512; allowed 8,127,488 of 134,217,728
+# backward computed 12,158,976 entries in 496 blocks of 128×256; allowed 8,127,488 of 134,217,728
+# K = 1,519,872 per head; 4NC² + 2·K·C = 5,851,316,224
+# ```
+#
+# The forward pass steps through a span 512 keys at a time, the backward pass 256 at a time:
+# the same entries in more, smaller blocks. The extra is at most 127 keys per row whatever w
+# is, so it matters less as the window grows:
+
+# %%
+print("    w   allowed/row   computed/row   computed/allowed")
+for width in (64, 256, 1024, 4096):
+    work = kernel_work(masks.window(N, width, causal=True))
+    ratio = work.computed / work.allowed
+    print(f"{width:5}  {work.allowed / N:12.1f}  {work.computed / N:13.1f}  {ratio:17.2f}")
+
+# %% [markdown]
+# ```text
+#     w   allowed/row   computed/row   computed/allowed
+#    64          63.5          189.0               2.98
+#   256         248.0          371.1               1.50
+#  1024         896.1         1007.2               1.12
+#  4096        2048.5         2112.0               1.03
+# ```
+#
+# (w = 4096 is the whole causal triangle: the kernel computes the diagonal blocks' upper
+# halves too.) Packed documents work the same way. A causal document of L tokens allows
+# L(L + 1)/2 pairs; a block of rows inside one document computes from the document's first key
+# to its own last row; a block that straddles two documents spans both, so lengths that are not
+# multiples of 128 cost a little more:
+
+# %%
+for lengths in ([512, 512, 1024], [500, 600, 948]):
+    docs = masks.document(masks.document_ids(lengths), causal=True)  # N = sum(lengths)
+    work = kernel_work(docs)
+    pairs = sum(n * (n + 1) // 2 for n in lengths)
+    print(
+        f"{lengths}: allowed {work.allowed:,} (ΣL(L+1)/2 = {pairs:,}), "
+        f"computed {work.computed:,} of {work.dense:,}"
+    )
+
+# %% [markdown]
+# ```text
+# [512, 512, 1024]: allowed 787,456 (ΣL(L+1)/2 = 787,456), computed 917,504 of 4,194,304
+# [500, 600, 948]: allowed 755,376 (ΣL(L+1)/2 = 755,376), computed 922,624 of 4,194,304
+# ```
+#
+# As with the FLOP counter earlier, a referee that watches the real kernel keeps the model
+# honest: `attnkit.functional.native.count_work()` counts the entries the compiled kernel
+# computes, and the tests hold `kernel_work` equal to it for every mask kind, forward and
+# backward. The check, where the kernel is built (it needs a C++ compiler):
+
+# %%
+from attnkit.functional import native
+
+if native.available():
+    q = torch.randn(1, H, N, 64)  # (B, H, N, D)
+    with native.count_work() as counted:
+        attnkit.attention(q, q, q, mask=mask, backend="chunked")
+    assert counted.item() == kernel_work(mask, heads=H).computed
+
+# %% [markdown]
+# The command line gives the same counts: `attnkit flops --tokens 4096 --dim 512 --heads 8
+# --mask window:256 --causal`, or `--mask document:512,512,1024` (see
+# [`attnkit flops`](../cli/flops.md)).
 #
 # ## Try next
 #

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnkit.analysis import mha_cost, swin_window_cost, vit_cost
+from attnkit import masks
+from attnkit.analysis import kernel_work, mha_cost, swin_window_cost, vit_cost
 from attnkit.cli import flops_plot
 from attnkit.cli.main import main
 
@@ -187,6 +188,28 @@ def test_model_breakdowns(capsys):
             ["--dim", "12", "--heads", "4", "--grid", "8x8", "--window", "4", "--no-out-proj"],
             "--window (Swin) takes only",
         ),
+        *(
+            (["--tokens", "9", "--dim", "8", "--heads", "2", *extra], fragment)
+            for extra, fragment in [
+                (["--mask", "win:3"], "argument --mask: 'win:3' is not a mask: write window:W"),
+                (["--mask", "window"], "'window' is not a mask"),
+                (["--mask", "window:0"], "--mask: 'window:0': the window must be at least 1"),
+                (["--mask", "window:3,4"], "--mask: 'window:3,4': write window:W"),
+                (["--mask", "prefix:-1"], "--mask: 'prefix:-1': write prefix:P"),
+                (["--mask", "document:4,x"], "--mask: 'document:4,x': write document:L1,L2"),
+                (["--mask", "document:0,9"], "every document length must be at least 1"),
+                (["--mask", "document:4,4"], "--mask document:4,4 covers 8 tokens but N = 9"),
+                (["--mask", "prefix:10"], "--mask prefix:10 is longer than the 9 keys"),
+                (["--mask", "document:4,5", "--context", "12"], "--mask document:4,5 is for self"),
+                (["--mask", "window:3", "--context", str(2**20 + 1)], "up to 1,048,576 tokens"),
+            ]
+        ),
+        (["--model", "bert", "--mask", "window:3"], "--model does not take --mask"),
+        (["--dim", "8", "--heads", "2", "--plot", "--mask", "window:3"], "leave out --mask"),
+        (
+            ["--dim", "8", "--heads", "2", "--grid", "8x8", "--window", "4", "--mask", "prefix:1"],
+            "--window (Swin) takes only",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
@@ -234,3 +257,68 @@ def test_plot_name_is_a_png_file_name(capsys, tmp_path, name, fragment):
     code, out, err = run(capsys, "--plot", name, "--out", str(tmp_path / "o"))
     assert code == 2 and out == "" and fragment in err and err.count("\n") == 1
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- --mask
+
+N_MASK = 300
+IDS = masks.document_ids([100, 50, 150])
+
+
+@pytest.mark.parametrize(
+    "argv,mask,kwargs",
+    [
+        (["--tokens", "300", "--mask", "window:40", "--causal"], masks.window(300, 40),
+         {"causal": True}),
+        (["--mask", "document:100,50,150"], masks.document(IDS), {}),
+        (["--mask", "document:100,50,150", "--mask", "window:64", "--causal", "--batch", "2"],
+         masks.document(IDS) & masks.window(300, 64), {"causal": True, "batch": 2}),
+        (["--tokens", "300", "--mask", "prefix:70", "--no-out-proj"], masks.prefix(300, 70),
+         {"out_proj": False}),
+        (["--tokens", "100", "--context", "260", "--kv-heads", "2", "--mask", "window:16",
+          "--mask", "prefix:20"], masks.window(100, 16, 260) & masks.prefix(100, 20, 260),
+         {"context_len": 260, "kv_heads": 2}),
+    ],
+)  # fmt: skip
+def test_mask_json_equals_the_library(capsys, argv, mask, kwargs):
+    code, out, err = run(capsys, "--dim", "32", "--heads", "4", *argv, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    cost = mha_cost(mask.n, 32, 4, mask=mask, **kwargs)
+    for key in ("macs", "masked_macs", "unmasked_macs", "skipped_macs", "computed_macs"):
+        assert data[key] == getattr(cost, key), key
+    entries = data["score_entries"]
+    causal, batch = kwargs.get("causal", False), kwargs.get("batch", 1)
+    for p in ("forward", "backward"):
+        work = kernel_work(mask, causal=causal, pass_=p, batch=batch, heads=4)
+        assert entries["dense"] == work.dense and entries["allowed"] == work.allowed
+        want = {k: getattr(work, k) for k in ("computed", "blocks", "block_q", "block_k")}
+        assert entries[p] == want
+    assert entries["allowed"] < entries["forward"]["computed"] < entries["dense"]
+
+
+def test_mask_table_and_closed_forms(capsys):
+    argv = ["--tokens", "4096", "--dim", "512", "--heads", "8", "--mask", "window:256"]
+    code, out, err = run(capsys, *argv, "--causal")
+    assert code == 0 and err == ""
+    assert "mask: window:256 & causal, density 0.0606" in out
+    # A = N·w - w(w-1)/2 pairs per head; K: 32 query blocks spanning w + 127 keys (fewer first)
+    allowed = next(line for line in out.splitlines() if line.startswith("allowed:"))
+    assert "4NC² + 2·A·C = 4·4096·512² + 2·1015936·512 = 5,335,285,760 MACs" in allowed
+    assert 4096 * 256 - 256 * 255 // 2 == 1015936
+    computed = next(line for line in out.splitlines() if line.startswith("computed:"))
+    assert f"2·{128 * (128 + 256 + 30 * 383)}·512" in computed
+    for line in (allowed, computed):
+        numbers = line.split(" = ")[1]
+        assert f"{_evaluate(numbers):,}" == line.split(" = ")[2].split()[0]
+    rows = {line.split("  ")[0]: line.split() for line in out.splitlines() if "  " in line}
+    assert rows["computed, forward"][-3:] == ["256", "of", "128×512"]
+    assert rows["computed, backward"][-3:] == ["496", "of", "128×256"]
+    assert rows["dense (B·H·N·S)"][2:4] == ["134,217,728", "100.0%"]
+
+
+def test_document_lengths_give_the_tokens(capsys):
+    code, out, _ = run(capsys, "--dim", "64", "--heads", "4", "--mask", "document:7,9", "--quiet")
+    assert code == 0 and out.count("\n") == 1
+    code, out, _ = run(capsys, "--dim", "64", "--heads", "4", "--mask", "document:7,9", "--json")
+    assert json.loads(out)["macs"] == mha_cost(16, 64, 4).macs

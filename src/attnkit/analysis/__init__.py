@@ -6,6 +6,7 @@ bias adds) is counted apart as FLOPs. See `attnkit.analysis.cost`.
 
 from attnkit.analysis.cost import Cost, allowed_pairs, mha_cost, single_head_cost, swin_window_cost
 from attnkit.analysis.heads import HeadStats, grid_positions, head_stats, token_positions
+from attnkit.analysis.kernel_work import KernelWork, kernel_work
 from attnkit.analysis.memory import Memory, attention_memory, score_matrix_bytes
 from attnkit.analysis.models_cost import ModelCost, bert_cost, transformer_cost, vit_cost
 from attnkit.analysis.positions_cost import alibi_cost, relative_bias_cost, rotary_cost
@@ -13,6 +14,7 @@ from attnkit.analysis.positions_cost import alibi_cost, relative_bias_cost, rota
 __all__ = [
     "Cost",
     "HeadStats",
+    "KernelWork",
     "Memory",
     "ModelCost",
     "alibi_cost",
@@ -21,6 +23,7 @@ __all__ = [
     "bert_cost",
     "grid_positions",
     "head_stats",
+    "kernel_work",
     "mha_cost",
     "relative_bias_cost",
     "rotary_cost",

@@ -33,13 +33,17 @@ product keeps its own widths:
 Swin windows (Liu et al. 2021, eq. 1-2) of M×M patches on an h×w grid:
 4hwC² + 2M²hwC.
 
+A sliding window of w keys is the 1-D Swin: 4NC² + 2·(allowed pairs)·C ≈ 4NC² + 2wNC once
+masked products are skipped; `mha_cost(mask=...)` counts the pairs a structured mask allows
+and the blocks attnkit's compiled kernel computes (`kernel_work`), between those and N·S.
+
 Elementwise work is not a matmul and is kept apart in `Cost.elementwise`, as
 FLOPs (not MACs), by the conventions below; `FlopCounterMode` does not see any of
 it (it counts only mm/bmm/addmm/baddbmm, convolutions and SDPA kernels):
 
 * scale: one multiply per score (attnkit scales the scores, not q);
 * softmax: 5 per score (running max, subtract, exp, sum, divide);
-* mask: one select per score when a causal/window/shift mask is applied;
+* mask: one select per score when a causal/window/shift/structured mask is applied;
 * bias: one add per projection output element (Linear biases, the Swin
   relative-position bias).
 """
@@ -47,7 +51,10 @@ it (it counts only mm/bmm/addmm/baddbmm, convolutions and SDPA kernels):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from attnkit.analysis.kernel_work import kernel_work
+from attnkit.functional.structured import StructuredMask
 
 __all__ = ["Cost", "allowed_pairs", "mha_cost", "single_head_cost", "swin_window_cost"]
 
@@ -85,6 +92,10 @@ class Cost:
     # anyway and `macs` includes them; a kernel that skips masked products needs
     # only `unmasked_macs`.
     masked_macs: int = 0
+    # MACs inside `terms` that attnkit's compiled chunked kernel never computes under a
+    # structured mask (`mha_cost(mask=...)`): whole key blocks it does not visit
+    # (`attnkit.analysis.kernel_work`). 0 where no structured mask was given.
+    skipped_macs: int = 0
 
     def __post_init__(self) -> None:
         # Own copies: the dataclass is frozen, its maps should not change under it.
@@ -108,9 +119,17 @@ class Cost:
         attnkit's ``chunked`` backend and torch SDPA's CPU flash kernel with
         ``is_causal`` skip whole blocks that are fully masked, so they land
         between this figure and `macs` (closer to this one for long sequences);
-        the ``reference`` backend computes every product (`macs`).
+        the ``reference`` backend computes every product (`macs`). Under a
+        structured mask (`mha_cost(mask=...)`) `computed_macs` is the compiled
+        kernel's figure, exactly.
         """
         return self.macs - self.masked_macs
+
+    @property
+    def computed_macs(self) -> int:
+        """MACs attnkit's compiled chunked kernel computes (`macs - skipped_macs`): between
+        `unmasked_macs` and `macs` under a structured mask, since it computes whole blocks."""
+        return self.macs - self.skipped_macs
 
     @property
     def backward_macs(self) -> int:
@@ -138,6 +157,7 @@ class Cost:
             params=self.params + other.params,
             elementwise=_add_maps(self.elementwise, other.elementwise),
             masked_macs=self.masked_macs + other.masked_macs,
+            skipped_macs=self.skipped_macs + other.skipped_macs,
         )
 
     def __mul__(self, k: int) -> Cost:
@@ -150,6 +170,7 @@ class Cost:
             params=k * self.params,
             elementwise={n: k * v for n, v in self.elementwise.items()},
             masked_macs=k * self.masked_macs,
+            skipped_macs=k * self.skipped_macs,
         )
 
     __rmul__ = __mul__
@@ -163,6 +184,8 @@ class Cost:
             "backward_macs": self.backward_macs,
             "masked_macs": self.masked_macs,
             "unmasked_macs": self.unmasked_macs,
+            "skipped_macs": self.skipped_macs,
+            "computed_macs": self.computed_macs,
             "elementwise_flops": self.elementwise_flops,
             "terms": dict(self.terms),
             "elementwise": dict(self.elementwise),
@@ -233,6 +256,7 @@ def _attention_cost(
     key_dim: int | None = None,
     value_dim: int | None = None,
     v_head_dim: int | None = None,
+    mask: StructuredMask | None = None,
 ) -> Cost:
     """The one formula behind `mha_cost` and `single_head_cost`."""
     _check_positive(
@@ -276,18 +300,35 @@ def _attention_cost(
 
     scores = heads * n * s
     elementwise = {"scale": scores, "softmax": SOFTMAX_FLOPS_PER_SCORE * scores}
-    if causal or window is not None:
+    if causal or window is not None or mask is not None:
         elementwise["mask"] = scores
     if bias_adds:
         elementwise["bias"] = bias_adds
+    if mask is not None:
+        cost = _batched(Cost(terms, params, elementwise), batch)
+        return _structured(cost, mask, n, s, heads, head_dim + dv, causal, window, batch)
     masked = (n * s - allowed_pairs(n, s, causal=causal, window=window)) * heads * (head_dim + dv)
     return _batched(Cost(terms, params, elementwise, masked), batch)
+
+
+def _structured(cost: Cost, mask, n, s, heads, per_entry, causal, window, batch) -> Cost:
+    """`cost` with a structured mask's masked MACs (the pairs it allows, from `.density`) and
+    skipped MACs (the blocks the compiled kernel never visits); d_k + d_v MACs per entry."""
+    if window is not None:
+        raise ValueError(
+            f"give window={window} and mask= together as one mask: mask & masks.window(n, {window})"
+        )
+    work = kernel_work(mask, n=n, s=s, causal=causal, batch=batch, heads=heads)
+    masked, skipped = work.dense - work.allowed, work.dense - work.computed
+    return replace(cost, masked_macs=masked * per_entry, skipped_macs=skipped * per_entry)
 
 
 def _batched(cost: Cost, batch: int) -> Cost:
     """`cost` for a batch of B inputs: work scales with B, the weights are shared."""
     scaled = batch * cost
-    return Cost(scaled.terms, cost.params, scaled.elementwise, scaled.masked_macs)
+    return Cost(
+        scaled.terms, cost.params, scaled.elementwise, scaled.masked_macs, scaled.skipped_macs
+    )
 
 
 def mha_cost(
@@ -308,6 +349,7 @@ def mha_cost(
     out_bias: bool = True,
     causal: bool = False,
     window: int | None = None,
+    mask: StructuredMask | None = None,
     batch: int = 1,
 ) -> Cost:
     """Cost of one multi-head attention layer (self or cross), forward.
@@ -341,6 +383,11 @@ def mha_cost(
             the ``reference`` backend computes everything.
         window: sliding window of `window` keys (`masks.sliding_window`);
             counted like `causal`.
+        mask: a structured mask (`attnkit.masks.window`, `document`, `prefix`,
+            `from_function`, their `&`/`|`) of N queries and S keys, ANDed with `causal`:
+            `masked_macs` from the pairs it allows (its `.density`), `skipped_macs` from the
+            key blocks attnkit's compiled chunked kernel never visits (`kernel_work`, equal to
+            the kernel's own counter), so `unmasked_macs` <= `computed_macs` <= `macs`.
         batch: B; every count is linear in it (parameters are not).
 
     With defaults: 4NC² + 2N²C MACs and 4C² + 4C parameters. In general
@@ -350,7 +397,7 @@ def mha_cost(
         n, dim, heads, context_len=context_len, context_dim=context_dim, kv_heads=kv_heads,
         head_dim=head_dim, out_dim=out_dim, qkv_bias=qkv_bias, out_bias=out_bias,
         causal=causal, window=window, batch=batch, out_proj=out_proj, key_dim=key_dim,
-        value_dim=value_dim, v_head_dim=v_head_dim,
+        value_dim=value_dim, v_head_dim=v_head_dim, mask=mask,
     )  # fmt: skip
 
 

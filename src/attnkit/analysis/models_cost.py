@@ -59,6 +59,7 @@ def _prefixed(cost: Cost, prefix: str) -> Cost:
         cost.params,
         {f"{prefix}{k}": v for k, v in cost.elementwise.items()},
         cost.masked_macs,
+        cost.skipped_macs,
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from attnkit.cli._common import add_out_options, add_report_options, emit, prepare_out
 from attnkit.cli._errors import UsageError
+from attnkit.cli.flops_mask import mask_lines, mask_spec, mask_tokens, mask_work
 
 PROG = "attnkit flops"
 
@@ -21,6 +22,8 @@ EPILOG = """\
 examples:
   attnkit flops --tokens 197 --dim 768 --heads 12
   attnkit flops --tokens 4096 --dim 4096 --heads 32 --kv-heads 8 --causal
+  attnkit flops --tokens 4096 --dim 512 --heads 8 --mask window:256 --causal
+  attnkit flops --dim 512 --heads 8 --mask document:512,512,1024 --causal
   attnkit flops --tokens 197 --dim 768 --heads 1 --no-out-proj
   attnkit flops --tokens 9 --dim 64 --heads 4 --context 20 --key-dim 32 --value-dim 48
   attnkit flops --grid 56x56 --window 7 --dim 96 --heads 3
@@ -48,6 +51,11 @@ HELP = {
     "--grid": "token grid rows x columns for --window, e.g. 56x56 (then N = 3136)",
     "--shifted": "shifted windows (Swin SW-MSA): the same cost, counted with the shift",
     "--causal": "causal mask: also reports the products a mask-skipping kernel saves",
+    "--mask": "a structured mask: window:W (sliding window: keys less than W positions "
+    "away, the last W with --causal), document:L1,L2,... (packed documents of these lengths; "
+    "N defaults to their sum) or prefix:P (prefix-LM: the first P keys bidirectional); "
+    "repeat it to AND masks; reports the score entries the mask allows and the blocks "
+    "attnkit's compiled kernel computes",
     "--batch": "batch size B; every count scales with it (default 1)",
     "--model": "a whole model, part by part: bert (all-MiniLM-L6-v2: 6 layers, C=384, H=12, "
     "N=128), vit (ViT-B/16 at 224×224) or transformer (base: 6+6 layers, C=512, N=128)",
@@ -101,6 +109,9 @@ def register(subparsers) -> None:
     layer.add_argument("--grid", metavar="HxW", help="token grid for --window, e.g. 56x56")
     layer.add_argument("--shifted", action="store_true", help="shifted windows (SW-MSA)")
     layer.add_argument("--causal", action="store_true", help="causal mask")
+    layer.add_argument(
+        "--mask", action="append", type=mask_spec, metavar="KIND:ARG", help="structured mask"
+    )
     layer.add_argument("--batch", type=int, default=1, metavar="B", help="batch size (1)")
     model = p.add_argument_group("a whole model")
     model.add_argument("--model", choices=sorted(MODEL_DEFAULTS), help="per-layer breakdown")
@@ -163,6 +174,7 @@ def _check_sizes(args: argparse.Namespace) -> None:
         kv = ("key_dim", "value_dim", "v_head_dim")
         given = [f"--{f.replace('_', '-')}" for f in kv if getattr(args, f) is not None]
         given += [] if args.out_proj else ["--no-out-proj"]
+        given += ["--mask"] if args.mask and args.model else []
         if given:
             where = "--model" if args.model else "--plot"
             raise ValueError(f"{where} does not take {', '.join(given)} (one layer's options)")
@@ -196,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
 
 # Options --plot would ignore (it measures square grids of one layer): refused, not ignored.
 PLOT_IGNORES = ("tokens", "context", "context_dim", "kv_heads", "head_dim", "out_dim", "grid",
-                "shifted", "causal", "model", "layers", "seq_len", "tgt_len", "ff", "image",
+                "shifted", "causal", "mask", "model", "layers", "seq_len", "tgt_len", "ff", "image",
                 "patch")  # fmt: skip
 
 
@@ -263,6 +275,7 @@ def _layer_report(args: argparse.Namespace) -> dict:
         if n is not None and n != gh * gw:
             raise ValueError(f"--tokens {n} disagrees with --grid {args.grid} ({gh * gw} tokens)")
         n = gh * gw
+    n = mask_tokens(args.mask or [], n)
     if n is None:
         raise ValueError("--tokens N is required (or --grid HxW)")
     if args.head_dim is None and args.dim % args.heads:
@@ -278,9 +291,10 @@ def _layer_report(args: argparse.Namespace) -> dict:
             "(the output is the merged heads); drop --out-dim"
         )
 
+    work = None  # --mask: the mask and what the kernel computes under it
     if args.window is not None:
         unsupported = any(getattr(args, f) is not None for f in MHA_ONLY)
-        if unsupported or args.causal or not args.out_proj:
+        if unsupported or args.causal or args.mask or not args.out_proj:
             raise ValueError(
                 "--window (Swin) takes only --dim, --heads, --grid, --shifted, --batch"
             )
@@ -296,11 +310,13 @@ def _layer_report(args: argparse.Namespace) -> dict:
         title += f"  H={args.heads}"
         s, score_heads, score_n = m * m, args.heads, (hp // m) * (wp // m) * m * m
     else:
+        work = mask_work(args, n) if args.mask else None
         cost = mha_cost(
             n, args.dim, args.heads, context_len=args.context, context_dim=args.context_dim,
             key_dim=args.key_dim, value_dim=args.value_dim, kv_heads=args.kv_heads,
             head_dim=args.head_dim, v_head_dim=args.v_head_dim, out_dim=args.out_dim,
             out_proj=args.out_proj, causal=args.causal, batch=args.batch,
+            mask=work and work["mask"],
         )  # fmt: skip
         closed, value = _mha_closed_form(args, n)
         s, score_heads, score_n = args.context or n, args.heads, n
@@ -324,13 +340,29 @@ def _layer_report(args: argparse.Namespace) -> dict:
             f"masked products: {cost.masked_macs:,} MACs; a kernel that skips them needs "
             f"{cost.unmasked_macs:,} (dense kernels compute all {cost.macs:,})"
         )
+    if work:
+        lines += mask_lines(work["summary"], cost, n, args, textbook=_textbook(args), table=_table)
     lines.append(f"score matrix (B·H·N·S, float32): {_bytes(scores)}")
     lines.append(f"kept for backward (reference backend): {_bytes(mem.saved_bytes)}")
     lines.append(_elementwise_line(cost))
     data = {**cost.to_dict(), "closed_form": closed, "score_matrix_bytes": scores}
+    if work:
+        data["score_entries"] = work["summary"]
     data["memory_reference"] = mem.to_dict()
     what = f"{kind}-attention layer" if args.window is None else "Swin window attention"
     return {"text": "\n".join(lines), "json": data, "what": what}
+
+
+def _textbook(args: argparse.Namespace) -> bool:
+    """Self-attention with H·d = C and d_v = d: 4NC² + 2N²C (3NC² + 2N²C without W_O)."""
+    c, h = args.dim, args.heads
+    d = args.head_dim or c // h
+    others = ("context", "context_dim", "key_dim", "value_dim", "kv_heads", "out_dim")
+    return (
+        all(getattr(args, f) is None for f in others)
+        and h * d == c
+        and args.v_head_dim in (None, d)
+    )
 
 
 def _mha_closed_form(args: argparse.Namespace, n: int) -> tuple[str, int]:
@@ -338,8 +370,7 @@ def _mha_closed_form(args: argparse.Namespace, n: int) -> tuple[str, int]:
     c, h = args.dim, args.heads
     d = args.head_dim or c // h
     dv = args.v_head_dim or d
-    others = ("context", "context_dim", "key_dim", "value_dim", "kv_heads", "out_dim")
-    if all(getattr(args, f) is None for f in others) and h * d == c and dv == d:
+    if _textbook(args):
         if args.out_proj:
             return f"4NC² + 2N²C = 4·{n}·{c}² + 2·{n}²·{c}", 4 * n * c * c + 2 * n * n * c
         # no W_O: one head's count, whatever H (Vaswani et al. 2017, §3.2)

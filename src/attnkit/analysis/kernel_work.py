@@ -1,0 +1,176 @@
+"""The score entries and blocks attnkit's compiled kernel computes under a mask, exactly.
+
+Legend: B batch, H query heads, N queries, S keys; bq × bk the kernel's score blocks.
+
+A dense kernel computes all B·H·N·S score entries; the mask allows fewer (its density); a
+blocked kernel that skips what is masked lands in between, because it computes whole blocks.
+The compiled CPU kernel behind the ``chunked`` backend (`attnkit.functional.native`) walks,
+for each batch row, head and block of bq query rows, the key blocks that
+`attnkit.functional._mask_plan.key_blocks` lists: the span [min lo, max hi) of the rows' key
+intervals cut by the causal end, in steps of bk from its first key (row-interval masks:
+windows, documents, prefix-LM, causal); on the tile grid, less the empty tiles, for the rest
+(`masks.from_function`, documents whose ids are not contiguous, unions with gaps).
+`kernel_work` walks the same generator with the kernel's own block sizes, so its count equals
+the counter on the kernel (`native.count_work()`); the tests hold them equal.
+
+Where the blocks add work: a query block's key span is as wide as the union of its rows'
+intervals. A causal window of w keys over blocks of bq rows spans w + bq - 1 keys per block,
+so the kernel computes about N·(w + bq - 1) entries for the N·w the mask allows; a query block
+that straddles two documents spans both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnkit.functional._mask_plan import MaskPlan, key_blocks, plan_mask
+from attnkit.functional.chunked import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
+from attnkit.functional.native import (
+    BACKWARD_BLOCK_K,
+    BACKWARD_BLOCK_Q,
+    FORWARD_BLOCK_K,
+    FORWARD_BLOCK_Q,
+)
+from attnkit.functional.structured import StructuredMask, causal_intervals
+
+__all__ = ["PASSES", "KernelWork", "kernel_work"]
+
+# The compiled kernel's blocks per pass (bq, bk); a mask with tiles puts both passes on the
+# tile grid (STRUCTURED_BLOCK_Q × STRUCTURED_BLOCK_K).
+PASSES = {
+    "forward": (FORWARD_BLOCK_Q, FORWARD_BLOCK_K),
+    "backward": (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K),
+}
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    """Score entries of one attention call (B·H heads, N queries, S keys), one pass."""
+
+    dense: int  # B·H·N·S: what a kernel that skips nothing computes
+    allowed: int  # (query, key) pairs the mask lets attend, over B·H (B·H·N·S·density)
+    computed: int  # entries the compiled kernel computes: the sum of its blocks' sizes
+    blocks: int  # blocks it computes (up to block_q × block_k each: edge blocks are cut)
+    block_q: int  # query rows per block
+    block_k: int  # keys per block (the grid's step; a block's first key is where its span starts)
+
+    def to_dict(self) -> dict:
+        return {
+            "dense": self.dense,
+            "allowed": self.allowed,
+            "computed": self.computed,
+            "blocks": self.blocks,
+            "block_q": self.block_q,
+            "block_k": self.block_k,
+        }
+
+
+def kernel_work(
+    mask: StructuredMask | None = None,
+    *,
+    n: int | None = None,
+    s: int | None = None,
+    causal: bool = False,
+    pass_: str = "forward",
+    batch: int = 1,
+    heads: int = 1,
+) -> KernelWork:
+    """What `attnkit.attention(q, k, v, mask=mask, causal=causal, backend="chunked")` computes
+    on the compiled CPU kernel, q (B, H, N, D), k and v (B, Hkv, S, ·), in one pass.
+
+    Args:
+        mask: a structured mask (`attnkit.masks.window`, `document`, `prefix`,
+            `from_function`, and their `&`/`|`), or None (no mask). Boolean tensors combined
+            into it are applied inside blocks and skip nothing.
+        n, s: queries N and keys S; default the mask's (required without a mask; S
+            defaults to N).
+        causal: query i sees keys j <= i + S - N (bottom-right, as attnkit); with a mask it
+            is folded in as `attention` does (mask & causal).
+        pass_: "forward" or "backward": the kernel's blocks differ (`PASSES`) unless the mask
+            has tiles. `native.count_work()` counts both passes together.
+        batch, heads: B and H of the call (the mask's own batch and heads must be 1 or these).
+            Key/value heads (GQA) change nothing: every query head walks its own blocks.
+    """
+    if pass_ not in PASSES:
+        raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
+    n, s = _sizes(mask, n, s)
+    for name, value in (("batch", batch), ("heads", heads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        own = 1 if mask is None else getattr(mask, name)
+        if own not in (1, value):
+            raise ValueError(f"mask has {name} {own}: the call's {name} must be {own}, got {value}")
+    plan = None
+    if mask is not None:
+        if causal:  # what `attention` does: causal joins the mask as row intervals
+            mask, causal = mask & causal_intervals(n, s), False
+        plan = plan_mask(mask, STRUCTURED_BLOCK_Q, STRUCTURED_BLOCK_K, "cpu")
+    bq, bk = PASSES[pass_] if plan is None or plan.tiles is None else tuple(plan.tiles.shape[1:])
+    walks = _walks(plan)
+    computed = blocks = 0
+    for one in walks:
+        for i0 in range(0, n, bq):
+            i1 = min(i0 + bq, n)
+            for j0, j1, _, _ in key_blocks(one, i0, i1, n, s, bq, bk, causal):
+                computed += (i1 - i0) * (j1 - j0)
+                blocks += 1
+    repeat = batch * heads // len(walks)  # walks that are the same as one of `walks`
+    dense = batch * heads * n * s
+    return KernelWork(
+        dense=dense,
+        allowed=_allowed(mask, n, s, causal, dense),
+        computed=computed * repeat,
+        blocks=blocks * repeat,
+        block_q=bq,
+        block_k=bk,
+    )
+
+
+def _sizes(mask: StructuredMask | None, n: int | None, s: int | None) -> tuple[int, int]:
+    if mask is None:
+        if n is None:
+            raise ValueError("n is required without a mask")
+        s = n if s is None else s
+    else:
+        if not isinstance(mask, StructuredMask):
+            got = type(mask).__name__
+            raise ValueError(f"mask must be a StructuredMask (masks.window, ...), got {got}")
+        given = (mask.n if n is None else n, mask.s if s is None else s)
+        if given != (mask.n, mask.s):
+            raise ValueError(
+                f"mask describes N={mask.n} queries and S={mask.s} keys, not N={given[0]}, "
+                f"S={given[1]}"
+            )
+        n, s = mask.n, mask.s
+    for name, value in (("n", n), ("s", s)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return n, s
+
+
+def _walks(plan: MaskPlan | None) -> list[MaskPlan | None]:
+    """One plan per (batch row, head) whose blocks differ, in the kernel's order: the kernel
+    reads row b of the intervals and row (b, h) of the tile table, or row 0 of a broadcast one."""
+    if plan is None:
+        return [None]
+    rows, table = plan.rows, plan.table
+    nb = max(1 if rows is None else rows.shape[1], 1 if table is None else table.shape[0])
+    nh = 1 if table is None else table.shape[1]
+    walks = []
+    for b in range(nb):
+        for h in range(nh):
+            r = None if rows is None else rows[:, b % rows.shape[1]][:, None]  # (2, 1, N)
+            t = None
+            if table is not None:
+                t = table[b % table.shape[0], h % table.shape[1]][None, None]  # (1, 1, nqb, nkb)
+            walks.append(plan._replace(rows=r, table=t))
+    return walks
+
+
+def _allowed(mask: StructuredMask | None, n: int, s: int, causal: bool, dense: int) -> int:
+    """Pairs the mask allows over B·H, from its `.density` (over its own (B|1, H|1, N, S))."""
+    if mask is None:
+        mask = causal_intervals(n, s) if causal else None
+    if mask is None or dense == 0:
+        return dense
+    return round(mask.density * dense)
