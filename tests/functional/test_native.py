@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from attnkit.functional import native
+from attnkit.functional import _kernel_cache, native
 from attnkit.functional._dropout import (
     as_unsigned,
     draw_seed,
@@ -255,10 +255,10 @@ def test_without_the_kernel_chunked_still_runs():
 
 def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
     monkeypatch.delenv("ATTNKIT_NATIVE", raising=False)
-    monkeypatch.setattr(native, "_lib", None)
-    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setattr(_kernel_cache, "_lib", None)
+    monkeypatch.setattr(_kernel_cache, "_tried", False)
     monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
-    monkeypatch.setattr(native, "_compiler", lambda: "/bin/false")
+    monkeypatch.setattr(_kernel_cache, "_compiler", lambda: "/bin/false")
     with pytest.warns(RuntimeWarning, match="compiled CPU attention kernel is unavailable"):
         assert native.load() is None
     q = torch.randn(1, 1, 3, 4)
@@ -289,8 +289,8 @@ def test_nan_input_stays_nan_in_out_lse_and_gradients(kernel):
 def fresh_loader(monkeypatch, tmp_path):
     """`native.load` as in a new process, with its cache under tmp_path."""
     monkeypatch.delenv("ATTNKIT_NATIVE", raising=False)
-    monkeypatch.setattr(native, "_lib", None)
-    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setattr(_kernel_cache, "_lib", None)
+    monkeypatch.setattr(_kernel_cache, "_tried", False)
     monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path / "cache"))
     return tmp_path
 
@@ -298,8 +298,8 @@ def fresh_loader(monkeypatch, tmp_path):
 @needs_kernel
 def test_damaged_cache_entry_is_rebuilt(fresh_loader, capfd):
     # what a full disk or a killed copy in another process leaves where the library should be
-    lib = native._library_path(native._compiler())
-    lib.parent.mkdir(parents=True)
+    lib = _kernel_cache._library_path(_kernel_cache._compiler())
+    lib.parent.mkdir(mode=0o700, parents=True)
     lib.write_bytes(b"not a shared library")
     assert native.load() is not None
     assert lib.stat().st_size > 1000
@@ -310,6 +310,6 @@ def test_damaged_cache_entry_is_rebuilt(fresh_loader, capfd):
 def test_unwritable_cache_falls_back_to_a_private_temp_folder(fresh_loader, monkeypatch):
     blocker = fresh_loader / "cache"
     blocker.write_text("a file where the cache folder should be")  # mkdir fails
-    monkeypatch.setattr(native.tempfile, "gettempdir", lambda: str(fresh_loader / "tmp"))
+    monkeypatch.setattr(_kernel_cache.tempfile, "gettempdir", lambda: str(fresh_loader / "tmp"))
     assert native.load() is not None
     assert list((fresh_loader / "tmp").rglob("attention_cpu-*.so"))

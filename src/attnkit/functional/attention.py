@@ -182,9 +182,12 @@ def attention(
     else:
         from attnkit.functional.chunked import chunked_attention
 
+        # Dv = 0: the compiled kernel's BLAS (oneMKL) prints an error line per product; the
+        # PyTorch kernel gives the same empty out, lse and dropout draws, silently.
+        kernel = "torch" if v.shape[-1] == 0 else "auto"
         out, lse = chunked_attention(
             q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, dropout_p=p,
-            training=p > 0,
+            training=p > 0, kernel=kernel,
         )  # fmt: skip
         res = AttentionOutput(out, None, lse)
     return _nan_where_q_is_not_finite(res, q)

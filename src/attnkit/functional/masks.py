@@ -76,15 +76,22 @@ def causal(n: int, s: int | None = None, *, device: torch.device | str | None = 
 def padding(lengths: Tensor, s: int | None = None) -> Tensor:
     """Key-padding mask `(B, 1, 1, S)` from valid lengths `(B,)`: True for key j < lengths[b].
 
-    `s` defaults to `lengths.max()`.
+    `s` defaults to `lengths.max()`. ValueError if a length lies outside [0, s]; that check
+    reads the lengths, so it runs in eager mode only (torch.export and torch.compile skip it).
     """
     if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
         raise ValueError(
             f"padding: lengths must be an integer tensor of shape (B,), "
             f"got {lengths.dtype} {_shape(lengths)}"
         )
+    from attnkit.functional._trace import tracing
+
     s = int(lengths.max()) if s is None else s
-    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > s):
+    # The range check reads the lengths' values, which a tracer (torch.export with a dynamic
+    # batch, torch.compile) cannot turn into a Python bool: it is eager-only. Traced, a length
+    # below 0 gives an all-False row (output 0) and one above s an all-True row, never an
+    # out-of-range read.
+    if not tracing() and lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > s):
         raise ValueError(f"padding: lengths must lie in [0, {s}], got {lengths.tolist()}")
     keys = torch.arange(s, device=lengths.device)
     return (keys[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)

@@ -23,33 +23,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
-import threading
-import time
-import warnings
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from attnkit._cpu import cpu_flags
-from attnkit._io import atomic_write_bytes
 from attnkit.functional._double_backward import kernel_grads
+from attnkit.functional._kernel_cache import load
 from attnkit.functional._mask_plan import dense_with_plan
 from attnkit.functional._trace import tracing
 
 __all__ = ["available", "load", "native_attention", "supports"]
 
-_SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
-_ABI = 4
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # Tuned at N=2048, H=8, D=64, dropout 0.1 (1 thread) over 32-256 query x 128-1024 key blocks,
@@ -92,118 +77,6 @@ class _Args(ctypes.Structure):
         ("tiles", ctypes.c_void_p),
         ("work", ctypes.c_void_p),
     ]
-
-
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_tried = False
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("ATTNKIT_CACHE") or Path.home() / ".cache" / "attnkit"
-    return Path(root) / "kernels"
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def _library_path(cxx: str) -> Path:
-    key = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), torch.__version__.encode(), cxx.encode(),
-                 " ".join(_flags()).encode(), platform.machine().encode(),
-                 " ".join(sorted(cpu_flags())).encode()):  # fmt: skip
-        key.update(part)
-    return _cache_dir() / f"attention_cpu-{key.hexdigest()[:16]}.so"
-
-
-def _flags() -> list[str]:
-    torch_lib = Path(torch.__file__).resolve().parent / "lib"
-    return [
-        "-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fPIC", "-shared",
-        "-std=c++17", f"-L{torch_lib}", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}",
-        "-Wl,--no-undefined",
-    ]  # fmt: skip
-
-
-def _build(cxx: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)  # an unwritable cache fails here, early
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        cmd = [cxx, str(_SOURCE), "-o", str(built), *_flags()]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"{' '.join(cmd)}\n{done.stderr.strip()}")
-        # atomic: a concurrent process sees the old library, none, or the whole new one
-        atomic_write_bytes(target, built.read_bytes())
-
-
-def load() -> ctypes.CDLL | None:
-    """The kernel library (built on first use), or None where it cannot be had."""
-    global _lib, _tried
-    if _tried:
-        return _lib
-    with _lock:
-        if _tried:
-            return _lib
-        try:
-            _lib = _load()
-        except Exception as err:  # any failure leaves the PyTorch kernel in charge
-            warnings.warn(
-                f"attnkit: the compiled CPU attention kernel is unavailable ({err}); the chunked "
-                "backend uses its PyTorch kernel (same results, slower)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            _lib = None
-        _tried = True
-        return _lib
-
-
-def _load() -> ctypes.CDLL | None:
-    if os.environ.get("ATTNKIT_NATIVE", "1") == "0":
-        return None
-    cxx = _compiler()
-    if cxx is None:
-        raise RuntimeError("no C++ compiler found (set CXX or install g++)")
-    path = _library_path(cxx)
-    if path.exists():
-        try:
-            return _open(path)
-        except OSError:  # a damaged cache entry (disk full, killed copy): build it again
-            path.unlink(missing_ok=True)
-    try:
-        _build_verbosely(cxx, path)
-    except OSError:  # the cache folder cannot be written: a private temporary one
-        path = Path(tempfile.gettempdir()) / f"attnkit-{os.getuid()}" / "kernels" / path.name
-        if not path.exists():
-            _build_verbosely(cxx, path)
-    return _open(path)
-
-
-def _build_verbosely(cxx: str, path: Path) -> None:
-    say = functools.partial(print, file=sys.stderr, flush=True)
-    say("attnkit: compiling the CPU attention kernel for this machine (one time) ...")
-    start = time.perf_counter()
-    _build(cxx, path)
-    say(f"attnkit: kernel ready in {time.perf_counter() - start:.1f} s, cached as {path}")
-
-
-def _open(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    if lib.attnkit_abi_version() != _ABI:
-        raise RuntimeError(f"{path} has ABI {lib.attnkit_abi_version()}, expected {_ABI}")
-    for name in ("attnkit_attention_forward", "attnkit_attention_backward"):
-        getattr(lib, name).argtypes = [ctypes.POINTER(_Args)]
-        getattr(lib, name).restype = None
-    lib.attnkit_keep_words.argtypes = (
-        [ctypes.POINTER(_Args)] + [ctypes.c_int64] * 4 + [ctypes.c_void_p]
-    )
-    lib.attnkit_keep_words.restype = None
-    return lib
 
 
 # A fact about this machine: Dynamo runs it once when tracing (building the kernel if need be)

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
 from attnkit.functional.attention import attention_without_checks
+from attnkit.modules._recording import sinks as recording_sinks
 from attnkit.modules.attention import Attend, MultiHeadAttention
 from attnkit.modules.projection import FusedQKV
 
@@ -245,6 +246,7 @@ def _plain(attend: nn.Module) -> bool:
     return not (
         type(attend) is not Attend
         or attend.need_weights
+        or recording_sinks(attend)
         or (attend.training and attend.dropout > 0)
         or attend._forward_hooks
         or attend._forward_pre_hooks

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from attnkit.functional.attention import AttentionOutput, attention
 from attnkit.modules._checks import positive_int, probability
+from attnkit.modules._recording import sinks as recording_sinks
 from attnkit.modules.projection import FusedQKV, SeparateQKV, SplitQKV
 
 __all__ = ["Attend", "MultiHeadAttention"]
@@ -20,15 +21,16 @@ __all__ = ["Attend", "MultiHeadAttention"]
 class Attend(nn.Module):
     """The named point where attention probabilities pass.
 
-    Wraps `attnkit.attention`; `record_attention` hooks every `Attend` in a
-    model and, while recording, switches it to a path that returns the
-    probabilities. Nothing is stored on the module.
+    Wraps `attnkit.attention`. A call that a `record_attention` block open in the calling
+    thread covers takes the path that returns the probabilities and hands them to the
+    recording (`attnkit.modules._recording`). Nothing is stored on the module.
     """
 
     def __init__(self, *, scale: float | None = None, dropout: float = 0.0, backend: str = "auto"):
         super().__init__()
         self.scale, self.dropout, self.backend = scale, probability("dropout", dropout), backend
-        self.need_weights = False  # set only by record_attention
+        # True: every call returns the weights (reference backend); recording does not need it
+        self.need_weights = False
 
     def forward(
         self,
@@ -41,7 +43,9 @@ class Attend(nn.Module):
         causal: bool = False,
     ) -> AttentionOutput:
         """q (B, H, N, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv) -> AttentionOutput."""
-        return attention(
+        sinks = recording_sinks(self)
+        need_weights = self.need_weights or bool(sinks)
+        res = attention(
             q,
             k,
             v,
@@ -51,9 +55,12 @@ class Attend(nn.Module):
             scale=self.scale,
             dropout_p=self.dropout,
             training=self.training,
-            need_weights=self.need_weights,
-            backend="reference" if self.need_weights else self.backend,
+            need_weights=need_weights,
+            backend="reference" if need_weights else self.backend,
         )
+        for sink in sinks:
+            sink(res.weights)  # (B, H, N, S)
+        return res
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}, dropout={self.dropout}, backend={self.backend!r}"

@@ -1,8 +1,10 @@
 """Capturing attention probabilities from any model: `record_attention`.
 
 Every `attnkit.modules.Attend` is the named point where probabilities pass.
-While recording, each one is hooked and asked for its weights; outside the
-`with` block the model runs exactly as before (hooks removed, fast paths back).
+While recording, each one finds the recording in `attnkit.modules._recording` and hands it
+its weights; nothing is set on the model, so outside the `with` block it runs exactly as
+before (fast paths back), a deep copy made inside the block is not recorded, and recordings
+in two threads, of one model or of two, each get their own maps.
 """
 
 from __future__ import annotations
@@ -14,18 +16,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from attnkit.modules._recording import add_sink, sinks
 from attnkit.modules.attention import Attend
 from attnkit.viz.maps import REPR_HTML, AttentionMaps
 
 __all__ = ["AttentionRecord", "record_attention"]
 
 # Attention that runs outside attnkit's modules (the transformers backend in
-# `attnkit.integrations`) joins a recording through these two registries, so that this
-# module imports no other library (imports point from integrations to viz, never back).
-# `_EXTERNAL_CLAIMS`: predicates "this model routes its attention through attnkit".
-# `_ACTIVE`: id(module) -> (path, record, detach) for every module of a model being recorded.
+# `attnkit.integrations`) joins a recording through this registry and `recording_sink`, so
+# that this module imports no other library (imports point from integrations to viz, never
+# back). `_EXTERNAL_CLAIMS`: predicates "this model routes its attention through attnkit".
 _EXTERNAL_CLAIMS: list[Callable[[nn.Module], bool]] = []
-_ACTIVE: dict[int, tuple[str, AttentionRecord, bool]] = {}
 
 
 def register_external(claims: Callable[[nn.Module], bool]) -> None:
@@ -39,12 +40,17 @@ def register_external(claims: Callable[[nn.Module], bool]) -> None:
 
 
 def recording_sink(module: nn.Module) -> Callable[[Tensor], None] | None:
-    """Where `module`'s (B, H, N, S) probabilities go if it is being recorded, else None."""
-    entry = _ACTIVE.get(id(module))
-    if entry is None:
+    """Where `module`'s (B, H, N, S) probabilities go if a recording open in this thread
+    covers it, else None."""
+    found = sinks(module)
+    if not found:
         return None
-    name, record, detach = entry
-    return lambda weights: record.add(name, weights, detach)
+
+    def sink(weights: Tensor) -> None:
+        for each in found:
+            each(weights)
+
+    return sink
 
 
 def _recomputing() -> bool:
@@ -180,6 +186,12 @@ def record_attention(model: nn.Module, *, detach: bool = True) -> Iterator[Atten
     ``attn_implementation="attnkit"`` (see `attnkit.integrations.transformers`) is recorded
     under its own module paths. Raises ValueError if `model` holds no `Attend` module and
     runs on no such backend.
+
+    The recording holds the forward calls made in the thread that opened the block: two
+    threads recording one model each get their own maps, and calls from a thread that is
+    not recording are neither recorded nor slowed. Recordings of one model may nest or
+    overlap (each gets every call); a copy of the model made inside the block
+    (`copy.deepcopy`) is another model, not recorded. Nothing is set on the model.
     """
     attends = [(_owner_name(n), m) for n, m in model.named_modules() if isinstance(m, Attend)]
     external = any(claims(model) for claims in _EXTERNAL_CLAIMS)
@@ -189,34 +201,19 @@ def record_attention(model: nn.Module, *, detach: bool = True) -> Iterator[Atten
             "(attnkit.modules.Attend) to record"
         )
     record = AttentionRecord()
-    handles, previous = [], []
 
-    def hook_for(name: str):
-        def hook(module, args, output):
-            record.add(name, output.weights, detach)
+    def sink_for(name: str):
+        return lambda weights: record.add(name, weights, detach)
 
-        return hook
-
-    # Every module of an external model is registered: its attention function reports under
-    # the path of the module that calls it. Entries of an enclosing recording are restored.
-    outer = {}
-    if external:
-        for name, module in model.named_modules():
-            outer[id(module)] = _ACTIVE.get(id(module))
-            _ACTIVE[id(module)] = (name, record, detach)
+    # Every other module of an external model is registered too: its attention function
+    # reports under the path of the module that calls it.
+    others = [(n, m) for n, m in model.named_modules() if external and not isinstance(m, Attend)]
+    covered = attends + others
+    stops = []
     try:
-        for name, module in attends:
-            previous.append(module.need_weights)
-            module.need_weights = True
-            handles.append(module.register_forward_hook(hook_for(name)))
+        for name, module in covered:
+            stops.append(add_sink(module, sink_for(name)))
         yield record
     finally:
-        for handle in handles:
-            handle.remove()
-        for (_, module), before in zip(attends, previous, strict=False):
-            module.need_weights = before
-        for key, entry in outer.items():
-            if entry is None:
-                _ACTIVE.pop(key, None)
-            else:
-                _ACTIVE[key] = entry
+        for stop in stops:
+            stop()

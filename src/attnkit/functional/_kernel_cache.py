@@ -1,0 +1,349 @@
+"""Building, caching and loading the compiled CPU attention kernel (`native.load`), trusting
+no file that another user could have written.
+
+The library is compiled once per machine and kept as ``attention_cpu-<key>.so`` (the key
+hashes the source, the flags, torch's version, the compiler and this CPU's flags) in the first
+of these folders that can be created, written and trusted:
+
+1. ``$ATTNKIT_CACHE/kernels`` (default ``~/.cache/attnkit/kernels``);
+2. ``<tempdir>/attnkit-<uid>/kernels``;
+3. a fresh private folder (`tempfile.TemporaryDirectory`), deleted once the library is loaded:
+   a build for this process only.
+
+Loading a shared library runs its code, and the second folder has a name anyone can predict,
+so a library is loaded only from a folder no other user can write or could have created, and
+only if it is the file this user built:
+
+* folders are created with mode 0700; the kernel folder must be a directory owned by this user
+  and not writable by group or others, and each folder above it owned by this user or root and,
+  where others may write it, sticky (as /tmp is: they cannot rename or replace what is in it);
+* the library is written under a temporary name in that folder and renamed, and so is its
+  sha256, recorded in ``<library>.sha256`` (``sha256sum`` format). Before `dlopen` the library
+  and the record must be regular files owned by this user, not writable by group or others, and
+  the library must hash to the recorded value;
+* processes building or loading in one folder take turns (`fcntl.flock` on its ``.lock``), so
+  a library and its record always come from the same build.
+
+A cached file that fails (truncated by a full disk or a killed copy — `dlopen` of such a file
+crashed the process with SIGBUS —, empty, another user's, written by an attnkit that recorded
+no hash) is rebuilt, with one line on stderr saying why; a folder that fails is passed over,
+with one line saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from attnkit._cpu import cpu_flags
+
+__all__ = ["load"]
+
+_SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
+_ABI = 4
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+class _Untrusted(Exception):
+    """A folder or file that another user could have written (the message says why)."""
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("ATTNKIT_CACHE") or Path.home() / ".cache" / "attnkit"
+    return Path(root) / "kernels"
+
+
+def _fallback_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"attnkit-{os.getuid()}" / "kernels"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _library_path(cxx: str) -> Path:
+    key = hashlib.sha256()
+    for part in (_SOURCE.read_bytes(), torch.__version__.encode(), cxx.encode(),
+                 " ".join(_flags()).encode(), platform.machine().encode(),
+                 " ".join(sorted(cpu_flags())).encode()):  # fmt: skip
+        key.update(part)
+    return _cache_dir() / f"attention_cpu-{key.hexdigest()[:16]}.so"
+
+
+def _flags() -> list[str]:
+    torch_lib = Path(torch.__file__).resolve().parent / "lib"
+    return [
+        "-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fPIC", "-shared",
+        "-std=c++17", f"-L{torch_lib}", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}",
+        "-Wl,--no-undefined",
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- trust
+
+
+def _private_group(gid: int) -> bool:
+    """Whether group `gid` is this user's own (a user private group, as Fedora and RHEL make
+    with umask 002): named after the user, with no other member."""
+    try:
+        import grp
+        import pwd
+
+        group, me = grp.getgrgid(gid), pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return False
+    return group.gr_name == me and set(group.gr_mem) <= {me}
+
+
+def _check_ancestor(path: Path, st: os.stat_result, uid: int) -> None:
+    if st.st_uid not in (uid, 0):
+        raise _Untrusted(f"{path} is owned by uid {st.st_uid}, not by you (uid {uid}) or root")
+    others = st.st_mode & stat.S_IWOTH or (
+        st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid)
+    )
+    if others and not st.st_mode & stat.S_ISVTX:
+        raise _Untrusted(f"{path} may be written by others (mode {st.st_mode & 0o7777:o})")
+
+
+def _check_own(path: Path, st: os.stat_result, uid: int, kind: str) -> None:
+    """A folder or file of the cache itself: owned by this user, writable by no one else."""
+    if not (stat.S_ISDIR(st.st_mode) if kind == "folder" else stat.S_ISREG(st.st_mode)):
+        raise _Untrusted(f"{path} is not a {'directory' if kind == 'folder' else 'regular file'}")
+    if st.st_uid != uid:
+        raise _Untrusted(f"{path} is owned by uid {st.st_uid}, not by you (uid {uid})")
+    if st.st_mode & 0o022:
+        raise _Untrusted(
+            f"{path} may be written by group or others (mode {st.st_mode & 0o7777:o}; "
+            f"chmod go-w it, or remove it)"
+        )
+
+
+def _private_folder(folder: Path) -> Path:
+    """`folder` (its missing parts created with mode 0700) as a path free of symlinks, once
+    checked that no other user can write or replace it. _Untrusted says why not; OSError if
+    it cannot be created."""
+    folder = Path(os.path.abspath(folder))
+    missing = [p for p in (folder, *folder.parents) if not os.path.lexists(p)]
+    for part in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(part, 0o700)
+    # Checked and used from here on through the resolved path, so a symlink swapped later
+    # changes nothing; the folders above it are then checked to be unreplaceable.
+    real = Path(os.path.realpath(folder))
+    uid = os.geteuid()
+    _check_own(real, os.lstat(real), uid, "folder")
+    for parent in real.parents:
+        _check_ancestor(parent, os.lstat(parent), uid)
+    return real
+
+
+def _hash_path(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _read_own(path: Path) -> bytes:
+    """A file of the cache, after `_check_own`; never through a symlink."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        _check_own(path, os.fstat(f.fileno()), os.geteuid(), "file")
+        return f.read()
+
+
+def _problem(library: Path) -> str | None:
+    """Why the cached `library` must not be loaded, or None when it is the file this user
+    built (owned, not writable by others, hashing to its record)."""
+    try:
+        data = _read_own(library)
+    except (OSError, _Untrusted) as err:  # OSError: a symlink (O_NOFOLLOW), unreadable
+        return str(err)
+    try:
+        record = _read_own(_hash_path(library)).decode("ascii", "replace").split()
+    except FileNotFoundError:
+        return f"{library} has no recorded sha256 (an interrupted build, or an older attnkit)"
+    except (OSError, _Untrusted) as err:
+        return str(err)
+    if not record or record[0] != hashlib.sha256(data).hexdigest():
+        return f"{library} does not match its recorded sha256 (truncated or changed)"
+    return None
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _write_private(path: Path, data: bytes, mode: int) -> None:
+    """`data` to `path` through a temporary name in the same folder and a rename (a reader
+    sees the old file, none, or the whole new one), with exactly `mode` (no umask)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _build(cxx: str, target: Path) -> None:
+    """Compile into a private temporary folder next to `target`, then write the library and
+    its sha256 record, each atomically (the library first: a build killed between the two
+    leaves a library its record does not match, rebuilt on the next load)."""
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        cmd = [cxx, str(_SOURCE), "-o", str(built), *_flags()]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(cmd)}\n{done.stderr.strip()}")
+        data = built.read_bytes()
+    _write_private(target, data, 0o700)
+    record = f"{hashlib.sha256(data).hexdigest()}  {target.name}\n"
+    _write_private(_hash_path(target), record.encode("ascii"), 0o600)
+
+
+_FIRST_BUILD = "compiling the CPU attention kernel for this machine (one time)"
+
+
+def _build_verbosely(cxx: str, path: Path, doing: str = _FIRST_BUILD, kept: bool = True) -> None:
+    _say(f"attnkit: {doing} ...")
+    start = time.perf_counter()
+    _build(cxx, path)
+    where = f", cached as {path}" if kept else " (for this process only)"
+    _say(f"attnkit: kernel ready in {time.perf_counter() - start:.1f} s{where}")
+
+
+@contextlib.contextmanager
+def _turns(folder: Path) -> Iterator[None]:
+    """Hold the folder's build lock: one process at a time checks, builds or loads there."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): the checks still hold, only rebuilds may race
+        yield
+        return
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(folder / ".lock", flags, 0o600)
+    except OSError:  # a read-only cache: an intact library loads, a build fails with OSError
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):  # a file system without locks: go on unlocked
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _load_or_build(cxx: str, path: Path) -> ctypes.CDLL:
+    """The library at `path` in a checked folder: loaded if it passes `_problem`, else built
+    there (again). OSError if the folder cannot be written."""
+    with _turns(path.parent):
+        if not os.path.lexists(path):
+            _build_verbosely(cxx, path)
+            return _open_built(path)
+        why = _problem(path)
+        if why is None:
+            try:
+                return _open(path)
+            except OSError as err:  # its own, intact, yet refused (a changed libtorch)
+                why = f"{path} cannot be loaded ({err})"
+        _build_verbosely(cxx, path, f"{why}; compiling the CPU attention kernel again")
+        return _open_built(path)
+
+
+def _open_built(path: Path) -> ctypes.CDLL:
+    try:
+        return _open(path)
+    except OSError as err:  # not a cache problem: no other folder would do better
+        raise RuntimeError(f"{path} was just built but cannot be loaded: {err}") from err
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load() -> ctypes.CDLL | None:
+    """The kernel library (built on first use), or None where it cannot be had."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    with _lock:
+        if _tried:
+            return _lib
+        try:
+            _lib = _load()
+        except Exception as err:  # any failure leaves the PyTorch kernel in charge
+            warnings.warn(
+                f"attnkit: the compiled CPU attention kernel is unavailable ({err}); the chunked "
+                "backend uses its PyTorch kernel (same results, slower)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            _lib = None
+        _tried = True
+        return _lib
+
+
+def _load() -> ctypes.CDLL | None:
+    if os.environ.get("ATTNKIT_NATIVE", "1") == "0":
+        return None
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (set CXX or install g++)")
+    name = _library_path(cxx).name
+    for folder in (_cache_dir(), _fallback_dir()):
+        try:
+            return _load_or_build(cxx, _private_folder(folder) / name)
+        except _Untrusted as err:
+            _say(f"attnkit: not using {folder} for the compiled kernel: {err}")
+        except OSError:  # cannot be created or written (read-only home, full disk): the next
+            pass
+    with tempfile.TemporaryDirectory(prefix="attnkit-") as tmp:  # mode 0700, unguessable name
+        # checked too: in a temp folder others may write without the sticky bit, they could
+        # rename this one away and put theirs in its place (_Untrusted: no kernel, a warning)
+        path = _private_folder(Path(tmp)) / name
+        doing = "no private cache folder: compiling the CPU attention kernel for this process"
+        _build_verbosely(cxx, path, doing, kept=False)
+        return _open_built(path)  # the mapping outlives the deleted file
+
+
+def _open(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    if lib.attnkit_abi_version() != _ABI:
+        raise RuntimeError(f"{path} has ABI {lib.attnkit_abi_version()}, expected {_ABI}")
+    # The argument struct (`native._Args`) is defined in native.py, which imports this module:
+    # its address is passed as a void pointer (`ctypes.byref(args)`).
+    args = ctypes.c_void_p
+    for name in ("attnkit_attention_forward", "attnkit_attention_backward"):
+        getattr(lib, name).argtypes = [args]
+        getattr(lib, name).restype = None
+    lib.attnkit_keep_words.argtypes = [args] + [ctypes.c_int64] * 4 + [ctypes.c_void_p]
+    lib.attnkit_keep_words.restype = None
+    return lib
