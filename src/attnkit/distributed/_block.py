@@ -158,7 +158,7 @@ def _plan(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> chunke
         if causal
         else (chunked.DEFAULT_BLOCK_Q, chunked.DEFAULT_BLOCK_K)
     )
-    pl = chunked._Plan(q, k, v, causal, bq, bk)
+    pl = chunked._Plan(q, k, v, causal, bq, bk, None)
     pl.scale, pl.inv_keep = scale, 1.0  # no dropout: inv_keep only rescales 1/l
     return pl
 
