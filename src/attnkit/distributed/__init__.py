@@ -49,7 +49,8 @@ class RingMultiHeadAttention(MultiHeadAttention):
     Same parameters as `MultiHeadAttention` (so its state dict loads unchanged) plus
     ``group`` (default the world), ``layout`` ("contiguous" or "zigzag") and ``strategy``
     ("ring" or "ulysses"). forward takes this rank's slice x (B, N/P, C) in that layout, a
-    key-padding mask of this rank's keys (B|1, 1, 1, N/P) and optionally ``bias``
+    key-padding mask of this rank's keys (B|1, 1, 1, N/P) (with "ring", also a structured
+    mask over the whole sequence: see `ring_attention`) and optionally ``bias``
     (B|1, H|1, N/P, N) or ``bias_fn`` (see `ring_attention`), and returns (B, N/P, Co).
     A `attnkit.modules.RotaryEmbedding` rotates q and k at their global positions.
 
