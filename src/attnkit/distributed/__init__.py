@@ -5,6 +5,8 @@ Legend: B batch, H heads, Hkv key/value heads, N full length, P ranks, n = N/P, 
 * `ring_attention`: K/V blocks travel around a ring, overlapped with computation; exact
   (log-sum-exp merge), any head count, key-padding masks, per-rank bias blocks (a tensor or
   a ``bias_fn`` of positions), causal, GQA. Attention dropout is refused (ValueError).
+  A structured mask over the whole sequence (`attnkit.masks.window`, ...) makes each rank
+  receive only the key spans its queries see; `exchange_pattern` tells which, per rank.
 * `ulysses_attention`: the same interface with two all-to-alls over heads (H % P == 0).
 * `shard` / `unshard` / `gather` / `positions`: the "contiguous" and "zigzag" layouts.
 * `RingMultiHeadAttention`: `attnkit.MultiHeadAttention` whose attention runs across ranks.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from attnkit.distributed._structured import exchange_pattern
 from attnkit.distributed.layout import LAYOUTS, gather, positions, shard, unshard
 from attnkit.distributed.ring import group_info, ring_attention
 from attnkit.distributed.ulysses import ulysses_attention
@@ -28,6 +31,7 @@ __all__ = [
     "LAYOUTS",
     "STRATEGIES",
     "RingMultiHeadAttention",
+    "exchange_pattern",
     "gather",
     "positions",
     "ring_attention",
@@ -45,7 +49,8 @@ class RingMultiHeadAttention(MultiHeadAttention):
     Same parameters as `MultiHeadAttention` (so its state dict loads unchanged) plus
     ``group`` (default the world), ``layout`` ("contiguous" or "zigzag") and ``strategy``
     ("ring" or "ulysses"). forward takes this rank's slice x (B, N/P, C) in that layout, a
-    key-padding mask of this rank's keys (B|1, 1, 1, N/P) and optionally ``bias``
+    key-padding mask of this rank's keys (B|1, 1, 1, N/P) (with "ring", also a structured
+    mask over the whole sequence: see `ring_attention`) and optionally ``bias``
     (B|1, H|1, N/P, N) or ``bias_fn`` (see `ring_attention`), and returns (B, N/P, Co).
     A `attnkit.modules.RotaryEmbedding` rotates q and k at their global positions.
 

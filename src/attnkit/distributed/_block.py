@@ -152,51 +152,57 @@ def _native_ok(q: Tensor, want_dbias: bool = False) -> bool:
     )
 
 
-def _plan(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> chunked._Plan:
+def _plan(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, structure=None):
     bq, bk = (
         (chunked.CAUSAL_BLOCK_Q, chunked.CAUSAL_BLOCK_K)
         if causal
         else (chunked.DEFAULT_BLOCK_Q, chunked.DEFAULT_BLOCK_K)
     )
-    pl = chunked._Plan(q, k, v, causal, bq, bk)
+    pl = chunked._Plan(q, k, v, causal, bq, bk, structure)  # tiles, if any, fix the grid
     pl.scale, pl.inv_keep = scale, 1.0  # no dropout: inv_keep only rescales 1/l
     return pl
 
 
-def block_forward(q, k, v, mask, bias, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+def block_forward(
+    q, k, v, mask, bias, causal: bool, scale: float, plan=None
+) -> tuple[Tensor, Tensor]:
     """One query block against one key block: out (B, H, nq, Dv) and lse (B, H, nq).
 
-    q, k, v in the compute dtype (float32 or float64); mask bool (B|1, H|1, 1, nk) or None;
-    bias (B|1, H|1, nq, nk) in the compute dtype or None. The compiled CPU kernel for float32
-    on the CPU, the PyTorch chunked kernel elsewhere.
+    q, k, v in the compute dtype (float32 or float64); mask bool broadcastable to
+    (B, H, nq, nk) or None; bias (B|1, H|1, nq, nk) in the compute dtype or None; ``plan``
+    a structured mask's `MaskPlan` on this block (its dense part given as ``mask``), or None.
+    The compiled CPU kernel for float32 on the CPU, the PyTorch chunked kernel elsewhere.
     """
     if _native_ok(q):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        return native._forward(q, k, v, mask, bias, causal, scale, NO_DROPOUT, 1.0, None)
-    pl = _plan(q, k, v, causal, scale)
+        rest = () if plan is None else (plan.rows, plan.table, plan.tiles)
+        return native._forward(q, k, v, mask, bias, causal, scale, NO_DROPOUT, 1.0, None, *rest)
+    pl = _plan(q, k, v, causal, scale, plan)
     return chunked._forward(pl, q, k, v, chunked._as4d(mask), bias, NO_DROPOUT, None)
 
 
 def block_backward(dout, dlse, q, k, v, out, lse, mask, bias, causal, scale, want_dbias,
-                   into=None):  # fmt: skip
+                   into=None, plan=None):  # fmt: skip
     """dq, dk, dv, dbias (or None) of one block given the GLOBAL out (B, H, nq, Dv), lse (B, H, nq).
 
     dbias has the block bias's shape (B|1, H|1, nq, nk), summed over its broadcast dims.
     ``into=(dq, dk, dv)``: dq is written there and dk, dv are added there (the compiled
     kernel does so without temporaries, `native._backward_into`), and the first three
-    results are None.
+    results are None. ``plan``: as in `block_forward`.
     """
     if _native_ok(q, want_dbias):
         c = [t.contiguous() for t in (dout, q, k, v, out, lse)]
         dlse = None if dlse is None else dlse.contiguous()
         rest = (mask, bias, causal, scale, NO_DROPOUT, 1.0, None)
+        if plan is not None:
+            rest += (plan.rows, plan.table, plan.tiles)
         if into is not None and all(t.is_contiguous() for t in into):
             native._backward_into(*into, c[0], dlse, *c[1:], *rest)
             return None, None, None, None
         dq, dk, dv = native._backward(c[0], dlse, *c[1:], *rest)
         gb = None
     else:
-        pl = _plan(q, k, v, causal, scale)
+        pl = _plan(q, k, v, causal, scale, plan)
         dq, dk, dv, gb = chunked._backward(
             pl, q, k, v, chunked._as4d(mask), bias, out, lse, dout, dlse, NO_DROPOUT, None,
             want_dbias,

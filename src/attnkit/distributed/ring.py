@@ -34,6 +34,10 @@ against the first (early) half of the keys; src > r the second (late) half of th
 against all keys; every other pair is fully masked. All non-skipped non-diagonal blocks are
 non-causal, and every rank does the same work.
 
+Structured masks (a `StructuredMask` over the whole sequence) take another schedule, in
+`_structured_ring`: a rank receives only the key spans its queries may see, straight from
+their owners, and skips the rest without waiting.
+
 Bias: the block of an additive bias for (my queries, src's keys) is cut from this rank's
 rows of a tensor bias by src's global positions, or computed by ``bias_fn`` from both sides'
 global positions; it never travels. Its gradient is the block's dS (Algorithm 2 line 13),
@@ -62,8 +66,10 @@ from attnkit.distributed._block import (
     visit_fns,
     visits,
 )
+from attnkit.distributed._structured_ring import structured_ring
 from attnkit.distributed.layout import check_layout
 from attnkit.functional.attention import AttentionOutput
+from attnkit.functional.structured import StructuredMask
 
 __all__ = ["ring_attention"]
 
@@ -320,7 +326,7 @@ def ring_attention(
     v: Tensor,
     *,
     causal: bool = False,
-    mask: Tensor | None = None,
+    mask: Tensor | StructuredMask | None = None,
     bias: Tensor | None = None,
     bias_fn: BiasFn | None = None,
     scale: float | None = None,
@@ -336,7 +342,13 @@ def ring_attention(
             as q; H % Hkv == 0 (grouped-query attention without repeating k/v).
         causal: global position i sees keys j <= i (N = S, so no alignment question).
         mask: boolean key-padding mask of this rank's keys (B|1, H|1, 1, N/P), True = may
-            attend; it travels around the ring with its keys.
+            attend; it travels around the ring with its keys. Or a structured mask
+            (`attnkit.masks.window`, `document`, `prefix`, `from_function`, their ``&``/``|``)
+            over the WHOLE sequence, (B|1, H|1, N, N) in global positions, the same on every
+            rank, meaning its ``.dense()`` (ANDed with ``causal``): then each rank receives
+            only the key spans its queries may see, straight from their owners, and skips
+            the rest without waiting (`attnkit.distributed._structured_ring`); fold a key
+            padding mask in with ``&`` (a (B, 1, 1, N) boolean tensor).
         bias: additive float bias (B|1, H|1, N/P, N): this rank's query rows (in its shard's
             order) against ALL N keys in global position order (what
             ``bias_full[:, :, positions(N, rank, P, layout)]`` gives), may hold -inf. The
@@ -364,9 +376,10 @@ def ring_attention(
     flags and layout.
     """
     check_layout(layout)
-    check_inputs(q, k, v, mask)
+    structured = isinstance(mask, StructuredMask)
+    check_inputs(q, k, v, None if structured else mask)
     check_dropout(dropout_p, "ring_attention")
-    _, world = group_info(group)
+    rank, world = group_info(group)
     check_bias(bias, bias_fn, q, q.shape[2] * world, "ring_attention")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if layout == "zigzag" and q.shape[2] % 2:
@@ -374,7 +387,10 @@ def ring_attention(
             f"ring_attention: layout='zigzag' needs an even local length (two chunks), "
             f"got N/P={q.shape[2]}"
         )
-    out, lse = _RingAttention.apply(
-        q, k, v, mask, bias, bias_fn, bool(causal), scale, layout, group
-    )
+    if structured:
+        args = (mask, bias, bias_fn, bool(causal), scale, layout, group, rank, world)
+        out, lse = structured_ring(q, k, v, *args)
+    else:
+        args = (mask, bias, bias_fn, bool(causal), scale, layout, group)
+        out, lse = _RingAttention.apply(q, k, v, *args)
     return AttentionOutput(out, None, lse)
