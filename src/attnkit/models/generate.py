@@ -36,6 +36,7 @@ def generate(
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     attention_mask: Tensor | None = None,
+    document_ids: Tensor | None = None,
 ) -> Tensor:
     """Continue the prompts ids (B, P) by up to `max_new_tokens` tokens -> (B, P + T).
 
@@ -49,8 +50,15 @@ def generate(
     attention_mask: (B, P), True / 1 = real token; prompts of different lengths are
         left-padded (the last column is real in every row). Each row then gets the
         tokens it would get alone. The padding stays in the returned ids.
+    document_ids: (B, P) document ids of packed prompts (several documents per row, as
+        `GPT(ids, document_ids=)` takes them): each row continues its last document, and
+        gets the tokens that document would get alone (a document sees only itself, so the
+        earlier ones are not even encoded: they count as padding). They stay in the
+        returned ids; the new tokens belong to the last document.
     """
     context = _check(model, ids, max_new_tokens, temperature, top_k, top_p, attention_mask)
+    if document_ids is not None:
+        attention_mask = _last_documents(document_ids, ids, attention_mask)
     batch, p = ids.shape
     keep = None  # (B, P + max_new) True = real token, only when there is padding
     if attention_mask is not None and not bool(attention_mask.all()):
@@ -79,6 +87,23 @@ def generate(
             mask = window[:, : cache.length + 1]  # (B, S): a view of the buffer
             logits = model(nxt, cache=cache, attention_mask=mask).select(1, -1)
     return torch.cat(out, 1).to(ids.dtype)  # cat promotes int32 ids to the picks' int64
+
+
+def _last_documents(docs: Tensor, ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """(B, P) True where a token belongs to its row's last document (and is real)."""
+    if (
+        not isinstance(docs, Tensor)
+        or docs.shape != ids.shape
+        or docs.dtype.is_floating_point
+        or docs.dtype == torch.bool
+        or docs.dim() != 2
+    ):
+        got = f"{docs.dtype} {tuple(docs.shape)}" if isinstance(docs, Tensor) else docs
+        raise ValueError(
+            f"document_ids must be integer ids of the shape of ids {tuple(ids.shape)}, got {got}"
+        )
+    last = docs == docs[:, -1:]  # (B, P)
+    return last if attention_mask is None else last & (attention_mask != 0)
 
 
 def _cut(keep: Tensor | None, n: int) -> Tensor | None:
