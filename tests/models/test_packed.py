@@ -167,6 +167,8 @@ def test_generate_continues_the_last_document_of_packed_prompts(kind):
     assert out.shape == (2, 15) and torch.equal(out[:, :9], x)
     for b, start in ((0, 4), (1, 5)):
         assert torch.equal(out[b, 9:], model.generate(x[b : b + 1, start:], 6)[0, -6:])
+    one_row = model.generate(x[:1], 6, document_ids=docs[0])  # (P,) ids: every row's
+    assert torch.equal(one_row, out[:1])
     # past the context (16) the window slides inside the last document too
     assert torch.equal(
         model.generate(x, 14, document_ids=docs)[1, 9:],
@@ -188,8 +190,8 @@ def test_gpt_packed_errors_name_the_argument():
         model(x[:, 4:5], cache=cache, document_ids=packed_ids()[:, :1])  # (B, 1): new only
     with pytest.raises(ValueError, match=r"position_ids must be >= 0 and < 16, got values 0..16"):
         model(x[:, :2], position_ids=torch.tensor([0, 16]))
-    with pytest.raises(ValueError, match="document_ids must be integer ids of the shape"):
-        model.generate(x, 2, document_ids=packed_ids()[:1])
+    with pytest.raises(ValueError, match=r"document_ids must be integers \(16,\) or \(2, 16\)"):
+        model.generate(x, 2, document_ids=packed_ids()[:, 1:])
 
 
 def test_gpt_config_positions_and_the_older_rotary_flag():

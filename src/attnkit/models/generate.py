@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.models.decoding import KVCache
+from attnkit.modules._checks import per_token
 
 __all__ = ["filter_logits", "generate"]
 
@@ -50,7 +51,7 @@ def generate(
     attention_mask: (B, P), True / 1 = real token; prompts of different lengths are
         left-padded (the last column is real in every row). Each row then gets the
         tokens it would get alone. The padding stays in the returned ids.
-    document_ids: (B, P) document ids of packed prompts (several documents per row, as
+    document_ids: (B, P) or (P,) document ids of packed prompts (several documents per row, as
         `GPT(ids, document_ids=)` takes them): each row continues its last document, and
         gets the tokens that document would get alone (a document sees only itself, so the
         earlier ones are not even encoded: they count as padding). They stay in the
@@ -91,18 +92,8 @@ def generate(
 
 def _last_documents(docs: Tensor, ids: Tensor, attention_mask: Tensor | None) -> Tensor:
     """(B, P) True where a token belongs to its row's last document (and is real)."""
-    if (
-        not isinstance(docs, Tensor)
-        or docs.shape != ids.shape
-        or docs.dtype.is_floating_point
-        or docs.dtype == torch.bool
-        or docs.dim() != 2
-    ):
-        got = f"{docs.dtype} {tuple(docs.shape)}" if isinstance(docs, Tensor) else docs
-        raise ValueError(
-            f"document_ids must be integer ids of the shape of ids {tuple(ids.shape)}, got {got}"
-        )
-    last = docs == docs[:, -1:]  # (B, P)
+    docs = per_token(docs, *ids.shape, name="document_ids")  # (B|1, P)
+    last = (docs == docs[:, -1:]).expand(ids.shape)  # (B, P)
     return last if attention_mask is None else last & (attention_mask != 0)
 
 
