@@ -110,3 +110,50 @@ def test_a_command_group_without_a_subcommand_prints_its_help_and_exits_2(group,
     captured = capsys.readouterr()
     assert captured.out == "" and f"usage: attnkit {group}" in captured.err
     assert "COMMAND" in captured.err
+
+
+PARAGRAPHS = "".join(
+    f"{'the cat sat on the mat. ' * (1 + i % 5)}\n\n{'the dog. ' * (1 + i % 3)}\n  \n\n"
+    for i in range(40)
+)
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["pack", "windows"])
+def test_max_steps_stops_training_and_pack_trains_on_packed_paragraphs(
+    pack, tmp_path, capsys, monkeypatch
+):
+    """--pack: every step's rows carry document ids that restart at each paragraph (the
+    model's loss gets them); --max-steps 2 ends the run inside its first epoch."""
+    from attnkit.models import GPT
+
+    seen = []
+    loss = GPT.loss
+
+    def spy(self, ids, **kw):
+        if self.training:
+            seen.append((ids, kw.get("document_ids")))
+        return loss(self, ids, **kw)
+
+    monkeypatch.setattr(GPT, "loss", spy)
+    (tmp_path / "p.txt").write_text(PARAGRAPHS)
+    argv = ["lm", "train", "--text", str(tmp_path / "p.txt"), "--out", str(tmp_path / "run")]
+    argv += [*TINY, "--max-steps", "2", "--json", "--quiet"] + (["--pack"] if pack else [])
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["pack"] is pack and summary["steps"] == 2 and summary["epochs"] == 1
+    assert 0 < summary["held_out_loss"] < 10
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert history["pack"] is pack and [h["steps"] for h in history["history"]] == [2]
+    assert len(seen) == 2
+    _, vocab = load_lm(tmp_path / "run")
+    for ids, docs in seen:
+        assert ids.shape == (4, 17)  # --batch-size 4, --context 16 + 1
+        if not pack:
+            assert docs is None
+            continue
+        for row, row_docs in zip(ids.tolist(), docs.tolist(), strict=True):
+            text = "".join(vocab[i] for i in row)
+            # a new document starts exactly after each run of blank lines
+            for t in range(1, 17):
+                after_blank = text[:t].endswith("\n\n") and text[t] not in "\n "
+                assert (row_docs[t] != row_docs[t - 1]) == after_blank, (text, row_docs)

@@ -19,6 +19,7 @@ from attnkit.viz.record import record_attention
 CONFIGS = {
     "learned": {},
     "rotary": {"rotary": True},
+    "sinusoidal": {"positions": "sinusoidal"},
     "gelu_tanh-nobias": {"activation": "gelu_tanh", "bias": False},
     "relu": {"activation": "relu"},
     "silu-dff": {"activation": "silu", "d_ff": 40},

@@ -10,6 +10,7 @@ import torch
 
 from attnkit._io import atomic_save, atomic_write_json
 from attnkit.models import GPT, GPTConfig
+from attnkit.train.packing import Packed, pack, paragraphs
 
 __all__ = ["train"]
 
@@ -31,6 +32,28 @@ def held_out_loss(model: GPT, held: torch.Tensor, context: int) -> float:
     sizes = [len(chunk) for chunk in batch.split(16)]
     model.train()
     return sum(loss * n for loss, n in zip(losses, sizes, strict=True)) / sum(sizes)
+
+
+@torch.no_grad()
+def held_out_packed_loss(model: GPT, held: Packed) -> float:
+    """Mean next-character loss over the predictions inside the paragraphs of up to
+    EVAL_WINDOWS held-out packed rows (each row's labels counted, boundaries left out)."""
+    model.eval()
+    rows = held[:EVAL_WINDOWS]
+    total, count = 0.0, 0
+    for start in range(0, len(rows), 16):
+        chunk = rows[start : start + 16]
+        docs = chunk.document_ids
+        n = int((docs[:, 1:] == docs[:, :-1]).sum())  # labels inside a paragraph
+        total += float(model.loss(chunk.ids, document_ids=docs)) * n
+        count += n
+    model.train()
+    return total / max(count, 1)
+
+
+def packed_rows(text: str, index: dict[str, int], width: int) -> Packed:
+    """The paragraphs of `text` as character ids, packed into rows of `width`."""
+    return pack([[index[ch] for ch in doc] for doc in paragraphs(text)], width)
 
 
 def train(args, text: str, source: str, split: int, fmt: str, files: tuple[str, str]) -> dict:
@@ -60,6 +83,8 @@ def _train(args, text, source, split, fmt, files, tqdm) -> dict:
     model = GPT(cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.1)
     total = args.epochs * args.steps_per_epoch
+    if getattr(args, "max_steps", None) is not None:
+        total = min(total, args.max_steps)  # the schedule ends there too
     warmup = max(1, min(100, total // 10))
 
     # linear warm-up, then cosine decay to a tenth of the peak (nanoGPT's schedule shape)
@@ -69,17 +94,25 @@ def _train(args, text, source, split, fmt, files, tqdm) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     gen = torch.Generator().manual_seed(args.seed)
     width = args.context + 1
+    packed = getattr(args, "pack", False)
+    if packed:  # paragraphs back to back with document ids; `split` may cut one in two
+        rows, held_rows = (packed_rows(t, index, width) for t in (text[:split], text[split:]))
     bar = tqdm(total=total, desc="lm train", unit="step", disable=args.quiet, file=sys.stderr)
     history: list[dict] = []
     path, hist_path = (args.out / name for name in files)
+    done = 0
     with bar:
         for epoch in range(1, args.epochs + 1):
             losses = []
-            for _ in range(args.steps_per_epoch):
-                starts = torch.randint(
-                    0, len(train_ids) - width + 1, (args.batch_size,), generator=gen
-                )
-                loss = model.loss(_windows(train_ids, starts, width))  # (B, context + 1) ids
+            for _ in range(min(args.steps_per_epoch, total - done)):
+                if packed:
+                    pick = torch.randint(0, len(rows), (args.batch_size,), generator=gen)
+                    loss = model.loss(rows.ids[pick], document_ids=rows.document_ids[pick])
+                else:
+                    starts = torch.randint(
+                        0, len(train_ids) - width + 1, (args.batch_size,), generator=gen
+                    )
+                    loss = model.loss(_windows(train_ids, starts, width))  # (B, context + 1)
                 if not torch.isfinite(loss):
                     raise RuntimeError(
                         f"the loss is {float(loss)} at epoch {epoch}: lower --lr (now {args.lr})"
@@ -92,10 +125,17 @@ def _train(args, text, source, split, fmt, files, tqdm) -> dict:
                 losses.append(loss.item())
                 bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
                 bar.update()
+                done += 1
+            held_out = (
+                held_out_packed_loss(model, held_rows)
+                if packed
+                else held_out_loss(model, held, args.context)
+            )
             record = {
                 "epoch": epoch,
+                "steps": done,
                 "train_loss": sum(losses) / len(losses),
-                "held_out_loss": held_out_loss(model, held, args.context),
+                "held_out_loss": held_out,
                 "seconds": time.perf_counter() - started,
             }
             history.append(record)
@@ -108,8 +148,11 @@ def _train(args, text, source, split, fmt, files, tqdm) -> dict:
             state = {"format": fmt, "config": cfg.to_dict(), "vocab": vocab,
                      "model": model.state_dict(), "history": history, "source": source}  # fmt: skip
             atomic_save(path, state)
-            summary = {"source": source, "chars": len(text), "vocab_size": len(vocab)}
+            summary = {"source": source, "chars": len(text), "vocab_size": len(vocab),
+                       "pack": packed}  # fmt: skip
             atomic_write_json(hist_path, {**summary, "history": history})
+            if done == total:
+                break
     return {
         "command": "lm train",
         "files": [str(path), str(hist_path)],
@@ -117,7 +160,9 @@ def _train(args, text, source, split, fmt, files, tqdm) -> dict:
         "chars": len(text),
         "vocab_size": len(vocab),
         "params": sum(p.numel() for p in model.parameters()),
-        "epochs": args.epochs,
+        "pack": packed,
+        "epochs": len(history),
+        "steps": done,
         "held_out_loss": history[-1]["held_out_loss"],
         "seconds": time.perf_counter() - started,
     }

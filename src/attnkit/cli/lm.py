@@ -2,6 +2,7 @@
 
     attnkit lm train                                  # on Python's own standard library
     attnkit lm train --text book.txt --out runs/book
+    attnkit lm train --pack                           # paragraphs packed, attended apart
     attnkit lm sample --checkpoint attnkit-out/lm --prompt "def main(" --temperature 0.8
 
 The default corpus is the standard library's .py files (sysconfig's "stdlib" folder, no
@@ -9,6 +10,11 @@ site-packages), read in sorted order up to --max-chars characters: every machine
 the same Python gives the same text. The last 10% of the text is held out; its loss is
 printed each epoch. The checkpoint (checkpoint.pt: weights, config, vocabulary, history) is
 written atomically at the end of each epoch.
+
+Training rows are random windows of the text, across paragraphs, unless --pack: then the text
+is cut into paragraphs (at blank lines) that are packed back to back into rows of --context + 1
+characters with document ids; attention and the loss stay inside each paragraph and nothing
+is padded (benchmarks/bench_packing.py measures it against padding one paragraph per row).
 """
 
 from __future__ import annotations
@@ -88,7 +94,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     for name, kind, what in (
         ("epochs", positive_int, "passes of --steps-per-epoch steps"),
         ("steps_per_epoch", positive_int, "training steps between held-out evaluations"),
-        ("batch_size", positive_int, "windows per step"),
+        ("batch_size", positive_int, "rows per step (windows, or packed rows with --pack)"),
         ("context", positive_int, "characters the model sees at once"),
         ("layers", positive_int, "GPT blocks"),
         ("heads", positive_int, "attention heads"),
@@ -98,7 +104,20 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     ):
         flag = "--" + name.replace("_", "-")
         p.add_argument(flag, type=kind, default=d[name], help=f"{what} (default {d[name]})")
+    p.add_argument(
+        "--max-steps",
+        type=positive_int,
+        metavar="S",
+        help="stop after S optimizer steps in all, e.g. for a quick try (default: no limit)",
+    )
     p.add_argument("--seed", type=int, default=d["seed"], help="model init and window order")
+    p.add_argument(
+        "--pack",
+        action="store_true",
+        help="train on the paragraphs (split at blank lines) packed into rows with document "
+        "ids: attention and loss stay inside each paragraph, no padding (default: windows "
+        "across paragraphs)",
+    )
     p.add_argument(
         "--rotary",
         action="store_true",

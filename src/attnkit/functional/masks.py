@@ -193,3 +193,33 @@ def from_keras_attention_mask(attention_mask: Tensor) -> Tensor:
 def from_zero_blocked(mask: Tensor) -> Tensor:
     """The "mask == 0 means blocked" convention (the Annotated Transformer's) → bool, same shape."""
     return mask != 0
+
+
+def document_positions(ids: Tensor) -> Tensor:
+    """Each token's position inside its own document, int64 of the shape of `ids` (N,) or (B, N).
+
+    Token i's position is the number of earlier tokens (in its row) with its document id, so
+    positions restart at 0 where each document starts — ids [0, 0, 0, 1, 1] give
+    [0, 1, 2, 0, 1] — and a document's tokens are numbered 0, 1, 2, ... exactly as if it were
+    alone (contiguous or not). These are the ``position_ids`` of a packed batch (transformers'
+    `DataCollatorWithFlattening` makes the same); `document(ids)` is its mask. GPT and BERT use
+    both when given ``document_ids``."""
+    if not isinstance(ids, Tensor) or ids.dim() not in (1, 2) or ids.dtype.is_floating_point:
+        got = f"{ids.dtype} {_shape(ids)}" if isinstance(ids, Tensor) else type(ids).__name__
+        raise ValueError(
+            f"document_positions: ids must be an integer tensor (N,) or (B, N), got {got}"
+        )
+    if ids.dtype == torch.bool:
+        raise ValueError(f"document_positions: ids must be integers, got bool {_shape(ids)}")
+    rows = ids[None] if ids.dim() == 1 else ids  # (B|1, N)
+    order = torch.sort(rows, dim=1, stable=True).indices  # (B|1, N): each id's tokens in order
+    grouped = rows.gather(1, order)  # (B|1, N), sorted
+    index = torch.arange(rows.shape[1], device=ids.device).expand_as(rows)  # (B|1, N)
+    starts = torch.ones_like(rows, dtype=torch.bool)
+    starts[:, 1:] = grouped[:, 1:] != grouped[:, :-1]  # the first token of each id
+    first = torch.where(starts, index, 0).cummax(1).values  # sorted index of its id's first
+    out = torch.empty_like(index).scatter_(1, order, index - first)  # (B|1, N)
+    return out[0] if ids.dim() == 1 else out
+
+
+__all__ += ["document_positions"]  # appended with the helper (the list above is sorted)

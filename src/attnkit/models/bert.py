@@ -32,6 +32,13 @@ pooler.dense.*                                         pooler.dense.*
 ``embeddings.position_ids`` and task heads (``cls.*``, ``classifier.*``) are ignored
 (`attnkit.models.BertClassifier` reads ``classifier.*``). `BertEncoder.save_pretrained`
 writes the same names back (`attnkit.models.bert_save`), so transformers loads the folder.
+
+Packed batches: ``document_ids`` (B, N) put several documents in a row without padding; every
+token attends to its own document only (`masks.document(ids)`, bidirectional), positions
+restart at each document (`masks.document_positions`), and the pooler reads each document's
+first token, so each document gets what it gets alone. Besides the learned table of the
+checkpoints (``position_embedding_type="absolute"``) a BERT built here may have sinusoidal or
+rotary positions (attnkit's own: such a model does not save as a transformers checkpoint).
 """
 
 from __future__ import annotations
@@ -47,9 +54,11 @@ from torch.utils.checkpoint import checkpoint
 from attnkit.functional import masks
 from attnkit.models import checkpoint as ckpt
 from attnkit.models.bert_config import HF_ACTIVATIONS, QKV, BertConfig
+from attnkit.modules._checks import per_token
 from attnkit.modules.blocks import FeedForward, PostNormResidual
 from attnkit.modules.classic import bert_self_attention
-from attnkit.modules.embed import LearnedPositionalEmbedding
+from attnkit.modules.embed import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from attnkit.modules.positions import RotaryEmbedding
 
 __all__ = ["BertConfig", "BertEncoder", "BertOutput"]
 
@@ -60,7 +69,9 @@ class BertOutput:
 
     last_hidden_state: (B, N, C).
     hidden_states: L + 1 tensors (B, N, C): the embeddings, then each layer's output.
-    pooler_output: (B, C) tanh(dense(hidden[:, 0])), or None without a pooler.
+    pooler_output: (B, C) tanh(dense(hidden[:, 0])), or None without a pooler. With
+        ``document_ids``: (D, C), one row per document at its first token, in the order the
+        documents start (row by row), less those whose first token is padding.
     """
 
     last_hidden_state: Tensor
@@ -73,21 +84,34 @@ pytree.register_dataclass(BertOutput, serialized_type_name="attnkit.models.bert.
 
 
 class BertEmbeddings(nn.Module):
-    """LayerNorm(word + token_type + position), then dropout: ids (B, N) -> (B, N, C)."""
+    """LayerNorm(word + token_type + position), then dropout: ids (B, N) -> (B, N, C).
+
+    `position` is the learned table (checkpoints), a sinusoidal one, or None (rotary: the
+    layers rotate q and k instead)."""
 
     def __init__(self, config: BertConfig, *, device=None, dtype=None) -> None:
         super().__init__()
         c, fk = config.hidden_size, {"device": device, "dtype": dtype}
+        n, kind = config.max_position_embeddings, config.position_embedding_type
         self.word = nn.Embedding(config.vocab_size, c, padding_idx=config.pad_token_id, **fk)
         self.token_type = nn.Embedding(config.type_vocab_size, c, **fk)
-        self.position = LearnedPositionalEmbedding(config.max_position_embeddings, c, **fk)
+        self.position: nn.Module | None = None
+        if kind == "absolute":
+            self.position = LearnedPositionalEmbedding(n, c, **fk)
+        elif kind == "sinusoidal":
+            self.position = SinusoidalPositionalEncoding(c, n, **fk)
         self.norm = nn.LayerNorm(c, eps=config.layer_norm_eps, **fk)
         self.drop = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
-        """input_ids, token_type_ids (B, N) -> (B, N, C)."""
+    def forward(
+        self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor | None = None
+    ) -> Tensor:
+        """input_ids, token_type_ids (B, N), position_ids (B, N) or None (0 .. N-1)
+        -> (B, N, C)."""
         x = self.word(input_ids) + self.token_type(token_type_ids)  # (B, N, C)
-        return self.drop(self.norm(self.position(x)))
+        if self.position is not None:
+            x = self.position(x, position_ids=position_ids)
+        return self.drop(self.norm(x))
 
 
 class BertLayer(nn.Module):
@@ -97,21 +121,35 @@ class BertLayer(nn.Module):
         super().__init__()
         c, eps, drop = config.hidden_size, config.layer_norm_eps, config.hidden_dropout_prob
         fk = {"device": device, "dtype": dtype}
+        heads = config.num_attention_heads
+        rotary = None
+        if config.position_embedding_type == "rotary":
+            rotary = RotaryEmbedding(c // heads, **fk)
         self.attn = bert_self_attention(
             c,
-            config.num_attention_heads,
+            heads,
             attn_dropout=config.attention_probs_dropout_prob,
             hidden_dropout=drop,
             eps=eps,
+            rotary=rotary,
             **fk,
         )
         act = HF_ACTIVATIONS[config.hidden_act]
         ff = FeedForward(c, config.intermediate_size, activation=act, **fk)
         self.ff = PostNormResidual(ff, nn.LayerNorm(c, eps=eps, **fk), drop)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """x (B, N, C), mask (B, 1, 1, N) True = may attend -> (B, N, C)."""
-        return self.ff(self.attn(x, mask=mask))
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | masks.StructuredMask | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:
+        """x (B, N, C), mask (B, 1, 1, N) True = may attend (or a structured mask such as
+        `masks.document`) -> (B, N, C); `position_ids` (B|1, N): rotary positions (None:
+        0 .. N-1; only with rotary positions)."""
+        if position_ids is None:
+            return self.ff(self.attn(x, mask=mask))
+        return self.ff(self.attn(x, mask=mask, position_ids=position_ids))
 
 
 class BertPooler(nn.Module):
@@ -122,8 +160,11 @@ class BertPooler(nn.Module):
         c = config.hidden_size
         self.dense = nn.Linear(c, c, device=device, dtype=dtype)
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        return torch.tanh(self.dense(hidden[:, 0]))
+    def forward(self, hidden: Tensor, starts: Tensor | None = None) -> Tensor:
+        """hidden (B, N, C) -> (B, C) at each row's first token, or (D, C) at the D tokens
+        where the boolean `starts` (B, N) is True (each document's first, in a packed batch)."""
+        first = hidden[:, 0] if starts is None else hidden[starts]  # (B, C) or (D, C)
+        return torch.tanh(self.dense(first))
 
 
 class BertEncoder(nn.Module):
@@ -161,6 +202,9 @@ class BertEncoder(nn.Module):
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> BertOutput:
         """Encode token ids.
 
@@ -169,7 +213,17 @@ class BertEncoder(nn.Module):
             attention_mask: (B, N), Hugging Face convention **1 = real token,
                 0 = padding**; padded keys get exactly zero attention. Padded
                 query rows are computed like real ones and should be ignored.
-            token_type_ids: (B, N) segment ids (0 = sentence A, 1 = B); default 0.
+            token_type_ids: (B, N) segment ids (0 = sentence A, 1 = B); default 0. In a
+                packed batch, as given (each document's own, e.g. 0 then 1 for a pair).
+            position_ids: (B, N) or (N,) positions (default 0 .. N-1, or restarting at each
+                document with `document_ids`), as transformers' ``position_ids``.
+            document_ids: (B, N) or (N,) integer document ids of a packed batch
+                (`masks.document_ids(lengths)` makes them from lengths): each token attends
+                to the tokens of its own document only (`masks.document(ids)`, a description
+                the kernels read: nothing N × N is built), positions restart at each
+                document, and `pooler_output` holds one row per document (see `BertOutput`).
+                Each document then gets exactly what it gets alone. With `attention_mask`
+                too, padding is masked as a key as well.
         """
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
@@ -183,13 +237,26 @@ class BertEncoder(nn.Module):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = None if attention_mask is None else masks.from_hf_attention_mask(attention_mask)
-        x = self.embeddings(input_ids, token_type_ids)  # (B, N, C)
+        starts = None  # (B, N) bool: each document's first token
+        if document_ids is not None:
+            docs = per_token(document_ids, *input_ids.shape, name="document_ids")  # (B|1, N)
+            mask = masks.document(docs) & mask  # (B, 1, 1, N) padding, if any, ANDed in
+            doc_pos = masks.document_positions(docs)  # (B|1, N)
+            starts = (doc_pos == 0).expand_as(input_ids)
+            if attention_mask is not None:
+                starts = starts & (attention_mask != 0)
+            position_ids = doc_pos if position_ids is None else position_ids
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, N, C)
+        rotary_pos = position_ids if self.config.position_embedding_type == "rotary" else None
         states = [x]
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:
-            x = checkpoint(layer, x, mask, use_reentrant=False) if recompute else layer(x, mask)
+            if recompute:
+                x = checkpoint(layer, x, mask, rotary_pos, use_reentrant=False)
+            else:
+                x = layer(x, mask, rotary_pos)
             states.append(x)
-        pooled = None if self.pooler is None else self.pooler(x)
+        pooled = None if self.pooler is None else self.pooler(x, starts)
         return BertOutput(x, tuple(states), pooled)
 
     @classmethod
@@ -248,6 +315,11 @@ class BertEncoder(nn.Module):
 
 def load_encoder(cls, config, state, source, pooler, device, dtype) -> BertEncoder:
     """An encoder of class `cls` holding `state` (HF names, no ``bert.`` prefix)."""
+    if config.position_embedding_type != "absolute":
+        raise ValueError(
+            f"{source}: position_embedding_type {config.position_embedding_type!r} is "
+            "attnkit's own, not a transformers BERT checkpoint's: wanted 'absolute'"
+        )
     if pooler is None:
         pooler = "pooler.dense.weight" in state
     # no random init: every parameter is loaded below

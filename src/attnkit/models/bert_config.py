@@ -10,7 +10,12 @@ from pathlib import Path
 from attnkit.models import checkpoint as ckpt
 from attnkit.modules._checks import positive_int, probability
 
-__all__ = ["HF_ACTIVATIONS", "OVERRIDABLE", "QKV", "BertConfig"]
+__all__ = ["HF_ACTIVATIONS", "OVERRIDABLE", "POSITION_TYPES", "QKV", "BertConfig"]
+
+# position_embedding_type: transformers' learned table ("absolute", the only kind a BERT
+# checkpoint holds here), or attnkit's own fixed sinusoidal table (Vaswani et al. 2017, §3.5)
+# or rotary positions (RoPE on q and k in every layer, RoFormer's BERT): no table at all.
+POSITION_TYPES = ("absolute", "sinusoidal", "rotary")
 
 # Hugging Face `hidden_act` -> attnkit activation. HF "gelu" is the exact erf form
 # (transformers.activations.GELUActivation -> F.gelu); "gelu_new" is the tanh form.
@@ -54,7 +59,7 @@ class BertConfig:
     layer_norm_eps: float = 1e-12  # inside the square root of every LayerNorm
     pad_token_id: int = 0
     model_type: str = "bert"  # one of checkpoint.SUPPORTED_MODEL_TYPES
-    position_embedding_type: str = "absolute"  # only "absolute" is supported
+    position_embedding_type: str = "absolute"  # one of POSITION_TYPES ("absolute": HF's)
     initializer_range: float = 0.02  # std of new weights (heads, resized embeddings)
     classifier_dropout: float | None = None  # BertClassifier's; None: hidden_dropout_prob
 
@@ -64,10 +69,10 @@ class BertConfig:
                 f"model_type {self.model_type!r} is not supported: wanted one of "
                 f"{list(ckpt.SUPPORTED_MODEL_TYPES)} (a BertModel layout)"
             )
-        if self.position_embedding_type != "absolute":
+        if self.position_embedding_type not in POSITION_TYPES:
             raise ValueError(
                 f"position_embedding_type {self.position_embedding_type!r} is not supported: "
-                "wanted 'absolute'"
+                f"wanted 'absolute' (or attnkit's own {POSITION_TYPES[1:]})"
             )
         if self.hidden_act not in HF_ACTIVATIONS:
             raise ValueError(

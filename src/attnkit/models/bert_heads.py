@@ -91,10 +91,18 @@ class BertClassifier(nn.Module):
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
-        """Logits (B, K); arguments as for `BertEncoder.forward` (mask 1 = real token)."""
-        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output  # (B, C)
-        return self.classifier(self.drop(pooled))  # (B, K)
+        """Logits (B, K); arguments as for `BertEncoder.forward` (mask 1 = real token). With
+        `document_ids` (a packed batch): (D, K), one row per document in the order they start
+        (row by row), each what that document gets alone; `loss` takes labels (D,)."""
+        out = self.bert(
+            input_ids, attention_mask, token_type_ids,
+            position_ids=position_ids, document_ids=document_ids,
+        )  # fmt: skip
+        return self.classifier(self.drop(out.pooler_output))  # (B, K) or (D, K)
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         """The mean loss of `logits` (B, K) against `labels`, by transformers' rules.

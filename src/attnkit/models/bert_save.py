@@ -39,6 +39,13 @@ TOKENIZER_FILES = (
 def hf_state(model: nn.Module, prefix: str = "") -> dict[str, Tensor]:
     """The encoder's tensors under transformers' ``BertModel`` names (with `prefix`, e.g.
     ``"bert."`` inside a task model): contiguous copies that share no memory."""
+    kind = model.config.position_embedding_type
+    if kind != "absolute":
+        raise ValueError(
+            f"position_embedding_type {kind!r} is attnkit's own: transformers' BertModel "
+            "has no such positions, so the model cannot be saved as its checkpoint (save "
+            "the state_dict with torch.save instead)"
+        )
     ours = model.state_dict()
     out = {}
     for at, hf in ckpt.hf_names(len(model.layers), model.pooler is not None).items():

@@ -146,28 +146,33 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         cache: KVCache | None = None,
         pos: Tensor | None = None,
         context_pos: Tensor | None = None,
+        position_ids: Tensor | None = None,
     ) -> Tensor:
-        """x (B, N, C), context (B, S, Cc) or None -> (B, N, Co); `pos` (B, N, C) and
-        `context_pos` (B, S, Cc) as in `MultiHeadAttention.forward` (with a cache, `pos`
-        holds the positions of the N new queries only)."""
+        """x (B, N, C), context (B, S, Cc) or None -> (B, N, Co); `pos` (B, N, C),
+        `context_pos` (B, S, Cc) and `position_ids` (N,) or (B, N) as in
+        `MultiHeadAttention.forward` (with a cache, `pos` and `position_ids` are those of the
+        N new queries only)."""
         if cache is None:
             return super().forward(
-                x, context, mask=mask, bias=bias, causal=causal, pos=pos, context_pos=context_pos
-            )
-        if self._one_new_token(x, context, mask, bias, pos):
+                x, context, mask=mask, bias=bias, causal=causal, pos=pos, context_pos=context_pos,
+                position_ids=position_ids,
+            )  # fmt: skip
+        if position_ids is None and self._one_new_token(x, context, mask, bias, pos):
             return self._decode_one(x, cache)
         cached = cache.entries.get(self)
         if context is None:
             q, k, v = self.heads_qkv(x, pos=pos)  # (B, H, N, Dh), (B, Hkv, N, Dh) x2
-            # RoPE: the new tokens sit after the cached ones (cached keys are already rotated).
-            q, k = self.rotate(q, k, offset=0 if cached is None else cached[0].shape[2])
+            # RoPE: the new tokens sit after the cached ones (cached keys are already rotated),
+            # or at the positions given (a packed prompt's: they restart at each document).
+            offset = 0 if cached is None else cached[0].shape[2]
+            q, k = self.rotate(q, k, offset=offset, position_ids=position_ids)
             k, v = cache.append(self, k, v)  # (B, Hkv, S_past + N, Dh) x2
             # One new query sees every cached key: the bottom-right causal mask is all
             # True, so skip it (attention then needs no mask work at all).
             causal = causal and q.shape[2] > 1
         elif cached is None:
             q, k, v = self.heads_qkv(x, context, pos=pos, context_pos=context_pos)
-            q, k = self.rotate(q, k, context)  # refuses a rotary cross-attention
+            q, k = self.rotate(q, k, context, position_ids=position_ids)  # refuses rotary here
             cache.entries[self] = (k, v)
         else:
             # An empty context projects only the queries; the keys/values are cached.

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.models.decoding import KVCache
+from attnkit.modules._checks import per_token
 
 __all__ = ["filter_logits", "generate"]
 
@@ -36,6 +37,7 @@ def generate(
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     attention_mask: Tensor | None = None,
+    document_ids: Tensor | None = None,
 ) -> Tensor:
     """Continue the prompts ids (B, P) by up to `max_new_tokens` tokens -> (B, P + T).
 
@@ -49,8 +51,15 @@ def generate(
     attention_mask: (B, P), True / 1 = real token; prompts of different lengths are
         left-padded (the last column is real in every row). Each row then gets the
         tokens it would get alone. The padding stays in the returned ids.
+    document_ids: (B, P) or (P,) document ids of packed prompts (several documents per row, as
+        `GPT(ids, document_ids=)` takes them): each row continues its last document, and
+        gets the tokens that document would get alone (a document sees only itself, so the
+        earlier ones are not even encoded: they count as padding). They stay in the
+        returned ids; the new tokens belong to the last document.
     """
     context = _check(model, ids, max_new_tokens, temperature, top_k, top_p, attention_mask)
+    if document_ids is not None:
+        attention_mask = _last_documents(document_ids, ids, attention_mask)
     batch, p = ids.shape
     keep = None  # (B, P + max_new) True = real token, only when there is padding
     if attention_mask is not None and not bool(attention_mask.all()):
@@ -79,6 +88,13 @@ def generate(
             mask = window[:, : cache.length + 1]  # (B, S): a view of the buffer
             logits = model(nxt, cache=cache, attention_mask=mask).select(1, -1)
     return torch.cat(out, 1).to(ids.dtype)  # cat promotes int32 ids to the picks' int64
+
+
+def _last_documents(docs: Tensor, ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """(B, P) True where a token belongs to its row's last document (and is real)."""
+    docs = per_token(docs, *ids.shape, name="document_ids")  # (B|1, P)
+    last = (docs == docs[:, -1:]).expand(ids.shape)  # (B, P)
+    return last if attention_mask is None else last & (attention_mask != 0)
 
 
 def _cut(keep: Tensor | None, n: int) -> Tensor | None:

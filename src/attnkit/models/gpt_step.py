@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from attnkit.models.decoding import CachedMultiHeadAttention, KVCache, _plain, global_hooks
 from attnkit.modules.blocks import FeedForward, PreNormResidual
-from attnkit.modules.embed import LearnedPositionalEmbedding
+from attnkit.modules.embed import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from attnkit.modules.projection import FusedQKV
 
 __all__ = ["decode_step"]
@@ -116,9 +116,11 @@ def _plan(gpt: nn.Module, block_type: type, tokens_type: type) -> tuple | None:
     if not (
         _plain_module(tokens, tokens_type)
         and tokens.max_norm is None
-        and (positions is None or _plain_module(positions, LearnedPositionalEmbedding))
         and _plain_module(mods["blocks"], nn.ModuleList)
     ):
+        return None
+    pos = _position_table(positions, tokens._parameters["weight"].dtype)
+    if positions is not None and pos is None:
         return None
     norm, head = _norm(mods["norm"]), _linear(mods["head"])
     if norm is None or head is None:
@@ -129,8 +131,18 @@ def _plan(gpt: nn.Module, block_type: type, tokens_type: type) -> tuple | None:
         if layer is None:
             return None
         layers.append(layer)
-    pos = None if positions is None else positions._parameters["weight"]
     return tokens._parameters["weight"], pos, layers, norm, head
+
+
+def _position_table(positions: nn.Module | None, dtype: torch.dtype) -> Tensor | None:
+    """The (context, C) table a plain learned or sinusoidal position module adds, or None.
+    A sinusoidal table is used only in the tokens' dtype (its module casts it to x's dtype)."""
+    if _plain_module(positions, LearnedPositionalEmbedding):
+        return positions._parameters["weight"]
+    if _plain_module(positions, SinusoidalPositionalEncoding):
+        table = positions._buffers["table"]
+        return table if table.dtype == dtype else None
+    return None
 
 
 def _layer(block: nn.Module, block_type: type) -> tuple | None:

@@ -45,3 +45,37 @@ def check_image(x, channels: int, size: int, who: str) -> None:
         raise ValueError(
             f"{who}: images must have shape (B, {channels}, {size}, {size}), got {tuple(x.shape)}"
         )
+
+
+def per_token(value, batch: int, n: int, *, name: str, over: str = ""):
+    """`value` as an int64 tensor (B|1, N): one integer per token of N, given as (N,) or
+    (B, N) with B = `batch` (positions, document ids); `over` says what the N tokens are."""
+    import torch
+
+    ok = isinstance(value, torch.Tensor) and value.dim() in (1, 2) and value.shape[-1] == n
+    ok = ok and not value.dtype.is_floating_point and value.dtype != torch.bool
+    if ok and value.dim() == 2:
+        ok = value.shape[0] in (1, batch)
+    if not ok:
+        got = (
+            f"{value.dtype} {tuple(value.shape)}"
+            if isinstance(value, torch.Tensor)
+            else type(value).__name__
+        )
+        raise ValueError(f"{name} must be integers ({n},) or ({batch}, {n}){over}, got {got}")
+    return value.long() if value.dim() == 2 else value.long()[None]  # (B|1, N)
+
+
+def position_ids(value, batch: int, n: int, *, limit: int | None = None, name="position_ids"):
+    """`value` as an int64 tensor (B|1, N): the positions of N tokens, given as (N,) or (B, N)
+    with B = `batch`, each >= 0 and, when `limit` is given, < `limit` (a table's length)."""
+    from attnkit.functional._trace import tracing
+
+    value = per_token(value, batch, n, name=name)
+    # the values are read only where they exist (not on meta) and in eager code
+    if value.numel() and value.device.type != "meta" and not tracing():
+        low, high = int(value.min()), int(value.max())
+        if low < 0 or (limit is not None and high >= limit):
+            within = "" if limit is None else f" and < {limit}"
+            raise ValueError(f"{name} must be >= 0{within}, got values {low}..{high}")
+    return value

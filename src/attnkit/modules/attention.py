@@ -186,14 +186,28 @@ class MultiHeadAttention(nn.Module):
         return q, k, v
 
     def rotate(
-        self, q: Tensor, k: Tensor, context: Tensor | None = None, offset: int = 0
+        self,
+        q: Tensor,
+        k: Tensor,
+        context: Tensor | None = None,
+        offset: int = 0,
+        *,
+        position_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Apply `rotary` (if any) to q (B, H, N, Dk) and k (B, Hkv, N, Dk) at positions offset.."""
+        """Apply `rotary` (if any) to q (B, H, N, Dk) and k (B, Hkv, N, Dk) at positions
+        offset.., or at `position_ids` (N,) or (B, N) (which need a `rotary`)."""
         if self.rotary is None:
+            if position_ids is not None:
+                raise ValueError(
+                    "position_ids are the positions `rotary` rotates q and k by, and this "
+                    "attention has no rotary: add positions to its input instead"
+                )
             return q, k
         if context is not None:
             raise ValueError("rotary positions are for self-attention: got a context")
-        return self.rotary(q, k, offset=offset)
+        if position_ids is None:
+            return self.rotary(q, k, offset=offset)
+        return self.rotary(q, k, position_ids=position_ids)
 
     @staticmethod
     def merge_heads(o: Tensor) -> Tensor:
@@ -212,6 +226,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         pos: Tensor | None = None,
         context_pos: Tensor | None = None,
+        position_ids: Tensor | None = None,
     ) -> Tensor:
         """query (B, N, C), key (B, S, Ck), value (B, S, Cv) -> (B, N, Co).
 
@@ -225,6 +240,10 @@ class MultiHeadAttention(nn.Module):
         pos, context_pos: positions (B, N, C) / (B, S, Ck) added to the query
             and key inputs only, not to the values (DETR style). In
             self-attention `pos` is added to both q and k inputs.
+        position_ids: integer positions (N,) or (B, N) of the tokens, by which `rotary`
+            rotates q and k (self-attention with a rotary only; default 0 .. N-1). A packed
+            batch passes positions that restart at each document
+            (`attnkit.masks.document_positions`) with ``mask=masks.document(ids)``.
 
         Queries whose mask row is all False get output `proj(0)` = the output
         bias (attention output 0), never NaN.
@@ -234,7 +253,7 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("pass context= (key = value = context) or key/value, not both")
             key = context
         q, k, v = self.heads_qkv(query, key, value, pos=pos, context_pos=context_pos)
-        q, k = self.rotate(q, k, key)
+        q, k = self.rotate(q, k, key, position_ids=position_ids)
         o = self.attend(q, k, v, mask=mask, bias=bias, causal=causal).out  # (B, H, N, Dv)
         return self.proj(self.merge_heads(o))
 

@@ -38,17 +38,19 @@ def bert_self_attention(
     attn_dropout: float = 0.1,
     hidden_dropout: float = 0.1,
     eps: float = 1e-12,
+    rotary: nn.Module | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> PostNormResidual:
     """BERT's attention block (Devlin et al. 2019): LayerNorm(x + dropout(dense(attention(x)))).
 
     The output dense layer is the attention's `proj`; LayerNorm's epsilon sits
-    inside the square root, 1e-12 as in the released checkpoints.
+    inside the square root, 1e-12 as in the released checkpoints. `rotary`: a
+    `RotaryEmbedding` for q and k (RoFormer's BERT), as in `MultiHeadAttention`.
     """
     fk = {"device": device, "dtype": dtype}
     attn = MultiHeadAttention(
-        dim, num_heads, dropout=probability("attn_dropout", attn_dropout), **fk
+        dim, num_heads, dropout=probability("attn_dropout", attn_dropout), rotary=rotary, **fk
     )
     norm = nn.LayerNorm(dim, eps=eps, **fk)
     return PostNormResidual(attn, norm, probability("hidden_dropout", hidden_dropout))

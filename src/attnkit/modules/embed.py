@@ -1,7 +1,9 @@
 """Positional encodings as modules (learned and sinusoidal) and the ViT patch embedding.
 
 Dimensions: B batch, N tokens, C width. Both add the encoding of positions
-offset, ..., offset + N - 1 to x (offset: positions already in a decoder cache).
+offset, ..., offset + N - 1 to x (offset: positions already in a decoder cache), or of
+the positions `position_ids` (N,) or (B, N) gives (a packed batch, whose positions restart
+at each document: `attnkit.masks.document_positions`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from torch import Tensor, nn
 
 from attnkit.functional.positional import sinusoidal
 from attnkit.modules._checks import check_image, positive_int
+from attnkit.modules._checks import position_ids as checked_positions
 
 __all__ = ["LearnedPositionalEmbedding", "PatchEmbed", "SinusoidalPositionalEncoding"]
 
@@ -23,6 +26,12 @@ def _check(x: Tensor, offset: int, max_len: int, dim: int) -> None:
             f"positions {offset}..{offset + x.shape[1] - 1} exceed max_len={max_len} "
             f"(x has {x.shape[1]} tokens)"
         )
+
+
+def _positions(x: Tensor, ids: Tensor, max_len: int, dim: int) -> Tensor:
+    """Checked position ids (B|1, N) for x (B, N, C): integers in [0, max_len)."""
+    _check(x, 0, max(max_len, x.shape[1]), dim)  # the shape only; the ids set the positions
+    return checked_positions(ids, x.shape[0], x.shape[1], limit=max_len)
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -41,8 +50,10 @@ class LearnedPositionalEmbedding(nn.Module):
         """Normal(0, init_std) entries."""
         nn.init.normal_(self.weight, std=self.init_std)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """(B, N, C) -> (B, N, C)."""
+    def forward(self, x: Tensor, offset: int = 0, *, position_ids: Tensor | None = None) -> Tensor:
+        """(B, N, C) -> (B, N, C); `position_ids` (N,) or (B, N) instead of offset.."""
+        if position_ids is not None:
+            return x + self.weight[_positions(x, position_ids, self.max_len, self.dim)]
         _check(x, offset, self.max_len, self.dim)
         return x + self.weight[offset : offset + x.shape[1]]
 
@@ -69,8 +80,11 @@ class SinusoidalPositionalEncoding(nn.Module):
         t = self.table
         t.copy_(sinusoidal(self.max_len, self.dim, base=self.base, dtype=t.dtype, device=t.device))
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """(B, N, C) -> (B, N, C)."""
+    def forward(self, x: Tensor, offset: int = 0, *, position_ids: Tensor | None = None) -> Tensor:
+        """(B, N, C) -> (B, N, C); `position_ids` (N,) or (B, N) instead of offset.."""
+        if position_ids is not None:
+            pos = _positions(x, position_ids, self.max_len, self.dim)
+            return x + self.table[pos].to(x.dtype)
         _check(x, offset, self.max_len, self.dim)
         return x + self.table[offset : offset + x.shape[1]].to(x.dtype)
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.functional._trace import tracing
 from attnkit.functional.relative import alibi_bias, alibi_slopes, relative_position_bucket
 from attnkit.functional.rotary import apply_rotary, rotary_tables
+from attnkit.modules._checks import position_ids as checked_positions
 from attnkit.modules._checks import positive_int
 
 __all__ = ["AlibiBias", "RelativePositionBias", "RotaryEmbedding"]
@@ -78,23 +80,40 @@ class RotaryEmbedding(nn.Module):
             self.cos, self.sin = cos, sin  # buffers: follow .to(device)
         return self.cos[offset:end], self.sin[offset:end]
 
-    def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
-        """x (B, H, N, D) at positions offset .. offset + N - 1 -> same shape."""
+    def rotate(self, x: Tensor, offset: int = 0, *, position_ids: Tensor | None = None) -> Tensor:
+        """x (B, H, N, D) at positions offset .. offset + N - 1 -> same shape; or at the
+        positions `position_ids` (N,) or (B, N) (a packed batch: `masks.document_positions`)."""
         if not isinstance(x, Tensor) or x.dim() != 4:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape (B, H, N, D), got {got}")
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
-        cos, sin = self.tables(x.shape[2], offset, like=x)
+        if position_ids is None:
+            cos, sin = self.tables(x.shape[2], offset, like=x)  # (N, R/2) each
+        else:
+            pos = checked_positions(position_ids, x.shape[0], x.shape[2])  # (B|1, N)
+            if pos.device.type == "meta" or tracing():  # no values to read: a fixed size
+                size = max(x.shape[2], self.cos.shape[0])  # (packed positions are < N)
+            else:
+                size = int(pos.max()) + 1 if pos.numel() else 0
+            cos, sin = self.tables(size, like=x)  # (size, R/2) each
+            cos, sin = cos[pos], sin[pos]  # (B|1, N, R/2): the same rows offset.. would give
         return apply_rotary(x, cos, sin, interleaved=self.interleaved)
 
-    def forward(self, q: Tensor, k: Tensor, *, offset: int = 0) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, q: Tensor, k: Tensor, *, offset: int = 0, position_ids: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """q (B, H, N, D), k (B, Hkv, N, D), both from positions offset.. -> rotated q, k.
 
         In a decoder with a cache, pass the new queries and the new keys with
         offset = the number of cached tokens; cached keys are already rotated.
+        `position_ids` (N,) or (B, N): the tokens' positions instead (a packed batch,
+        whose positions restart at each document).
         """
-        return self.rotate(q, offset), self.rotate(k, offset)
+        return (
+            self.rotate(q, offset, position_ids=position_ids),
+            self.rotate(k, offset, position_ids=position_ids),
+        )
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, base={self.base}, interleaved={self.interleaved}"

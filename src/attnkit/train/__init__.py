@@ -1,4 +1,5 @@
-"""Training: a generic loop (`fit`, checkpoints, DDP) and the digits image task."""
+"""Training: a generic loop (`fit`, checkpoints, DDP), the digits image task, and documents
+packed into rows without padding (`pack`)."""
 
 from attnkit.train.data import (
     Digits,
@@ -14,10 +15,12 @@ from attnkit.train.loop import (
     distributed,
     fit,
 )
+from attnkit.train.packing import Packed, pack
 
 __all__ = [
     "Digits",
     "FitResult",
+    "Packed",
     "StepResult",
     "TrainConfig",
     "classify_step",
@@ -25,5 +28,6 @@ __all__ = [
     "evaluate_classifier",
     "fit",
     "load_digits",
+    "pack",
     "random_shift",
 ]
