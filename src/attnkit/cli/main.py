@@ -13,7 +13,7 @@ import sys
 from attnkit._version import __version__
 from attnkit.cli import bench, explain, explain_image, flops, lm, seq2seq, train
 from attnkit.cli._common import EXIT_FAILURE, EXIT_INTERRUPTED, Parser
-from attnkit.cli._errors import EXIT_USAGE, UsageError
+from attnkit.cli._errors import EXIT_USAGE, FileError, UsageError
 
 # Each subcommand module exposes register(subparsers), which adds its parser and
 # sets `run`. Add new subcommands to this tuple.
@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     prog = f"attnkit {args.command}"
     try:
         return args.run(args)
+    except FileError as e:
+        print(f"{prog}: error: {e.one_line()}", file=sys.stderr)
+        return EXIT_FAILURE
     except UsageError as e:
         print(f"{prog}: error: {e.one_line()}", file=sys.stderr)
         return EXIT_USAGE
