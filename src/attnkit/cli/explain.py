@@ -193,16 +193,21 @@ def find_focus(tokens: Sequence[str], focus: str, pieces_of: Callable[[str], lis
     raise UsageError(f"--focus {focus!r} is not in the text; its tokens are: {words}")
 
 
-def _indices(option: str, picked: Sequence[int] | None, size: int, what: str) -> list[int]:
+def _indices(
+    option: str, picked: Sequence[Sequence[range]] | None, size: int, what: str
+) -> list[int]:
+    """The indices of --layers / --heads (ranges from `int_list`, one list per word), each
+    range checked by its ends before it is expanded: '0-99999999999' is refused, not built."""
     if picked is None:
         return list(range(size))
-    picked = [i for group in picked for i in group]  # int_list gives one list per word
-    for i in picked:
-        if not -size <= i < size:
-            raise UsageError(
-                f"{option} {i} is out of range: the model has {size} {what} (0..{size - 1})"
-            )
-    return [i % size for i in picked]
+    ranges = [r for group in picked for r in group]
+    for r in ranges:
+        for i in (r[0], r[-1]):
+            if not -size <= i < size:
+                raise UsageError(
+                    f"{option} {i} is out of range: the model has {size} {what} (0..{size - 1})"
+                )
+    return [i % size for r in ranges for i in r]
 
 
 def ranked(
