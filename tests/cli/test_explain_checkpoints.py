@@ -229,3 +229,27 @@ def test_vit_refuses_a_file_that_is_no_image(vit, tmp_path, capsys):
 def test_image_with_a_text_checkpoint_is_refused(folders, picture, capsys):
     assert main(["explain", "--checkpoint", str(folders["gpt2"]), "--image", str(picture)]) == 2
     assert "--image is for image checkpoints" in capsys.readouterr().err
+
+
+def test_heads_and_pooler_that_explain_does_not_use_are_tolerated(folders, tmp_path, capsys):
+    """Weights that do not fit config.json are refused (tests/hostile/test_random_weights.py),
+    but not a task head or a pooler: explain reads neither."""
+    import shutil
+
+    import transformers
+
+    from tests.integrations.checkpoints import config
+
+    # a masked-LM RoBERTa: lm_head.* unexpected and the pooler missing for the base model
+    roberta = tmp_path / "roberta_mlm"
+    shutil.copytree(folders["roberta"], roberta)
+    torch.manual_seed(0)
+    vocab = json.loads((roberta / "config.json").read_text())["vocab_size"]
+    transformers.RobertaForMaskedLM(config("roberta", vocab)).save_pretrained(roberta)
+    # a BERT classifier (classifier.*, bert. prefix) read by attnkit's own encoder
+    bert = tmp_path / "bert_cls"
+    shutil.copytree(folders["bert"], bert)
+    transformers.BertForSequenceClassification(config("bert", 30522)).save_pretrained(bert)
+    for folder in (roberta, bert):
+        code, cap = _explain(capsys, TEXT, "--checkpoint", folder, "--out", tmp_path / folder.name)
+        assert code == 0, cap.err

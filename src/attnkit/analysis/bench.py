@@ -37,7 +37,7 @@ from attnkit.analysis.bench_report import evaluate_targets
 from attnkit.functional import native
 from attnkit.functional.attention import _choose_backend, _mask_elems, attention
 
-__all__ = ["Case", "Plan", "planned_steps", "run_benchmark"]
+__all__ = ["Case", "Plan", "kernel_flops", "peak_bytes", "planned_steps", "run_benchmark"]
 
 MASKS = ("none", "causal", "padding", "bool")
 KERNEL_IMPLS = ("auto", "reference", "fused", "chunked", "sdpa", "plain")
@@ -122,9 +122,15 @@ def applicable(impl: str, case: Case) -> bool:
 
 
 def auto_choice(case: Case, backward: bool = False) -> str:
-    """The backend ``auto`` runs for `case` (what `attention` would decide)."""
-    q, k, _, mask, causal = make_inputs(Case(case.n, case.mask, 0.0, b=1, h=1, d=1), False)
-    elems = _mask_elems(q, k, mask, None, causal)
+    """The backend ``auto`` runs for `case` (what `attention` would decide, from shapes: the
+    tensors are on the meta device, so no second (N, S) mask is built beside the row's)."""
+    n = case.n
+    q = k = torch.empty(1, 1, n, 1, device="meta")  # (B, H, N, D)
+    shapes = {"padding": (1, 1, 1, n), "bool": (n, n)}
+    mask = None
+    if case.mask in shapes:
+        mask = torch.empty(shapes[case.mask], dtype=torch.bool, device="meta")
+    elems = _mask_elems(q, k, mask, None, case.mask == "causal")
     return _choose_backend(
         "auto",
         need_weights=False,
@@ -282,6 +288,31 @@ def memory_row(impl: str, case: Case, threads: int) -> dict:
 
 
 # --------------------------------------------------------------------------- the run
+
+
+def kernel_flops(plan: Plan) -> float:
+    """FLOPs of the kernel rows of `run_benchmark(plan)`: every implementation of a row runs
+    once untimed and `repeats` times timed (more often only where a call is short). Divided
+    by the machine's matmul speed, a lower bound of the run's time (attention is no faster)."""
+    total = 0.0
+    for dtype in plan.dtypes:
+        for n in (n for n in plan.sizes if dtype == "float32" or n <= plan.bf16_max_n):
+            for mask in MASKS:
+                for p in (0.0, 0.1):
+                    case = Case(n, mask, p, dtype)
+                    calls = (1 + plan.repeats) * sum(applicable(i, case) for i in KERNEL_IMPLS)
+                    total += calls * (attention_flops(case, False) + attention_flops(case, True))
+    return total
+
+
+def peak_bytes(n: int) -> int:
+    """Memory a kernel row of N=n holds at its peak (B=1, H=8, D=64): the boolean-mask row's
+    (N, S) mask (1 byte an element) beside the float32 noise it is drawn from or the float
+    mask SDPA makes of it (4 bytes an element); the score matrices of the dense
+    implementations where they run (`applicable`); q, k, v, their gradients and outputs."""
+    case = Case(n, "bool", 0.1)
+    dense = 0 if not applicable("plain", case) else 3 * case.score_bytes
+    return 5 * n * n + dense + 16 * case.b * case.h * n * case.d * 4
 
 
 def planned_steps(plan: Plan) -> int:

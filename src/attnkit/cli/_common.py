@@ -1,4 +1,5 @@
-"""What every subcommand shares: one-line usage errors, the output folder rule, exit codes.
+"""What every subcommand shares: one-line usage errors, the output folder rule, exit codes,
+and the argparse types of the options several commands have (--seed, --threads, --out).
 
 Imports nothing heavy: `attnkit --help` builds every parser through this module.
 """
@@ -12,11 +13,12 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from attnkit.cli._errors import EXIT_USAGE, UsageError
+from attnkit.cli._errors import EXIT_FAILURE, EXIT_USAGE, UsageError
 
 __all__ = [
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
+    "MAX_SEED",
     "OUT_ROOT",
     "Parser",
     "add_out_options",
@@ -24,24 +26,62 @@ __all__ = [
     "default_out",
     "emit",
     "int_list",
+    "max_threads",
+    "out_folder",
     "positive_int",
     "prepare_out",
     "progress",
+    "release_out_locks",
     "remove_results",
+    "seed_number",
+    "thread_count",
 ]
 
-EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 OUT_ROOT = Path("attnkit-out")
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr (not usage + error) and exit 2."""
+    """An ArgumentParser whose errors are one line on stderr (not usage + error) and exit 2,
+    and which refuses text arguments that are not valid UTF-8 (see `_check_text`)."""
 
     def error(self, message: str):  # type: ignore[override]
         line = " ".join(message.split())
         print(f"{self.prog}: error: {line} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        namespace, extras = super().parse_known_args(args, namespace)
+        self._check_text(namespace)
+        return namespace, extras
+
+    def _check_text(self, namespace: argparse.Namespace) -> None:
+        """Python hands argv bytes that are not UTF-8 over as lone surrogates
+        ("surrogateescape"); a tokenizer or a JSON writer then fails far from the cause.
+        Text (str) arguments are refused here, naming the argument; paths (Path) keep such
+        bytes, which the file system takes back unchanged. Each (sub)parser checks its own."""
+        for action in self._actions:
+            value = getattr(namespace, action.dest, None)
+            values = value if isinstance(value, list) else [value]
+            if any(isinstance(v, str) and not _is_utf8(v) for v in values):
+                name = _argument_name(action)
+                self.error(f"argument {name}: is not valid UTF-8 text: give it as UTF-8")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _argument_name(action: argparse.Action) -> str:
+    """How the user spells the argument: its first long option, else its metavar or name."""
+    longs = [o for o in action.option_strings if o.startswith("--")]
+    if longs or action.option_strings:
+        return (longs or action.option_strings)[0]
+    return str(action.metavar or action.dest)
 
 
 def add_command_group(subparsers, name: str, help: str, doc: str, dest: str):
@@ -60,24 +100,76 @@ def _print_help(parser: argparse.ArgumentParser) -> int:
     return EXIT_USAGE
 
 
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:  # also a number of more than 4300 digits
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    value = _whole(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
-def int_list(text: str) -> list[int]:
-    """argparse type: '3', '0,11', '3-5' or '0,3-5' -> a list of integers >= 0."""
-    values: list[int] = []
+# torch's generators take seeds below 2**64, Python's and numpy's more or fewer; 0..2**63-1
+# fits every one attnkit seeds (also after the small offsets some commands add).
+MAX_SEED = 2**63 - 1
+
+
+def seed_number(text: str) -> int:
+    """argparse type of every --seed: a whole number from 0 to 2**63 - 1."""
+    value = _whole(text)
+    if not 0 <= value <= MAX_SEED:
+        shown = text if len(text) <= 40 else text[:20] + "..."
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number from 0 to 2**63 - 1 = {MAX_SEED}, got {shown}"
+        )
+    return value
+
+
+def max_threads() -> int:
+    """The most --threads any command takes: 4 per CPU of this machine. More only wait on
+    each other, and each costs a thread stack: under a memory limit, creating hundreds made
+    torch fail with "error return without exception set" or OpenMP abort the process."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def thread_count(text: str) -> int:
+    """argparse type of every --threads: 1 .. `max_threads()`."""
+    value = positive_int(text)
+    limit = max_threads()
+    if value > limit:
+        raise argparse.ArgumentTypeError(
+            f"{value} threads is more than {limit}, 4 per CPU of this machine "
+            f"({os.cpu_count() or 1} CPUs): give at most {limit}"
+        )
+    return value
+
+
+def out_folder(text: str) -> Path:
+    """argparse type of --out: a folder path, not empty. ``--out ""`` (an unset shell
+    variable, typically) would otherwise mean the current folder, and --force would
+    overwrite what is there; ``--out .`` says so on purpose and is accepted."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is empty: give a folder (--out . for the current one)"
+        )
+    return Path(text)
+
+
+def int_list(text: str) -> list[range]:
+    """argparse type: '3', '0,11', '3-5' or '0,3-5' -> ranges of integers >= 0 (-1 alone
+    counts from the end). Ranges stay ranges: '0-99999999999' costs nothing until the
+    command has checked it against what exists (see `attnkit.cli.explain`)."""
+    values: list[range] = []
     for part in text.split(","):
         part = part.strip()
         if part.startswith("-") and part[1:].isdigit():  # -1: the last, for who counts from the end
-            values.append(int(part))
+            values.append(range(int(part), int(part) + 1))
             continue
         low, dash, high = part.partition("-")
         try:
@@ -91,7 +183,7 @@ def int_list(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(
                 f"{part!r} is not a range: write LOW-HIGH, LOW <= HIGH"
             )
-        values.extend(range(lo, hi + 1))
+        values.append(range(lo, hi + 1))
     return values
 
 
@@ -104,10 +196,11 @@ def add_out_options(p: argparse.ArgumentParser, command: str, what: str) -> None
     """--out DIR and --force, the same for every command that writes files."""
     p.add_argument(
         "--out",
-        type=Path,
+        type=out_folder,
         default=default_out(command),
         metavar="DIR",
-        help=f"folder to write {what} into, created if needed (default: {default_out(command)})",
+        help=f"folder to write {what} into, created if needed; one run at a time "
+        f"(default: {default_out(command)})",
     )
     p.add_argument(
         "--force", action="store_true", help="overwrite results already in the --out folder"
@@ -127,9 +220,16 @@ def add_report_options(p: argparse.ArgumentParser) -> None:
 def prepare_out(
     out: Path, names: Iterable[str], *, force: bool = False, option: str = "--out"
 ) -> Path:
-    """Check and create the output folder before any work; UsageError naming `option` if it
-    is a file, cannot be created or written, has a name too long, or already holds one of
-    `names` (the command's result files) and `force` is not set."""
+    """Check, create and lock the output folder before any work; UsageError naming `option`
+    if it is a file, cannot be created or written, has a name too long, is in use by another
+    run (named by its pid), or already holds one of `names` (the command's result files) and
+    `force` is not set.
+
+    The lock is an exclusive `flock` on the folder itself, held until `release_out_locks`
+    (`attnkit.cli.main.main` calls it when the command ends; the kernel drops it if the
+    process dies): two runs on one folder would otherwise both succeed and leave the files of
+    one mixed with those of the other. Nothing is written into the folder for it. Under
+    torchrun only rank 0 takes it (the ranks of one run share the folder)."""
     shown = str(out)
     if len(shown) > 80:
         shown = shown[:40] + "..." + shown[-20:]
@@ -142,6 +242,8 @@ def prepare_out(
 def _prepare(out: Path, names: Iterable[str], force: bool, option: str, shown: str) -> Path:
     if out.exists() and not out.is_dir():
         raise UsageError(f"{option} {shown!r} is a file: give a folder to write into")
+    if out.is_dir():  # a run that holds the folder is named before its files are
+        _lock(out, option, shown)
     if out.is_dir() and not force:
         taken = sorted(n for n in names if (out / n).exists())
         if taken:
@@ -155,7 +257,64 @@ def _prepare(out: Path, names: Iterable[str], force: bool, option: str, shown: s
         raise UsageError(f"{option} {shown!r}: {_reason(e)}") from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {shown!r} is not writable: give a folder you may write into")
+    _lock(out, option, shown)
     return out
+
+
+_LOCKS: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) of a folder held -> its descriptor
+
+
+def _lock(out: Path, option: str, shown: str) -> None:
+    if os.environ.get("RANK", "0") != "0":
+        return
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        return
+    st = out.stat()
+    if (st.st_dev, st.st_ino) in _LOCKS:  # held by this process already (run() called twice)
+        return
+    try:
+        fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # a folder one may write into but not read: run unlocked
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        holder = _lock_holder(st)
+        who = f"pid {holder}" if holder else "its pid unknown"
+        raise UsageError(
+            f"{option} {shown!r} is in use by another attnkit run ({who}): wait until it ends, "
+            "or give another folder"
+        ) from None
+    except OSError:  # a file system without flock (some network mounts): run unlocked
+        os.close(fd)
+        return
+    _LOCKS[(st.st_dev, st.st_ino)] = fd
+
+
+def _lock_holder(st: os.stat_result) -> int | None:
+    """The pid holding a flock on the file of `st`, from /proc/locks (Linux), else None."""
+    exact = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return None
+    # "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2155293 0 EOF" (waiters have "->" after "1:")
+    held = [r for r in rows if len(r) >= 6 and r[1] == "FLOCK" and r[4].isdigit()]
+    for match in (lambda f: f == exact, lambda f: f.endswith(f":{st.st_ino}")):
+        pids = [int(r[4]) for r in held if match(r[5]) and int(r[4]) != os.getpid()]
+        if pids:
+            return pids[0]
+    return None
+
+
+def release_out_locks() -> None:
+    """Let go of every --out folder this process holds (the command has ended)."""
+    while _LOCKS:
+        os.close(_LOCKS.popitem()[1])
 
 
 def _reason(e: OSError) -> str:

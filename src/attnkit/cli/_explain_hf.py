@@ -8,6 +8,11 @@ their maps come from `attnkit.record_attention` like the BERT's. A decoder's map
 causal: each token attends to itself and the tokens before it. A ViT checkpoint is handed
 to the image explanation (`attnkit.cli._explain_vit`). transformers is the ``[hf]`` extra:
 without it, one line says what to install.
+
+Weights that do not fit the config.json (another model's, a part missing) are refused with
+one line naming the folder, exit 1 (`FileError`), never explained as the random weights
+transformers would put in their place; a model type explain cannot read (unknown to
+transformers, or an encoder-decoder) is named, exit 2.
 """
 
 from __future__ import annotations
@@ -19,9 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnkit.cli._errors import UsageError
+from attnkit.cli._errors import FileError, UsageError
 
-__all__ = ["Prepared", "checkpoint_kind", "find_word", "prepare", "require_transformers"]
+__all__ = [
+    "Prepared",
+    "checked_model",
+    "checkpoint_kind",
+    "find_word",
+    "prepare",
+    "require_transformers",
+]
 
 # model_type values of image checkpoints (explained on an --image, not a text).
 VISION_TYPES = frozenset({"vit", "deit", "dinov2", "beit"})
@@ -46,6 +58,49 @@ def checkpoint_kind(folder: Path | None) -> str:
 
 def model_type(folder: Path) -> str:
     return str(json.loads((folder / "config.json").read_text(encoding="utf-8"))["model_type"])
+
+
+EXPLAINED = (
+    "explain reads BERT (attnkit's own encoder), text encoders and decoders through "
+    "transformers (RoBERTa, DistilBERT, GPT-2, Llama-style) and ViT image models"
+)
+
+
+def _config(hf: Any, folder: Path):
+    """The transformers config of `folder`; UsageError naming a model type explain cannot
+    read: one transformers does not know, or an encoder-decoder (two attention kinds)."""
+    import transformers
+
+    kind = model_type(folder)
+    if kind not in transformers.CONFIG_MAPPING:
+        raise UsageError(
+            f"--checkpoint {str(folder)!r}: cannot load a {kind!r} model: transformers knows "
+            f"no such model type; {EXPLAINED}"
+        )
+    try:
+        config = hf._config(folder)
+    except ValueError as e:
+        raise UsageError(f"--checkpoint: {e}" if "checkpoint" not in str(e) else str(e)) from None
+    if getattr(config, "is_encoder_decoder", False):
+        raise UsageError(
+            f"--checkpoint {str(folder)!r} is a {kind!r} checkpoint, an encoder-decoder: "
+            f"{EXPLAINED}"
+        )
+    return config
+
+
+def checked_model(load: Callable[[], Any]) -> Any:
+    """`load()` of a transformers model, its errors as the command line says them: weights
+    that do not fit the config.json are a FileError (exit 1, the folder named), anything else
+    transformers cannot load a UsageError (exit 2)."""
+    from attnkit.models.checkpoint import CheckpointError
+
+    try:
+        return load()
+    except CheckpointError as e:
+        raise FileError(f"--checkpoint: {e}") from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def require_transformers(folder: Path) -> Any:
@@ -119,10 +174,14 @@ def prepare(args, step: Callable[[str], Any]) -> Prepared:
     context manager that tells a waiting user what runs)."""
     folder: Path = args.checkpoint
     hf = require_transformers(folder)
+    config = _config(hf, folder)
+    from attnkit.models.checkpoint import CheckpointError
+
     try:
         tokenizer = hf.load_tokenizer(folder)
-        config = hf._config(folder)
         enc = hf.encode_text(tokenizer, args.text, args.pair)
+    except CheckpointError as e:  # a damaged tokenizer file, named
+        raise FileError(f"--checkpoint: {e}") from None
     except ValueError as e:
         raise UsageError(f"--checkpoint: {e}" if "checkpoint" not in str(e) else str(e)) from None
     limit = getattr(config, "max_position_embeddings", None)
@@ -140,10 +199,7 @@ def prepare(args, step: Callable[[str], Any]) -> Prepared:
         import torch
 
         with step(f"loading {folder}"):
-            try:
-                model = hf.load_model(folder)
-            except ValueError as e:
-                raise UsageError(str(e)) from None
+            model = checked_model(lambda: hf.load_model(folder))
         got = hf.run_text(model, enc)
         if len(got.maps) != num_layers:
             raise UsageError(

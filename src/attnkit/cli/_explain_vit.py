@@ -5,7 +5,10 @@ Dimensions: L layers, H heads, N = 1 + h·w tokens (class token first), I image 
 The pictures of `attnkit explain-image`: attention rollout through all layers and the last
 layer's class-token attention per head, laid over the image (attention.png), and the mean
 attention distance per head in pixels (head_distance.png, drawn by explain-image's own
-function). The model runs on transformers with ``attn_implementation="attnkit"``.
+function). The model runs on transformers with ``attn_implementation="attnkit"``; weights
+that do not fit its config.json (another model's, or a part missing) are refused with one
+line naming the folder, exit 1 (`attnkit.cli._explain_hf.checked_model`). Tolerated: a
+classifier head when the folder is read as a plain ViTModel, and the pooler.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def _pixels(path: Path, config, folder: Path):
 
 def run(args, text_files: tuple[str, ...]) -> int:
     """Explain one image for a ViT checkpoint folder; UsageError for bad input."""
-    from attnkit.cli._explain_hf import model_type, require_transformers
+    from attnkit.cli._explain_hf import checked_model, model_type, require_transformers
 
     folder: Path = args.checkpoint
     if args.image is None:
@@ -84,10 +87,11 @@ def run(args, text_files: tuple[str, ...]) -> int:
     archs = getattr(config, "architectures", None) or []
     classify = any(a.endswith("ForImageClassification") for a in archs)
     auto = transformers.AutoModelForImageClassification if classify else transformers.AutoModel
-    try:
-        model = auto.from_pretrained(folder, attn_implementation="attnkit", local_files_only=True)
-    except (OSError, KeyError, ValueError) as e:
-        raise UsageError(f"--checkpoint: cannot load {str(folder)!r}: {e}") from None
+    from attnkit.integrations._hf_checkpoint import from_pretrained_checked
+
+    model = checked_model(
+        lambda: from_pretrained_checked(auto, folder, attn_implementation="attnkit")
+    )
     with torch.no_grad(), record_attention(model.eval()) as rec:
         out = model(pixel_values=images)
     maps = rec.stack()  # (L, 1, H, N, N)

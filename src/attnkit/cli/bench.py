@@ -3,19 +3,32 @@
     attnkit bench --quick                 # small sizes, under a minute
     attnkit bench --threads 1 --out DIR   # the full run (tens of minutes)
 
-Progress goes to stderr; the last line on stdout says where the results are.
+--sizes are checked before anything runs: a size whose rows need more memory than this
+machine has free, or a plan whose kernel rows would take more than 2 hours even at this
+CPU's matrix-multiply speed, is refused. Ctrl-C stops a run within a second, also in the
+middle of a long kernel call. Progress goes to stderr; the last line on stdout says where
+the results are.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
 
-from attnkit.cli._common import add_out_options, add_report_options, prepare_out
+from attnkit.cli._common import (
+    add_out_options,
+    add_report_options,
+    positive_int,
+    prepare_out,
+    thread_count,
+)
 from attnkit.cli._errors import UsageError
 
 PROG = "attnkit bench"
 FILES = ("bench.json", "bench.md", "readme.md")
+MAX_HOURS = 2  # the kernel rows' lower-bound time a run may have (the full default: minutes)
+MEMORY_SHARE = 0.8  # of the memory available, what the largest row may take
 
 
 def register(subparsers) -> None:
@@ -28,10 +41,18 @@ def register(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes and few repeats (< 1 min)")
     add_out_options(p, "bench", "bench.json, bench.md and readme.md")
     add_report_options(p)
-    p.add_argument("--threads", type=int, metavar="T", help="torch threads (default: torch's)")
-    p.add_argument("--sizes", type=int, nargs="+", metavar="N", help="override the kernel N list")
+    p.add_argument(
+        "--threads", type=thread_count, metavar="T", help="torch threads (default: torch's)"
+    )
+    p.add_argument(
+        "--sizes",
+        type=positive_int,
+        nargs="+",
+        metavar="N",
+        help="override the kernel N list (checked against free memory and time first)",
+    )
     p.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), help="kernel dtypes")
-    p.add_argument("--repeats", type=int, metavar="R", help="timed repeats per row")
+    p.add_argument("--repeats", type=positive_int, metavar="R", help="timed repeats per row")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.set_defaults(run=run)
 
@@ -40,12 +61,6 @@ def plan_from_args(args):
     from attnkit.analysis.bench import Plan
     from attnkit.analysis.bench_decode import DecodeShape
 
-    for name in ("threads", "repeats"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name} must be at least 1, got {value}")
-    if args.sizes and min(args.sizes) < 1:
-        raise UsageError(f"--sizes must be positive, got {args.sizes}")
     if args.quick:
         # one memory subprocess (target b's case): each costs a torch import
         plan = Plan(sizes=(128, 256), repeats=2, target_size=256, large_mask_size=0,
@@ -63,18 +78,139 @@ def plan_from_args(args):
     return plan.__class__(**{**plan.__dict__, **changes})
 
 
+def check_plan(plan, available: int | None, flops_per_s: float) -> None:
+    """UsageError naming --sizes if a row of `plan` needs more than MEMORY_SHARE of
+    `available` bytes, or its kernel rows more than MAX_HOURS at `flops_per_s` (a lower
+    bound: attention runs no faster than a matrix multiply)."""
+    import math
+
+    from attnkit.analysis.bench import kernel_flops, peak_bytes
+
+    sizes = [*plan.sizes, plan.target_size, *plan.memory_sizes]
+    sizes += [plan.large_mask_size] if plan.large_mask_size else []
+    if available is not None:
+        budget = MEMORY_SHARE * available
+        fits = math.isqrt(int(budget // 6))  # peak_bytes ~ 5 N^2 and the rest
+        for n in sorted(set(sizes), reverse=True):
+            if peak_bytes(n) <= budget:
+                continue
+            given = n in plan.sizes
+            what, way = (
+                ("--sizes: N", f"give sizes up to about {fits}")
+                if given
+                else ("the peak-memory rows' N", "pass --no-memory (or --quick)")
+            )
+            raise UsageError(
+                f"{what}={n} needs about {peak_bytes(n) / 2**30:.1f} GiB at its peak (the "
+                f"(N, N) boolean mask rows), more than {MEMORY_SHARE:.0%} of the "
+                f"{available / 2**30:.1f} GiB this machine has free: {way}"
+            )
+    hours = kernel_flops(plan) / flops_per_s / 3600
+    if hours > MAX_HOURS:
+        biggest = max(plan.sizes)
+        fits = int(biggest * math.sqrt(MAX_HOURS / hours))  # the time grows as N^2
+        raise UsageError(
+            f"--sizes {' '.join(map(str, plan.sizes))}: the kernel rows would take at least "
+            f"{hours:.0f} hours on this CPU ({flops_per_s / 1e9:.0f} GFLOP/s in a matrix "
+            f"multiply; the limit is {MAX_HOURS} hours): give sizes up to about {fits}, or "
+            "fewer --repeats"
+        )
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still take: the least of the kernel's MemAvailable, the
+    cgroup's memory.max headroom and the address-space limit (RLIMIT_AS) headroom; None
+    where none of them can be read."""
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            rows = dict(line.split(":", 1) for line in f)
+        found.append(int(rows["MemAvailable"].split()[0]) * 1024)
+    except (OSError, KeyError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            if limit != "max":
+                found.append(int(limit) - int(f.read()))
+    except (OSError, ValueError):
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/status") as f:
+                size = next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmSize:"))
+            found.append(soft - size)
+    except (ImportError, OSError, StopIteration, ValueError):
+        pass
+    return max(0, min(found)) if found else None
+
+
+def matmul_flops_per_s(seconds: float = 0.1) -> float:
+    """This CPU's float32 matrix-multiply speed with torch's current threads (FLOP/s)."""
+    import time
+
+    import torch
+
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    a @ b  # warm-up
+    calls, start = 0, time.perf_counter()
+    while (took := time.perf_counter() - start) < seconds:
+        a @ b
+        calls += 1
+    return 2 * 512**3 * calls / took
+
+
 def run(args) -> int:
     import torch
 
-    plan = plan_from_args(args)
-    prepare_out(args.out, FILES, force=args.force)  # before the (long) run, not after
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        plan = plan_from_args(args)
+        check_plan(plan, available_memory(), matmul_flops_per_s())
+        prepare_out(args.out, FILES, force=args.force)  # before the (long) run, not after
         return _run(args, plan)
     finally:
         torch.set_num_threads(threads)  # main() may be called in-process (tests)
+
+
+class _Stopped(Exception):
+    """Raised in the measuring thread at its next step once Ctrl-C was pressed."""
+
+
+def interruptible(work, stop: threading.Event):
+    """`work()` in a worker thread, waited for here in short waits; its result or error.
+
+    A kernel call at a large N runs for minutes inside C++ (torch's ops, or the compiled
+    kernel through ctypes), without the GIL, and Python runs a Ctrl-C handler only in the
+    main thread between bytecodes: a measurement on the main thread ignored Ctrl-C until
+    the call returned. Waiting here, the main thread gets the KeyboardInterrupt within
+    0.1 s; `stop` is set so that the worker ends at its next step, and the process exits
+    (the worker is a daemon thread and writes no file)."""
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["result"] = work()
+        except BaseException as e:  # handed to the main thread
+            box["error"] = e
+
+    worker = threading.Thread(target=target, name="attnkit-bench", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.1)
+    except KeyboardInterrupt:
+        stop.set()
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _run(args, plan) -> int:
@@ -89,15 +225,24 @@ def _run(args, plan) -> int:
 
     json_path, md_path, readme_path = (args.out / name for name in FILES)
     bar = tqdm(total=planned_steps(plan), desc="bench", disable=args.quiet, file=sys.stderr)
+    stop = threading.Event()
 
     def log(msg: str) -> None:
+        if stop.is_set():
+            raise _Stopped
         bar.set_postfix_str(msg, refresh=False)
         bar.update()
 
     if not args.quiet:
         print(f"[bench] {torch.get_num_threads()} threads; plan {plan}", file=sys.stderr)
     with bar:
-        result = run_benchmark(plan, log=log)
+        threads = torch.get_num_threads()
+
+        def work():
+            torch.set_num_threads(threads)  # the worker's own setting (torch's is per thread)
+            return run_benchmark(plan, log=log)
+
+        result = interruptible(work, stop)
     # results are written only once all is measured, each file atomically
     atomic_write_json(json_path, result)
     atomic_write_text(md_path, markdown(result))

@@ -30,7 +30,7 @@ from attnkit.cli._common import (
     positive_int,
     prepare_out,
 )
-from attnkit.cli._errors import UsageError
+from attnkit.cli._errors import FileError, UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -139,26 +139,35 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _open(folder: Path | None):
     """(folder, display name, BertConfig, Tokenizer): the fast checks, before any weights
-    are read. UsageError for a missing or unsupported checkpoint."""
+    are read. UsageError for a missing or unsupported checkpoint, FileError for a damaged
+    file in it."""
     from attnkit.models import BertConfig, Tokenizer, default_checkpoint
-    from attnkit.models.checkpoint import checkpoint_files
+    from attnkit.models.checkpoint import CheckpointError, checkpoint_files
 
     try:
         name = "all-MiniLM-L6-v2 (embedded)" if folder is None else str(folder)
         folder = default_checkpoint() if folder is None else folder
         config = BertConfig.from_json(checkpoint_files(folder)[0])
         tokenizer = Tokenizer.from_pretrained(folder)  # the checkpoint's own length limit
+    except CheckpointError as e:
+        raise FileError(f"--checkpoint: {e}") from None
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(f"{e}; {CHECKPOINT_HINT}") from None
     return folder, name, config, tokenizer
 
 
 def _load_model(folder: Path, name: str):
+    """attnkit's BERT with the folder's weights: every tensor it wants, no tensor of another
+    model (a task head or the pooler aside; see `attnkit.models.checkpoint.check_keys`),
+    else a FileError naming the weights file: never an explanation of random weights."""
     from attnkit.models import BertEncoder
+    from attnkit.models.checkpoint import CheckpointError
 
     with _step(f"loading {name}"):
         try:
             return BertEncoder.from_pretrained(folder)
+        except CheckpointError as e:
+            raise FileError(f"--checkpoint: {e}") from None
         except (FileNotFoundError, ValueError) as e:
             raise UsageError(f"{e}; {CHECKPOINT_HINT}") from None
 
@@ -184,16 +193,21 @@ def find_focus(tokens: Sequence[str], focus: str, pieces_of: Callable[[str], lis
     raise UsageError(f"--focus {focus!r} is not in the text; its tokens are: {words}")
 
 
-def _indices(option: str, picked: Sequence[int] | None, size: int, what: str) -> list[int]:
+def _indices(
+    option: str, picked: Sequence[Sequence[range]] | None, size: int, what: str
+) -> list[int]:
+    """The indices of --layers / --heads (ranges from `int_list`, one list per word), each
+    range checked by its ends before it is expanded: '0-99999999999' is refused, not built."""
     if picked is None:
         return list(range(size))
-    picked = [i for group in picked for i in group]  # int_list gives one list per word
-    for i in picked:
-        if not -size <= i < size:
-            raise UsageError(
-                f"{option} {i} is out of range: the model has {size} {what} (0..{size - 1})"
-            )
-    return [i % size for i in picked]
+    ranges = [r for group in picked for r in group]
+    for r in ranges:
+        for i in (r[0], r[-1]):
+            if not -size <= i < size:
+                raise UsageError(
+                    f"{option} {i} is out of range: the model has {size} {what} (0..{size - 1})"
+                )
+    return [i % size for r in ranges for i in r]
 
 
 def ranked(

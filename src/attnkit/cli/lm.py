@@ -28,6 +28,8 @@ from attnkit.cli._common import (
     add_report_options,
     positive_int,
     prepare_out,
+    seed_number,
+    thread_count,
 )
 from attnkit.cli._errors import UsageError
 
@@ -110,7 +112,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="stop after S optimizer steps in all, e.g. for a quick try (default: no limit)",
     )
-    p.add_argument("--seed", type=int, default=d["seed"], help="model init and window order")
+    p.add_argument(
+        "--seed", type=seed_number, default=d["seed"], help="model init and window order"
+    )
     p.add_argument(
         "--pack",
         action="store_true",
@@ -125,7 +129,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--threads",
-        type=positive_int,
+        type=thread_count,
         default=1,
         help="torch CPU threads (default 1: a small model; on a shared CPU more threads mostly "
         "wait on each other)",
@@ -143,7 +147,7 @@ def _add_sample(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=_nonnegative_float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=positive_int, default=None, help="sample among the k likeliest")
     p.add_argument("--top-p", type=_probability, default=None, help="nucleus sampling mass")
-    p.add_argument("--seed", type=int, default=0, help="the sampling generator's seed")
+    p.add_argument("--seed", type=seed_number, default=0, help="the sampling generator's seed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_sample)
 

@@ -12,16 +12,17 @@ import sys
 
 from attnkit._version import __version__
 from attnkit.cli import bench, explain, explain_image, flops, lm, seq2seq, train
-from attnkit.cli._common import EXIT_FAILURE, EXIT_INTERRUPTED, Parser
-from attnkit.cli._errors import EXIT_USAGE, UsageError
+from attnkit.cli._common import EXIT_FAILURE, EXIT_INTERRUPTED, Parser, release_out_locks
+from attnkit.cli._errors import EXIT_USAGE, FileError, UsageError
 
 # Each subcommand module exposes register(subparsers), which adds its parser and
 # sets `run`. Add new subcommands to this tuple.
 SUBCOMMANDS = (explain, explain_image, train, seq2seq, lm, flops, bench)
 
 EPILOG = """\
-Every command writes into attnkit-out/COMMAND/ (or --out DIR) and refuses to overwrite
-earlier results unless --force; --json prints one JSON summary, --quiet only the last line.
+Every command writes into attnkit-out/COMMAND/ (or --out DIR, one run at a time) and refuses
+to overwrite earlier results unless --force; --json prints one JSON summary, --quiet only the
+last line.
 Run `attnkit COMMAND --help` for its options and examples.
 exit codes: 0 done, 1 failed, 2 bad usage, 130 interrupted (Ctrl-C).
 
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     prog = f"attnkit {args.command}"
     try:
         return args.run(args)
+    except FileError as e:
+        print(f"{prog}: error: {e.one_line()}", file=sys.stderr)
+        return EXIT_FAILURE
     except UsageError as e:
         print(f"{prog}: error: {e.one_line()}", file=sys.stderr)
         return EXIT_USAGE
@@ -75,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         line = " ".join(f"{type(e).__name__}: {e}".split())
         print(f"{prog}: failed: {line} (set ATTNKIT_DEBUG=1 for the traceback)", file=sys.stderr)
         return EXIT_FAILURE
+    finally:
+        release_out_locks()  # the --out folder is free for the next run
 
 
 def console() -> None:

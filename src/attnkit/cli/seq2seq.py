@@ -34,6 +34,8 @@ from attnkit.cli._common import (
     add_report_options,
     positive_int,
     prepare_out,
+    seed_number,
+    thread_count,
 )
 from attnkit.cli._errors import UsageError
 
@@ -111,7 +113,11 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=KINDS, default="transformer", help="model kind")
     add_out_options(p, "seq2seq", "checkpoint.pt, config.json, metrics.json, alignment PNGs")
     add_report_options(p)
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from OUT/checkpoint.pt until --steps are done in all",
+    )
     p.add_argument("--preset", help="transformer: tiny (default), base, big")
     norm = p.add_mutually_exclusive_group()
     norm.add_argument("--pre-norm", dest="norm_first", action="store_true", default=None)
@@ -146,7 +152,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-every", type=positive_int, default=d.eval_every)
     p.add_argument("--eval-size", type=positive_int, default=d.eval_size)
     p.add_argument("--stop-at", type=float, default=d.stop_at, help="stop at this exact match")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=seed_number, default=d.seed)
     p.add_argument("--min-len", type=positive_int, default=10, help="shortest sequence (10)")
     p.add_argument(
         "--max-len", type=positive_int, default=20, help=f"longest sequence (20, at most {MAX_LEN})"
@@ -162,7 +168,7 @@ def _add_threads(p: argparse.ArgumentParser) -> None:
     # Small models run fastest on one thread; on a shared, loaded CPU two intra-op
     # threads made a training step ~10x slower (0.67 s vs 0.06 s, d_model 64).
     p.add_argument(
-        "--threads", type=positive_int, default=1, help="torch intra-op threads (default 1)"
+        "--threads", type=thread_count, default=1, help="torch intra-op threads (default 1)"
     )
 
 
@@ -179,7 +185,7 @@ def _add_decode(p: argparse.ArgumentParser) -> None:
 def _add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", type=Path, help="a `seq2seq train --out` directory")
     p.add_argument("--eval-size", type=positive_int, default=500, help="held-out examples")
-    p.add_argument("--seed", type=int, default=1234, help="seed of the held-out draw")
+    p.add_argument("--seed", type=seed_number, default=1234, help="seed of the held-out draw")
     p.add_argument(
         "--by-length",
         action="store_true",

@@ -21,6 +21,8 @@ from attnkit.cli._common import (
     positive_int,
     prepare_out,
     remove_results,
+    seed_number,
+    thread_count,
 )
 from attnkit.cli._errors import UsageError
 
@@ -124,7 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--seed",
-        type=int,
+        type=seed_number,
         default=0,
         help="seed of the initial weights, data order and augmentation (default 0)",
     )
@@ -132,12 +134,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in --out from its last finished epoch, up to --epochs "
-        "(same model and --seed)",
+        help="continue the run in --out where it stopped until --epochs (or --max-steps) are "
+        "done (same model and --seed)",
     )
     p.add_argument(
         "--threads",
-        type=positive_int,
+        type=thread_count,
         default=1,
         metavar="T",
         help="CPU threads per process (default 1: these models are small, and on a "
@@ -190,6 +192,7 @@ def run_train(args: argparse.Namespace) -> int:
         if not (out / "checkpoint.pt").is_file():
             raise UsageError(f"resume: no checkpoint in {out} (--resume): train without it first")
         read_checkpoint(out / "checkpoint.pt")
+        prepare_out(out, ())  # the folder is this run's until it ends
     else:
         # Under torchrun only rank 0 judges the folder: the others may start after rank 0
         # has written config.json into it.

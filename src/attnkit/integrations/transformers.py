@@ -45,6 +45,7 @@ from transformers.masking_utils import (
 )
 
 from attnkit.functional.attention import attention
+from attnkit.integrations import _hf_checkpoint
 from attnkit.viz import record as _record
 
 __all__ = [
@@ -261,30 +262,37 @@ def is_decoder(config: Any) -> bool:
 
 def load_tokenizer(folder: str | os.PathLike[str]) -> Any:
     """The tokenizer saved in a local checkpoint folder (never downloads); ValueError naming
-    the folder when it has none."""
+    the folder when it has none, `attnkit.models.checkpoint.CheckpointError` naming the file
+    when one of its JSON files is damaged."""
     import transformers
 
     path = Path(folder)
     _config(path)
     try:
         return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, KeyError, ValueError, TypeError) as err:
+    except Exception as err:  # the tokenizers library raises plain Exception for bad JSON
+        damaged = _hf_checkpoint.damaged_json(path)
+        if damaged is not None:
+            raise damaged from err
+        if not isinstance(err, (OSError, KeyError, ValueError, TypeError)):
+            raise
         raise ValueError(f"checkpoint: no usable tokenizer in {str(path)!r}: {err}") from err
 
 
 def load_model(folder: str | os.PathLike[str]) -> nn.Module:
     """The model of a local checkpoint folder, in eval mode on the attnkit backend: a causal
-    language model with its head (see `is_decoder`), anything else as its base model."""
+    language model with its head (see `is_decoder`), anything else as its base model.
+
+    Its weights must be the model's own: a tensor the model wants but the folder lacks, or
+    one the folder holds for no part of it, is a `attnkit.models.checkpoint.CheckpointError`
+    naming the folder (never random weights). Tolerated: task heads and a pooler the model
+    does not use (`attnkit.models.checkpoint.check_keys`)."""
     import transformers
 
     path = Path(folder)
     config = _config(path)
     auto = transformers.AutoModelForCausalLM if is_decoder(config) else transformers.AutoModel
-    try:
-        model = auto.from_pretrained(path, attn_implementation=NAME, local_files_only=True)
-    except (OSError, KeyError, ValueError) as err:
-        raise ValueError(f"checkpoint: cannot load {str(path)!r}: {err}") from err
-    return model.eval()
+    return _hf_checkpoint.from_pretrained_checked(auto, path, attn_implementation=NAME).eval()
 
 
 def load_checkpoint(folder: str | os.PathLike[str]) -> tuple[nn.Module, Any]:

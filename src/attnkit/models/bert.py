@@ -346,20 +346,32 @@ class _SkipInit(torch.overrides.TorchFunctionMode):
 
 
 def _from_hf(state: dict[str, Tensor], model: BertEncoder, source: str) -> dict[str, Tensor]:
-    """Our state dict from HF names (see the module table), every shape checked."""
+    """Our state dict from HF names (see the module table), every shape checked; a tensor
+    missing, or one of no part of the encoder (`ckpt.check_keys` says which are tolerated:
+    heads, an unused pooler), is a `ckpt.CheckpointError`."""
     wanted = {k: v.shape for k, v in model.state_dict().items()}
-    layers = {int(k.split(".")[2]) for k in state if k.startswith("encoder.layer.")}
-    if layers and max(layers) + 1 != len(model.layers):
-        raise ValueError(
-            f"{source} holds weights for {max(layers) + 1} layers, but config.json says "
+    layers = {k.split(".")[2] for k in state if k.startswith("encoder.layer.")}
+    count = max((int(i) for i in layers if i.isdigit()), default=-1) + 1
+    if layers and count != len(model.layers):
+        raise ckpt.CheckpointError(
+            f"{source} holds weights for {count} layers, but config.json says "
             f"num_hidden_layers={len(model.layers)}: fix the config (nothing is dropped silently)"
         )
-    pairs = ckpt.hf_names(len(model.layers), model.pooler is not None)
-    out = {ours: ckpt.take(state, hf, wanted[ours], source) for ours, hf in pairs.items()}
     c = model.config.hidden_size
+    pairs = ckpt.hf_names(len(model.layers), model.pooler is not None)
+    shapes = {hf: wanted[ours] for ours, hf in pairs.items()}
+    for i in range(len(model.layers)):
+        for n in QKV:  # one fused in_proj.qkv of ours is three of theirs
+            shapes[f"encoder.layer.{i}.attention.self.{n}.weight"] = torch.Size((c, c))
+            shapes[f"encoder.layer.{i}.attention.self.{n}.bias"] = torch.Size((c,))
+    for hf in shapes.keys() & state.keys():  # a wrong shape is named before what is missing
+        ckpt.take(state, hf, shapes[hf], source)
+    ckpt.check_keys(source, shapes.keys() - state.keys(), state.keys() - shapes.keys())
+    # (take: a pooler asked for with pooler=True but not in the file is named here)
+    out = {ours: ckpt.take(state, hf, shapes[hf], source) for ours, hf in pairs.items()}
     for i in range(len(model.layers)):
         hf = f"encoder.layer.{i}.attention.self."
-        for p, shape in (("weight", (c, c)), ("bias", (c,))):
-            qkv = [ckpt.take(state, f"{hf}{n}.{p}", torch.Size(shape), source) for n in QKV]
+        for p in ("weight", "bias"):
+            qkv = [state[f"{hf}{n}.{p}"] for n in QKV]
             out[f"layers.{i}.attn.fn.in_proj.qkv.{p}"] = torch.cat(qkv)  # (3C, C) or (3C,)
     return out

@@ -4,7 +4,8 @@ A checkpoint folder holds ``config.json`` and ``model.safetensors`` (preferred)
 or ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``). Names
 are mapped to attnkit's modules by `hf_names` (the table is in
 `attnkit.models.bert`); `write_folder` writes a checkpoint folder atomically.
-Every error names the file, key or field, what it got and what it wanted.
+Every error names the file, key or field, what it got and what it wanted; a folder whose
+files are damaged or do not belong together raises `CheckpointError`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from attnkit._optional import MODEL_PACKAGE_HINT, require
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
+    "UNUSED_PREFIXES",
+    "CheckpointError",
+    "check_keys",
     "checkpoint_files",
     "default_checkpoint",
     "hf_names",
@@ -38,6 +42,53 @@ __all__ = [
 SUPPORTED_MODEL_TYPES = ("bert",)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+# Tensors a checkpoint may hold that the model loading it does not use, tolerated when
+# unexpected: task heads (attention is read from the encoder or decoder, never from a
+# classifier or a language-model head), the pooler, and buffers older transformers saved.
+UNUSED_PREFIXES = (
+    "cls.", "classifier.", "lm_head.", "pooler.", "qa_outputs.", "score.", "pre_classifier.",
+    "vocab_transform.", "vocab_layer_norm.", "vocab_projector.",
+)  # fmt: skip
+UNUSED_SUFFIXES = ("position_ids", ".attn.bias", ".attn.masked_bias")
+# ... and tolerated when missing: the pooler, whose output no attention map depends on
+# (a checkpoint saved from a model with a head has none).
+UNNEEDED_PREFIXES = ("pooler.",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder whose files are damaged (a config.json or tokenizer.json that is
+    not JSON, unreadable weights) or do not belong together (weights of another model than
+    config.json describes). The message names the file or folder. A `ValueError`, so code
+    that catches those keeps working; the command line exits 1 on it (the folder is wrong,
+    not the arguments)."""
+
+
+def check_keys(source: str, missing, unexpected, what: str = "config.json") -> None:
+    """CheckpointError naming `source` unless the tensors the model wanted but the file lacks
+    (`missing`) and those it holds for no part of the model (`unexpected`) are all tolerated
+    (`UNNEEDED_PREFIXES`; `UNUSED_PREFIXES` / `UNUSED_SUFFIXES`): loading would otherwise
+    start the missing ones from random numbers, and everything computed from them (an
+    attention map, an explanation) would be noise presented as a result."""
+    missing = sorted(k for k in missing if not k.startswith(UNNEEDED_PREFIXES))
+    unexpected = sorted(
+        k
+        for k in unexpected
+        if not k.startswith(UNUSED_PREFIXES) and not k.endswith(UNUSED_SUFFIXES)
+    )
+    if not (missing or unexpected):
+        return
+    parts = [
+        f"{len(keys)} {kind} (e.g. {', '.join(map(repr, keys[:2]))})"
+        for kind, keys in (("missing tensors", missing), ("unexpected tensors", unexpected))
+        if keys
+    ]
+    if len(missing) == 1 and not unexpected:
+        parts = [f"missing tensor {missing[0]!r}"]
+    raise CheckpointError(
+        f"{source}: the weights do not fit the model {what} describes: {'; '.join(parts)}; "
+        "they may be another model's (loading would start those tensors from random numbers)"
+    )
 
 
 def default_checkpoint() -> Path:
@@ -75,9 +126,9 @@ def read_config_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: wanted a JSON object, got {type(data).__name__}")
+        raise CheckpointError(f"{path}: wanted a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -91,13 +142,13 @@ def load_weights(path: Path) -> dict[str, Tensor]:
         try:
             return load_file(str(path), device="cpu")
         except SafetensorError as e:
-            raise ValueError(f"{path}: not a readable safetensors file ({e})") from e
+            raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle errors come in many types
-        raise ValueError(f"{path}: not a readable PyTorch weights file ({e})") from e
+        raise CheckpointError(f"{path}: not a readable PyTorch weights file ({e})") from e
     if not isinstance(state, Mapping):
-        raise ValueError(f"{path}: wanted a dict of tensors, got {type(state).__name__}")
+        raise CheckpointError(f"{path}: wanted a dict of tensors, got {type(state).__name__}")
     return dict(state)
 
 
@@ -109,10 +160,12 @@ def _shape(t: Tensor | torch.Size) -> str:
 def take(state: Mapping[str, Tensor], key: str, wanted: torch.Size, source: str) -> Tensor:
     """`state[key]`, checked to have shape `wanted`; errors name the key (and `source`)."""
     if key not in state:
-        raise ValueError(f"{source}: missing tensor {key!r}")
+        raise CheckpointError(f"{source}: missing tensor {key!r}")
     t = state[key]
     if tuple(t.shape) != tuple(wanted):
-        raise ValueError(f"{source}: tensor {key!r} has shape {_shape(t)}, wanted {_shape(wanted)}")
+        raise CheckpointError(
+            f"{source}: tensor {key!r} has shape {_shape(t)}, wanted {_shape(wanted)}"
+        )
     return t
 
 

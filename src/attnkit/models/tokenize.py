@@ -156,7 +156,12 @@ class Tokenizer:
     def _load(cls, folder: Path, options: dict) -> Tokenizer:
         if (folder / "tokenizer.json").is_file():
             tokenizers = require("tokenizers", "model", "reading tokenizer.json")
-            return cls(tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")), **options)
+            path = folder / "tokenizer.json"
+            try:
+                backend = tokenizers.Tokenizer.from_file(str(path))
+            except Exception as e:  # tokenizers raises plain Exception, naming no file
+                raise ckpt.CheckpointError(f"{path}: not a readable tokenizer file ({e})") from e
+            return cls(backend, **options)
         if (folder / "vocab.txt").is_file():
             impl = require("tokenizers.implementations", "model", "reading vocab.txt")
             BertWordPieceTokenizer = impl.BertWordPieceTokenizer

@@ -8,8 +8,11 @@ file + `os.replace`, so Ctrl-C or a crash leaves the last good version):
     metrics.json     the latest epoch's row at top level, per-epoch history,
                      parameter count, world size
 
-Resuming (`resume=True`) restarts at the epoch after the last checkpoint. The
-global RNG is reseeded at the start of every epoch from (seed, epoch, rank),
+Resuming (`resume=True`) restarts at the epoch after the last checkpoint, or inside the
+last epoch where `max_steps` cut it short (its remaining batches, in the same order; their
+random draws are not the ones an uninterrupted run makes), and runs until the steps asked
+for are done: ``min(epochs x batches per epoch, max_steps)``.
+The global RNG is reseeded at the start of every epoch from (seed, epoch, rank),
 so a resumed run draws the same shuffles and augmentations as an uninterrupted one.
 A `train_set` with a `set_epoch(epoch)` method is told the epoch before each
 pass (as DistributedSampler is), so a dataset generated from a seed can give
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import os
 import sys
@@ -197,8 +201,9 @@ def fit(
         train_set: map-style dataset; `collate_fn` as for DataLoader.
         evaluate: `evaluate(model) -> {"test_acc": ..., ...}` after every
             epoch, on rank 0, in eval mode under `torch.no_grad()`.
-        resume: continue from `out_dir/checkpoint.pt` (an error if missing).
-            Without it, an `out_dir` that already holds a checkpoint is refused.
+        resume: continue from `out_dir/checkpoint.pt` (an error if missing, or if it has
+            done all the steps asked for already) until all of them are done. Without it,
+            an `out_dir` that already holds a checkpoint is refused.
         run_info: JSON-able description of the run (model config, data) saved
             in config.json; a resumed run must have the same run_info.
         optimizer: `optimizer(params) -> torch.optim.Optimizer`; default AdamW
@@ -230,15 +235,22 @@ def fit(
     else:
         opt = optimizer(list(model.parameters()))
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, _warmup_cosine(total, config.warmup))
-    start_epoch, done_steps, history = 0, 0, []
+    start_epoch, skip, done_steps, history = 0, 0, 0, []
     if resume:
-        start_epoch, done_steps, history = _load(ckpt_path, model, opt, scheduler, run_info)
-        if start_epoch >= config.epochs or done_steps >= total:
+        state = _load(ckpt_path, model, opt, scheduler, run_info)
+        start_epoch, done_steps, history = state["epoch"], state["step"], state["history"]
+        if done_steps >= total:
             raise ValueError(
                 f"resume: {ckpt_path} has already done {start_epoch} epochs ({done_steps} "
                 f"steps) of the {config.epochs} epochs ({total} steps) asked for: ask for more "
                 "epochs or steps to continue training"
             )
+        # An epoch cut short by max_steps is finished first (its batches come in the same
+        # order again: the sampler's is fixed by seed and epoch), so that the epochs and
+        # evaluations stay where an uninterrupted run has them.
+        cut = state.get("epoch_steps", per_epoch)
+        if state.get("epoch_length") == per_epoch and 0 < cut < per_epoch:
+            start_epoch, skip = start_epoch - 1, cut
     elif ckpt_path is not None and ckpt_path.exists():
         raise ValueError(
             f"out_dir {out} already holds {CHECKPOINT}; pass resume=True (--resume) to continue "
@@ -251,7 +263,10 @@ def fit(
     started = time.perf_counter()
     # One bar over all the run's steps, so that its ETA is the time to the end of training.
     with _progress_bar(total, done_steps, show) as bar:
-        for epoch in range(start_epoch, config.epochs):
+        # Until the steps asked for are done (every epoch takes at least one), not until
+        # `config.epochs`: a run resumed from a checkpoint of other settings (another
+        # max_steps or batch size) may need one epoch more than the count says.
+        for epoch in itertools.count(start_epoch):
             if done_steps >= total:
                 break
             torch.manual_seed(_epoch_seed(config.seed, epoch, rank))
@@ -259,9 +274,12 @@ def fit(
             if hasattr(train_set, "set_epoch"):
                 train_set.set_epoch(epoch)
             bar.set_description(f"epoch {epoch + 1}/{config.epochs}", refresh=False)
+            before = done_steps - skip
+            batches = itertools.islice(loader, skip, None)  # skip: already trained on
             stats, done_steps = _train_epoch(
-                net, step, loader, opt, scheduler, config, device, done_steps, total, bar
+                net, step, batches, opt, scheduler, config, device, done_steps, total, bar
             )
+            skip = 0
             row = {
                 "epoch": epoch + 1,
                 "step": done_steps,
@@ -275,9 +293,9 @@ def fit(
                 row["seconds"] = round(time.perf_counter() - started, 3)
                 history.append(row)
                 if out is not None:
-                    _save(
-                        ckpt_path, model, opt, scheduler, epoch + 1, done_steps, history, run_info
-                    )
+                    where = {"epoch": epoch + 1, "step": done_steps, "epoch_steps":
+                             done_steps - before, "epoch_length": per_epoch}  # fmt: skip
+                    _save(ckpt_path, model, opt, scheduler, where, history, run_info)
                     metrics = {**row, "history": history, "params": params, "world_size": world}
                     atomic_write_json(out / METRICS, _json_safe(metrics))
                 if show:
@@ -403,13 +421,14 @@ def _to_device(batch, device):
     return batch
 
 
-def _save(path, model, optimizer, scheduler, epoch, step, history, run_info) -> None:
+def _save(path, model, optimizer, scheduler, where: dict, history, run_info) -> None:
+    """`where`: epoch (epochs begun), step (optimizer steps done), epoch_steps (steps of
+    the last epoch done, of its epoch_length: fewer when max_steps cut it short)."""
     state = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
-        "epoch": epoch,
-        "step": step,
+        **where,
         "history": history,
         "run_info": run_info,
         "format": FORMAT,
@@ -417,7 +436,7 @@ def _save(path, model, optimizer, scheduler, epoch, step, history, run_info) -> 
     atomic_save(path, state)
 
 
-def _load(path, model, optimizer, scheduler, run_info) -> tuple[int, int, list]:
+def _load(path, model, optimizer, scheduler, run_info) -> dict:
     if path is None or not path.exists():
         raise ValueError(f"resume: no checkpoint at {path}; train without --resume first")
     state = read_checkpoint(path)
@@ -428,4 +447,4 @@ def _load(path, model, optimizer, scheduler, run_info) -> tuple[int, int, list]:
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    return state["epoch"], state["step"], state["history"]
+    return state
