@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from attnkit.analysis.bench import time_interleaved
+from attnkit.analysis.peak_tensors import PeakTensors
 from attnkit.functional import masks
 from attnkit.functional.attention import attention
 from attnkit.functional.structured import StructuredMask, causal_intervals
@@ -156,29 +157,10 @@ def memory_row(n: int = 65536, window: int = 512, heads: int = 2, d: int = 64) -
     """Peak bytes of tensors alive at once during a window-`window` forward + backward at N=`n`
     (inputs q, k, v included), against inputs + outputs + gradients: the structured mask needs
     no (N, S) anything."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
-    class Peak(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.live, self.peak = {}, 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            self.live = {c: (w, b) for c, (w, b) in self.live.items() if not w.expired()}
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    st = t.untyped_storage()
-                    self.live.setdefault(st._cdata, (StorageWeakRef(st), st.nbytes()))
-            self.peak = max(self.peak, sum(b for _, b in self.live.values()))
-            return out
-
     shape = (1, heads, n, d)
     q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
     one = q.numel() * q.element_size()
-    with Peak() as peak:
+    with PeakTensors() as peak:
         attention(q, k, v, mask=masks.window(n, window, causal=True)).out.sum().backward()
     # q, k, v, out, its cotangent, dq, dk, dv: what any attention's forward + backward holds
     io = 8 * one
