@@ -23,3 +23,14 @@ def test_a_window_needs_no_n_by_s_memory():
     got = memory_row(n=16384, window=512, heads=2)
     assert got["io_mib"] == 64
     assert got["peak_mib"] <= got["io_mib"] + 64
+
+
+def test_the_cli_table_refuses_options_it_does_not_use(capsys, tmp_path):
+    from attnkit.cli.main import main
+
+    code = main(["bench", "--structured", "--sizes", "64", "--out", str(tmp_path / "o")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("--sizes: --structured runs its own table (its sizes, float32, 1 and "
+                            "2 threads); leave them out")  # fmt: skip
+    assert not (tmp_path / "o").exists()

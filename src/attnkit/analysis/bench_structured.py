@@ -27,13 +27,22 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attnkit._cpu import cpu_name
 from attnkit.analysis.bench import time_interleaved
 from attnkit.analysis.peak_tensors import PeakTensors
 from attnkit.functional import masks
 from attnkit.functional.attention import attention
 from attnkit.functional.structured import StructuredMask, causal_intervals
 
-__all__ = ["KINDS", "StructuredCase", "memory_row", "structured_row"]
+__all__ = [
+    "KINDS",
+    "StructuredCase",
+    "memory_row",
+    "run_structured",
+    "structured_markdown",
+    "structured_plan",
+    "structured_row",
+]
 
 DENSE_LIMIT_N = 16384  # (N, S) tensors up to 16384² booleans (256 MiB; SDPA makes it 1 GiB)
 
@@ -166,3 +175,72 @@ def memory_row(n: int = 65536, window: int = 512, heads: int = 2, d: int = 64) -
     io = 8 * one
     return {"n": n, "window": window, "heads": heads, "peak_mib": (peak.peak + 3 * one) / 2**20,
             "io_mib": io / 2**20, "budget_mib": io / 2**20 + 256}  # fmt: skip
+
+
+LINEAR = ("window 256", "window 1024", "16 documents", "64 documents")
+
+
+def structured_plan(quick: bool) -> list[tuple[StructuredCase, int]]:
+    """(case, repeats) of the table: the full one, or N=1024 at one thread with `quick`."""
+    if quick:
+        return [(StructuredCase(kind, 1024, 1), 2) for kind in KINDS]
+    cases = []
+    for threads in (1, 2):
+        cases += [(StructuredCase(kind, 4096, threads), 5) for kind in KINDS]
+        cases += [(StructuredCase(kind, 16384, threads), 2) for kind in KINDS]
+        cases += [(StructuredCase(kind, 65536, threads), 1) for kind in LINEAR]
+    return cases
+
+
+def _fmt(ms: float | None) -> str:
+    return "—" if ms is None else (f"{ms:.0f}" if ms >= 10 else f"{ms:.1f}")
+
+
+def _ratio(a, b) -> str:
+    return "—" if a is None or b is None else f"{a / b:.2f}×"
+
+
+def structured_markdown(rows: list[dict], memory: dict | None, machine: str) -> str:
+    head = (
+        f"# Structured masks: attnkit vs tensors, SDPA and FlexAttention\n\n{machine}. B=1, H=8, "
+        "D=64, float32, eager (FlexAttention compiled), medians in ms. `desc` = attnkit with "
+        "the description; `tensor` = attnkit with the same mask as an (N, S) tensor; "
+        "`flex/desc` > 1 means attnkit is faster than FlexAttention; `speed-up` = tensor "
+        "fwd+bwd / desc fwd+bwd. FlexAttention has no backward on the CPU.\n\n"
+        "| mask | N | threads | density | desc fwd | flex fwd | flex/desc | SDPA tensor fwd | "
+        "tensor fwd | desc fwd+bwd | tensor fwd+bwd | speed-up |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    )
+    lines = []
+    for r in rows:
+        ms = r["ms"]
+        get = ms.get
+        lines.append(
+            f"| {r['kind']} | {r['n']} | {r['threads']} | {r['density']:.3f} | "
+            f"{_fmt(get('structured'))} | {_fmt(get('flex'))} | "
+            f"{_ratio(get('flex'), get('structured'))} | {_fmt(get('sdpa'))} | "
+            f"{_fmt(get('dense'))} | {_fmt(get('structured_fb'))} | {_fmt(get('dense_fb'))} | "
+            f"{_ratio(get('dense_fb'), get('structured_fb'))} |"
+        )
+    text = head + "\n".join(lines) + "\n"
+    if memory:
+        text += (
+            f"\nMemory, window {memory['window']} at N={memory['n']}, H={memory['heads']}, "
+            f"forward + backward: peak of live tensors {memory['peak_mib']:.0f} MiB; inputs, "
+            f"outputs and gradients {memory['io_mib']:.0f} MiB (target: within them + 256 MiB "
+            f"= {memory['budget_mib']:.0f} MiB).\n"
+        )
+    return text
+
+
+def run_structured(quick: bool, log: Callable[[str], None]) -> dict:
+    """Every row of `structured_plan` (and the memory row, unless `quick`): the JSON payload.
+    `log` hears one line per row started and per row's FlexAttention compile."""
+    todo = structured_plan(quick)
+    rows = []
+    for i, (case, repeats) in enumerate(todo, 1):
+        log(f"[{i}/{len(todo)}] {case.kind}, N={case.n}, threads={case.threads}")
+        rows.append(structured_row(case, repeats, log=log))
+    torch.set_num_threads(1)
+    memory = None if quick else memory_row()
+    return {"machine": f"{cpu_name()}, torch {torch.__version__}", "rows": rows, "memory": memory}
