@@ -490,19 +490,17 @@ def _interval_block_map(lo: Tensor, hi: Tensor, s: int, bq: int, bk: int) -> Ten
     nqb, nkb = -(-n // bq), -(-s // bk)
     pad = nqb * bq - n
     seen = lo < hi
-    # rows that see nothing neither widen nor narrow a block's span: neutral values
-    lo_any = torch.where(seen, lo, s).float()
-    hi_any = torch.where(seen, hi, 0).float()
-    lo_all = torch.where(seen, lo, s).float()  # an empty row makes "every row covers" false
-    hi_all = torch.where(seen, hi, -1).float()
+    # rows that see nothing neither widen a block's span nor let a block count as covered
+    lo_any, hi_any = torch.where(seen, lo, s), torch.where(seen, hi, 0)
+    hi_all = torch.where(seen, hi, -1)
 
     def fold(x, fill, op):  # (B, N) -> (B, nqb), reduced over each block's rows
         x = torch.nn.functional.pad(x, (0, pad), value=fill).view(b, nqb, bq)
         return op(x, dim=2).values
 
     min_lo, max_hi = fold(lo_any, s, torch.min), fold(hi_any, 0, torch.max)
-    max_lo, min_hi = fold(lo_all, -1, torch.max), fold(hi_all, s + 1, torch.min)
-    j0 = torch.arange(nkb, device=lo.device, dtype=torch.float32) * bk  # (nkb,)
+    max_lo, min_hi = fold(lo_any, -1, torch.max), fold(hi_all, s + 1, torch.min)
+    j0 = torch.arange(nkb, device=lo.device) * bk  # (nkb,)
     j1 = (j0 + bk).clamp(max=s)
     touches = (min_lo[..., None] < j1) & (max_hi[..., None] > j0)
     covers = (max_lo[..., None] <= j0) & (min_hi[..., None] >= j1)
