@@ -23,14 +23,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnkit.functional._mask_plan import MaskPlan, key_blocks, plan_mask
-from attnkit.functional.chunked import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
-from attnkit.functional.native import (
+from attnkit.functional._blocks import (
     BACKWARD_BLOCK_K,
     BACKWARD_BLOCK_Q,
     FORWARD_BLOCK_K,
     FORWARD_BLOCK_Q,
+    STRUCTURED_BLOCK_K,
+    STRUCTURED_BLOCK_Q,
 )
+from attnkit.functional._mask_plan import MaskPlan, key_blocks, plan_mask
 from attnkit.functional.structured import StructuredMask, causal_intervals
 
 __all__ = ["PASSES", "KernelWork", "kernel_work"]

@@ -118,6 +118,28 @@ def require_transformers(folder: Path) -> Any:
     return hf
 
 
+# What explain shows without --focus: the first of these in the text (the classic question is
+# what a pronoun refers to), else the text's last word.
+PRONOUNS = frozenset(
+    [
+        "it",
+        "he",
+        "she",
+        "they",
+        "him",
+        "her",
+        "them",
+        "its",
+        "his",
+        "hers",
+        "their",
+        "theirs",
+        "we",
+        "us",
+    ]
+)
+
+
 @dataclass
 class Prepared:
     """Everything checked before the slow part, and how to run it.
@@ -125,6 +147,7 @@ class Prepared:
     tokens:  N token strings as shown (sub-word marks of BPE / SentencePiece decoded).
     special: N flags, True for special tokens ([CLS], <s>, <|endoftext|>, ...).
     unknown: pieces of the text the tokenizer maps to its unknown token.
+    focus_reason: why `focus` was chosen when no --focus was given ("" otherwise).
     compute: runs the model and returns the maps (L, H, N, N) of every layer.
     """
 
@@ -137,6 +160,21 @@ class Prepared:
     compute: Callable[[], Any]
     unknown: list[str] = field(default_factory=list)
     decoder: bool = False
+    focus_reason: str = ""  # why explain chose `focus` when no --focus was given
+
+
+def pick_focus(words: Sequence[tuple[str, int]]) -> tuple[int, str]:
+    """The token explain shows when no --focus is given, and why: the first token of the text's
+    first pronoun (`PRONOUNS`), else of its last word with a letter or digit. `words` are
+    (word, index of its first token) in text order."""
+    bare = [(w.strip(string.punctuation).lower(), i) for w, i in words]
+    for word, i in bare:
+        if word in PRONOUNS:
+            return i, "the text's first pronoun"
+    for word, i in reversed(bare):
+        if any(c.isalnum() for c in word):
+            return i, "the text's last word (it has no pronoun)"
+    raise UsageError("TEXT has no word to show the attention of: give a sentence")
 
 
 def find_word(
@@ -192,7 +230,10 @@ def prepare(args, step: Callable[[str], Any]) -> Prepared:
             "(max_position_embeddings): shorten it"
         )
     tokens = [_shown(tokenizer, t, s) for t, s in zip(enc.tokens, enc.special, strict=True)]
-    focus = find_word(args.focus, enc.words, tokens, enc.unknown)
+    if args.focus is None:
+        focus, why = pick_focus(enc.words)
+    else:
+        focus, why = find_word(args.focus, enc.words, tokens, enc.unknown), ""
     num_layers, num_heads = int(config.num_hidden_layers), int(config.num_attention_heads)
 
     def compute():
@@ -214,6 +255,7 @@ def prepare(args, step: Callable[[str], Any]) -> Prepared:
         tokens=tokens,
         special=enc.special,
         focus=focus,
+        focus_reason=why,
         num_layers=num_layers,
         num_heads=num_heads,
         compute=compute,

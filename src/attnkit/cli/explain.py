@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_TEXT", "find_focus", "ranked", "register", "run"]
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired"
-DEFAULT_FOCUS = "it"
 SPECIAL = frozenset({"[CLS]", "[SEP]", "[PAD]"})
 UNKNOWN = frozenset({"[UNK]", "<unk>"})
 CHECKPOINT_HINT = (
@@ -63,9 +62,9 @@ def register(subparsers) -> None:
     p.add_argument("--pair", metavar="TEXT_B", help="second segment (token type 1)")
     p.add_argument(
         "--focus",
-        default=DEFAULT_FOCUS,
         metavar="TOKEN",
-        help=f"token whose attention is shown (default: {DEFAULT_FOCUS!r})",
+        help="word whose attention is shown (default: the text's first pronoun, such as "
+        "'it', 'she' or 'they', else its last word; stderr says which)",
     )
     p.add_argument(
         "--checkpoint",
@@ -170,6 +169,12 @@ def _load_model(folder: Path, name: str):
             raise FileError(f"--checkpoint: {e}") from None
         except (FileNotFoundError, ValueError) as e:
             raise UsageError(f"{e}; {CHECKPOINT_HINT}") from None
+
+
+def words_of(tokens: Sequence[str]) -> list[tuple[str, int]]:
+    """(first piece, its index) of each word of WordPiece tokens: special tokens and "##"
+    continuation pieces left out."""
+    return [(t, i) for i, t in enumerate(tokens) if t not in SPECIAL and not t.startswith("##")]
 
 
 def find_focus(tokens: Sequence[str], focus: str, pieces_of: Callable[[str], list[str]]) -> int:
@@ -297,7 +302,7 @@ def _span(indices: list[int]) -> str:
 
 def _prepare_bert(args: argparse.Namespace):
     """`Prepared` for attnkit's own BERT encoder (the embedded model or a BERT folder)."""
-    from attnkit.cli._explain_hf import Prepared
+    from attnkit.cli._explain_hf import Prepared, pick_focus
 
     folder, name, config, tokenizer = _open(args.checkpoint)
     from attnkit.models import TextTooLong
@@ -313,7 +318,10 @@ def _prepare_bert(args: argparse.Namespace):
     except ValueError as e:
         raise UsageError(str(e).replace("text 0", what)) from None
     tokens = encoding.tokens[0]
-    focus = find_focus(tokens, args.focus, tokenizer.tokenize)
+    if args.focus is None:
+        focus, why = pick_focus(words_of(tokens))
+    else:
+        focus, why = find_focus(tokens, args.focus, tokenizer.tokenize), ""
 
     def compute():
         import torch
@@ -330,6 +338,7 @@ def _prepare_bert(args: argparse.Namespace):
         tokens=tokens,
         special=[t in SPECIAL for t in tokens],
         focus=focus,
+        focus_reason=why,
         num_layers=config.num_hidden_layers,
         num_heads=config.num_attention_heads,
         compute=compute,
@@ -384,6 +393,9 @@ def run(args: argparse.Namespace) -> int:
     say = print if show else (lambda *a, **k: None)
     kind_note = " (decoder: each token attends to itself and earlier tokens)" * prep.decoder
     say(f"{prep.name}: {prep.num_layers} layers x {prep.num_heads} heads{kind_note}")
+    if prep.focus_reason and not args.quiet:  # stdout stays the report: the choice on stderr
+        print(f"attnkit explain: showing {tokens[focus]!r}, {prep.focus_reason}; choose another "
+              "word with --focus", file=sys.stderr)  # fmt: skip
     if prep.unknown:
         say(_unknown_note(prep.unknown))
     say("\n".join(report(maps, tokens, focus, layers, heads, args.top, special=prep.special)))

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from attnkit.functional import native
+from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
 from attnkit.functional._double_backward import kernel_grads
 from attnkit.functional._dropout import (
     NO_DROPOUT,
@@ -49,9 +50,6 @@ DEFAULT_BLOCK_K = 1024
 DROPOUT_BLOCK_K = 512
 CAUSAL_BLOCK_Q = 256
 CAUSAL_BLOCK_K = 256
-# The grid on which a structured mask's partial blocks are stored as tiles (both kernels walk
-# it, forward and backward, when there are tiles): the compiled kernel's backward blocks.
-STRUCTURED_BLOCK_Q, STRUCTURED_BLOCK_K = 128, 256
 
 _NEG_INF = float("-inf")
 

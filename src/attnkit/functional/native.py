@@ -28,6 +28,12 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from attnkit.functional._blocks import (
+    BACKWARD_BLOCK_K,
+    BACKWARD_BLOCK_Q,
+    FORWARD_BLOCK_K,
+    FORWARD_BLOCK_Q,
+)
 from attnkit.functional._double_backward import kernel_grads
 from attnkit.functional._kernel_cache import load
 from attnkit.functional._mask_plan import dense_with_plan
@@ -36,12 +42,6 @@ from attnkit.functional._trace import tracing
 __all__ = ["available", "load", "native_attention", "supports"]
 
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-# Tuned at N=2048, H=8, D=64, dropout 0.1 (1 thread) over 32-256 query x 128-1024 key blocks,
-# all within ~10%: forward 128x512 (a 256 KiB score block), backward 128x256 (score and dP
-# blocks of 128 KiB each, side by side in L2). Forward 92 ms and backward 185 ms at these.
-FORWARD_BLOCK_Q, FORWARD_BLOCK_K = 128, 512
-BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K = 128, 256
 
 
 class _Args(ctypes.Structure):
