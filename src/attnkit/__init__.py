@@ -10,6 +10,7 @@ from attnkit._version import __version__
 # `attnkit --help` do not pay for importing torch (about 2 s on a small CPU).
 _LAZY = {
     "masks": "attnkit.functional.masks",
+    "nn": "attnkit.nn",
     "positional": "attnkit.functional.positional",
     "BACKENDS": "attnkit.functional.attention",
     "AttentionOutput": "attnkit.functional.attention",
@@ -43,7 +44,7 @@ def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'attnkit' has no attribute {name!r}")
     module = importlib.import_module(_LAZY[name])
-    value = module if name in ("masks", "positional") else getattr(module, name)
+    value = module if name in ("masks", "nn", "positional") else getattr(module, name)
     globals()[name] = value
     return value
 
@@ -74,6 +75,7 @@ __all__ = [
     "attention",
     "bert_self_attention",
     "masks",
+    "nn",
     "paper_attention",
     "positional",
     "record_attention",

@@ -12,7 +12,7 @@ from attnkit.analysis import Cost, allowed_pairs, mha_cost, single_head_cost, sw
 
 from .counting import MirrorMHA, allowed_mask, count_flops, n_params
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.threads(1)
 
 
 @st.composite

@@ -11,7 +11,7 @@ from attnkit.analysis import attention_memory, mha_cost
 from .counting import count_flops, n_params
 from .test_memory import saved_bytes
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.threads(1)
 
 
 def _configs(count=24, seed=0):

@@ -12,7 +12,7 @@ from attnkit.analysis import mha_cost
 
 from .counting import MIRROR_TERMS, MirrorMHA, count_flops, flops_by_module, n_params
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.threads(1)
 
 
 @st.composite

@@ -10,7 +10,7 @@ from attnkit import attention
 from attnkit.analysis import attention_memory, score_matrix_bytes
 from attnkit.functional import native
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.threads(1)
 
 
 def saved_bytes(fn, *args) -> int:

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -10,7 +11,7 @@ from attnkit.analysis import bert_cost, transformer_cost, vit_cost
 
 from .counting import count_flops, n_params
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.threads(1)
 
 
 def _encoder_layer(dim, heads, ff, act, norm_first=False):

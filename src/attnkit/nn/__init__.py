@@ -1,0 +1,16 @@
+"""Drop-ins for torch: torch's signatures, state dicts and mask polarity, computed by attnkit.
+
+    from attnkit.nn import MultiheadAttention            # in place of torch.nn.MultiheadAttention
+    from attnkit.nn.functional import scaled_dot_product_attention  # in place of torch's SDPA
+
+Nothing else changes in the calling code, checkpoints included; what attnkit adds is its
+speed (the backend `auto` picks, e.g. the compiled kernel when dropout is on) and its rule
+for a query that may attend to nothing (output 0 and gradient 0, never NaN). attnkit's own
+modules (`attnkit.MultiHeadAttention`: batch first, True = may attend, a tensor returned)
+stay as they are; `attnkit.convert.from_torch` turns either module into one of them.
+"""
+
+from attnkit.nn import functional
+from attnkit.nn.multihead import MultiheadAttention
+
+__all__ = ["MultiheadAttention", "functional"]
