@@ -16,13 +16,13 @@ Take numbers on a quiet machine only: under contention the ratios drift.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
 import torch
 
 from attnkit._cpu import cpu_name
+from attnkit._io import atomic_write_json, atomic_write_text
 from attnkit.analysis.bench import time_interleaved
 from attnkit.analysis.bench_decode import DecodeShape, decode_rows, markdown_lines
 
@@ -70,13 +70,9 @@ def main() -> None:
     if args.tiny:
         return  # a smoke run writes no results
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"env": env, "rows": rows}, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write_json(args.out, {"env": env, "rows": rows})
     table = args.out.with_suffix(".md")  # quoted verbatim by the README (tests/test_readme.py)
-    tmp = table.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(markdown_lines(rows)).strip() + "\n")
-    os.replace(tmp, table)
+    atomic_write_text(table, "\n".join(markdown_lines(rows)).strip() + "\n")
 
 
 if __name__ == "__main__":

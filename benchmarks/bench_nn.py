@@ -19,7 +19,6 @@ Take numbers on a quiet machine only: under contention the ratios drift.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch
 from torch import nn
 
 from attnkit._cpu import cpu_name
+from attnkit._io import atomic_write_json, atomic_write_text
 from attnkit.analysis.bench import time_interleaved
 from attnkit.nn import MultiheadAttention
 
@@ -124,13 +124,9 @@ def main() -> None:
     if args.tiny:
         return  # a smoke run writes no results
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"env": env, "rows": rows}, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write_json(args.out, {"env": env, "rows": rows})
     md = args.out.with_suffix(".md")  # quoted verbatim by the interop guide (tests/nn)
-    tmp = md.with_suffix(".md.tmp")
-    tmp.write_text(table.strip() + "\n")
-    os.replace(tmp, md)
+    atomic_write_text(md, table.strip() + "\n")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ benchmarks/results/packing.json and packing.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from pathlib import Path
@@ -35,6 +34,7 @@ from pathlib import Path
 import torch
 
 from attnkit._cpu import cpu_name
+from attnkit._io import atomic_write_json, atomic_write_text
 from attnkit.analysis.bench import time_interleaved
 from attnkit.cli.lm import read_corpus
 from attnkit.models import GPT, GPTConfig
@@ -168,13 +168,9 @@ def main() -> None:
     if args.tiny:
         return  # a smoke run writes no results
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"env": env, "rows": rows}, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write_json(args.out, {"env": env, "rows": rows})
     table = args.out.with_suffix(".md")
-    tmp = table.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, table)
+    atomic_write_text(table, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
