@@ -22,23 +22,30 @@ __all__ = [
 ]
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int | None = None) -> Path:
     """Write ``data`` to ``path`` atomically and return the path.
 
     Missing parent directories are created. The temporary file lives in the same
     directory (``os.replace`` is only atomic within one file system) and is removed
-    if writing fails. The new file gets the usual permissions (0o666 minus umask).
+    if writing fails. The new file gets the usual permissions (0o666 minus umask), or exactly
+    ``mode`` when given (no umask; and the temporary name is never followed as a symlink:
+    for files whose permissions are checked later, such as the kernel cache's).
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ValueError(f"data: expected bytes, got {type(data).__name__}")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    if mode is not None:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     # os.open with an explicit mode (instead of tempfile, which uses 0o600) so the
     # final file has the permissions any normal write would give it.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    fd = os.open(tmp, flags, 0o666 if mode is None else mode)
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

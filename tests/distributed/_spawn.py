@@ -8,7 +8,9 @@ torch op, so no thread pool is forked); the test run pays the imports once.
 
 import multiprocessing
 import socket
+from pathlib import Path
 
+import torch
 import torch.multiprocessing as mp
 
 PRELOAD = ["torch", "torch.distributed", "attnkit.distributed", "attnkit.models.gpt"]
@@ -24,3 +26,10 @@ def run(fn, args: tuple, nprocs: int) -> None:
     """fn(rank, *args) in ``nprocs`` processes; raises if any of them fails."""
     multiprocessing.set_forkserver_preload(PRELOAD)  # no effect once the server runs
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def results_of(worker, world: int, tmp: Path) -> list:
+    """Run ``worker(rank, world, port, tmp)`` in ``world`` processes; what each rank saved as
+    ``tmp/rank{r}.pt``, in rank order."""
+    run(worker, args=(world, free_port(), str(tmp)), nprocs=world)
+    return [torch.load(tmp / f"rank{r}.pt") for r in range(world)]

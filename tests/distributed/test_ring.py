@@ -20,7 +20,7 @@ from attnkit.distributed._block import MIN_PIECE_BYTES
 from attnkit.functional.chunked import chunked_attention
 from attnkit.modules.attention import MultiHeadAttention
 from attnkit.modules.positions import RotaryEmbedding
-from tests.distributed._spawn import free_port, run
+from tests.distributed._spawn import results_of
 from tests.distributed.test_memory import peak_units
 
 STRATEGIES = {"ring": ring, "ulysses": ulysses_attention}
@@ -248,9 +248,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 @pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"P{w}")
 def results(request, tmp_path_factory):
     world = request.param
-    tmp = tmp_path_factory.mktemp(f"ring{world}")
-    run(_worker, args=(world, free_port(), str(tmp)), nprocs=world)
-    return [torch.load(tmp / f"rank{r}.pt") for r in range(world)]
+    return results_of(_worker, world, tmp_path_factory.mktemp(f"ring{world}"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=_name)

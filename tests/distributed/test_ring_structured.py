@@ -22,7 +22,7 @@ from attnkit.distributed import _block, _structured_ring, exchange_pattern, shar
 from attnkit.distributed import ring_attention as ring
 from attnkit.distributed._block import MIN_PIECE_BYTES
 from attnkit.functional import native
-from tests.distributed._spawn import free_port, run
+from tests.distributed._spawn import results_of
 from tests.distributed.test_memory import _bench
 from tests.distributed.test_ring import _errs, _inputs, _run, _single
 
@@ -215,9 +215,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 @pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"P{w}")
 def results(request, tmp_path_factory):
     world = request.param
-    tmp = tmp_path_factory.mktemp(f"ring-structured{world}")
-    run(_worker, args=(world, free_port(), str(tmp)), nprocs=world)
-    return [torch.load(tmp / f"rank{r}.pt") for r in range(world)]
+    return results_of(_worker, world, tmp_path_factory.mktemp(f"ring-structured{world}"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=_name)

@@ -9,14 +9,6 @@ from attnkit.models.generate import filter_logits
 V = 13
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def gpt(context: int = 32, rotary: bool = False) -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=V, n_layer=2, n_head=2, d_model=16, context=context, rotary=rotary)

@@ -14,15 +14,6 @@ from tests.naive import naive_attention
 V = 11  # ids 0..10, all real tokens
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is much faster than two on a shared, loaded CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def make(dtype=torch.float32, **kw) -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig(

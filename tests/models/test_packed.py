@@ -20,15 +20,6 @@ LENGTHS = [[5, 1, 10], [9, 7]]
 TOL = {"atol": 1e-12, "rtol": 0}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is much faster than two on a shared, loaded CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def gpt(kind: str, **kw) -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig(V, n_layer=2, n_head=2, d_model=12, context=16, positions=kind, **kw)

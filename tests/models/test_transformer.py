@@ -20,15 +20,6 @@ from attnkit.models.transformer import config_from_dict
 V = 13
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is ~10x faster than two on a shared, loaded CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def make(norm_first: bool = False, **kw) -> Transformer:
     torch.manual_seed(0)
     kw = {"pad_id": 0, **kw}  # these tests pad with 0

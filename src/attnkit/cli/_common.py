@@ -207,6 +207,16 @@ def add_out_options(p: argparse.ArgumentParser, command: str, what: str) -> None
     )
 
 
+def add_max_steps(p: argparse.ArgumentParser) -> None:
+    """``--max-steps S``: the training commands' cap on optimizer steps (None: no limit)."""
+    p.add_argument(
+        "--max-steps",
+        type=positive_int,
+        metavar="S",
+        help="stop after S optimizer steps in all, e.g. for a quick try (default: no limit)",
+    )
+
+
 def add_report_options(p: argparse.ArgumentParser) -> None:
     """--json and --quiet: what goes to stdout."""
     p.add_argument(

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from attnkit.cli._common import (
     add_command_group,
+    add_max_steps,
     add_out_options,
     add_report_options,
     positive_int,
@@ -106,12 +107,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     ):
         flag = "--" + name.replace("_", "-")
         p.add_argument(flag, type=kind, default=d[name], help=f"{what} (default {d[name]})")
-    p.add_argument(
-        "--max-steps",
-        type=positive_int,
-        metavar="S",
-        help="stop after S optimizer steps in all, e.g. for a quick try (default: no limit)",
-    )
+    add_max_steps(p)
     p.add_argument(
         "--seed", type=seed_number, default=d["seed"], help="model init and window order"
     )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from attnkit.cli._common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
+    add_max_steps,
     add_out_options,
     add_report_options,
     default_out,
@@ -118,12 +119,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="peak learning rate of AdamW, reached after a 5%% warm-up, then cosine decay "
         "(default: cnn 0.003, the others 0.002)",
     )
-    p.add_argument(
-        "--max-steps",
-        type=positive_int,
-        metavar="S",
-        help="stop after S optimizer steps in all, e.g. for a quick try (default: no limit)",
-    )
+    add_max_steps(p)
     p.add_argument(
         "--seed",
         type=seed_number,

@@ -44,7 +44,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +51,7 @@ from pathlib import Path
 import torch
 
 from attnkit._cpu import cpu_flags
+from attnkit._io import atomic_write_bytes
 
 __all__ = ["load"]
 
@@ -196,23 +196,6 @@ def _problem(library: Path) -> str | None:
 # --------------------------------------------------------------------------- building
 
 
-def _write_private(path: Path, data: bytes, mode: int) -> None:
-    """`data` to `path` through a temporary name in the same folder and a rename (a reader
-    sees the old file, none, or the whole new one), with exactly `mode` (no umask)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _build(cxx: str, target: Path) -> None:
     """Compile into a private temporary folder next to `target`, then write the library and
     its sha256 record, each atomically (the library first: a build killed between the two
@@ -224,9 +207,9 @@ def _build(cxx: str, target: Path) -> None:
         if done.returncode:
             raise RuntimeError(f"{' '.join(cmd)}\n{done.stderr.strip()}")
         data = built.read_bytes()
-    _write_private(target, data, 0o700)
+    atomic_write_bytes(target, data, mode=0o700)
     record = f"{hashlib.sha256(data).hexdigest()}  {target.name}\n"
-    _write_private(_hash_path(target), record.encode("ascii"), 0o600)
+    atomic_write_bytes(_hash_path(target), record.encode("ascii"), mode=0o600)
 
 
 _FIRST_BUILD = "compiling the CPU attention kernel for this machine (one time)"
