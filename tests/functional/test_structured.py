@@ -322,3 +322,19 @@ def test_second_order_gradients_through_a_description(kind, dtype):
     tol = 1e-10 if dtype == torch.float64 else 2e-3
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol)
+
+
+def test_a_mask_is_classified_once_per_grid():
+    calls = []
+
+    def band(b, h, q, k):
+        calls.append(1)
+        return (q - k).abs() < 8
+
+    mask = masks.from_function(band, 64)
+    q = torch.randn(1, 2, 64, 8)
+    for _ in range(3):
+        attnkit.attention(q, q, q, mask=mask, backend="chunked")
+    first = len(calls)
+    attnkit.attention(q, q, q, mask=mask, backend="chunked")
+    assert first > 0 and len(calls) == first

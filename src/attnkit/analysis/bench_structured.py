@@ -202,7 +202,7 @@ def _ratio(a, b) -> str:
 
 def structured_markdown(rows: list[dict], memory: dict | None, machine: str) -> str:
     head = (
-        f"# Structured masks: attnkit vs tensors, SDPA and FlexAttention\n\n{machine}. B=1, H=8, "
+        f"Structured masks on {machine}: B=1, H=8, "
         "D=64, float32, eager (FlexAttention compiled), medians in ms. `desc` = attnkit with "
         "the description; `tensor` = attnkit with the same mask as an (N, S) tensor; "
         "`flex/desc` > 1 means attnkit is faster than FlexAttention; `speed-up` = tensor "

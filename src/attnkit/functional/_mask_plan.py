@@ -44,7 +44,20 @@ class MaskPlan(NamedTuple):
 
 
 def plan_mask(mask: StructuredMask, block_q: int, block_k: int, device) -> MaskPlan:
-    """Split `mask` into row intervals, a dense remainder and tiles on a bq × bk grid."""
+    """Split `mask` into row intervals, a dense remainder and tiles on a bq × bk grid.
+
+    The plan is kept on the mask (per grid and device): a mask built once and passed to every
+    step of a training loop is classified once, as FlexAttention's block mask is. Masks are
+    descriptions and are not changed after they are built; change the tensors a mask was
+    built from (its ids, say) and build a new mask."""
+    key = (block_q, block_k, str(device))
+    cache = mask.__dict__.setdefault("_plans", {})
+    if key not in cache:
+        cache[key] = _plan(mask, block_q, block_k, device)
+    return cache[key]
+
+
+def _plan(mask: StructuredMask, block_q: int, block_k: int, device) -> MaskPlan:
     factors = mask.factors() if isinstance(mask, _And) else [mask]
     rows, dense, rest = None, None, []
     for f in factors:
