@@ -105,8 +105,18 @@ def _flex(kind: Kind, case: StructuredCase, q, k, v) -> Callable[[], None] | Non
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:  # a torch without FlexAttention
         return None
-    block_mask = create_block_mask(kind.mask_mod(case.n), 1, 1, case.n, case.n, device="cpu")
-    compiled = torch.compile(flex_attention)
+    # A fresh compile per row: each row's mask_mod is a new closure, and past torch's
+    # recompile limit (8) Dynamo would run flex_attention eagerly, which builds the whole
+    # (B, H, N, S) score matrix (24 GiB at N=16384: the run was killed for memory). fullgraph
+    # turns any such fallback into an error instead.
+    torch._dynamo.reset()
+    # past DENSE_LIMIT_N the block mask is built by a compiled kernel: the eager builder
+    # evaluates mask_mod on the whole (N, S) grid at once (32 GiB at N=65536)
+    big = case.n > DENSE_LIMIT_N
+    block_mask = create_block_mask(
+        kind.mask_mod(case.n), 1, 1, case.n, case.n, device="cpu", _compile=big
+    )
+    compiled = torch.compile(flex_attention, fullgraph=True)
 
     def step():
         with torch.no_grad():
@@ -151,15 +161,20 @@ def structured_row(
             "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense),
         }
     start = time.perf_counter()
-    compiled = _flex(kind, case, q, k, v) if flex else None
-    if compiled is not None:
-        compiled()  # compile and first call outside the timing
-        steps["flex"] = compiled
+    flex_error = None
+    try:
+        compiled = _flex(kind, case, q, k, v) if flex else None
+        if compiled is not None:
+            compiled()  # compile and first call outside the timing
+            steps["flex"] = compiled
+    except (RuntimeError, MemoryError) as e:  # FlexAttention's limits are part of the result
+        flex_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        log(f"  FlexAttention failed at N={case.n}: {flex_error}")
     log(f"  {case.kind}, N={case.n}, {case.threads} thread(s): flex ready in "
         f"{time.perf_counter() - start:.1f} s, timing {len(steps)} implementations")  # fmt: skip
     ms = time_interleaved(steps, repeats)
     return {"kind": case.kind, "n": case.n, "threads": case.threads, "density": mask.density,
-            "ms": ms}  # fmt: skip
+            "ms": ms, "flex_error": flex_error}  # fmt: skip
 
 
 def memory_row(n: int = 65536, window: int = 512, heads: int = 2, d: int = 64) -> dict:
@@ -223,6 +238,9 @@ def structured_markdown(rows: list[dict], memory: dict | None, machine: str) -> 
             f"{_ratio(get('dense_fb'), get('structured_fb'))} |"
         )
     text = head + "\n".join(lines) + "\n"
+    failed = sorted({(r["n"], r["flex_error"]) for r in rows if r.get("flex_error")})
+    for n, error in failed:
+        text += f"\nFlexAttention failed at N={n}: {error}\n"
     if memory:
         text += (
             f"\nMemory, window {memory['window']} at N={memory['n']}, H={memory['heads']}, "
