@@ -29,9 +29,10 @@ from attnkit.functional.structured import (
     _And,
     _classify,
     _Dense,
+    intervals_block,
 )
 
-__all__ = ["MaskPlan", "dense_with_plan", "key_blocks", "plan_mask"]
+__all__ = ["MaskPlan", "dense_with_plan", "key_blocks", "plan_mask", "with_sentinels"]
 
 TILE_EMPTY, TILE_FULL = -1, -2
 
@@ -139,6 +140,15 @@ def key_blocks(
         yield j0, min((kb + 1) * bk, end), ids, j0 - kb * bk
 
 
+def with_sentinels(tiles: Tensor) -> Tensor:
+    """tiles (T, bq, bk) followed by an all-ones and an all-zeros tile, so that indexing with a
+    table entry gives the block's booleans for every class: t >= 0 its tile, `TILE_FULL` (-2)
+    the ones, `TILE_EMPTY` (-1) the zeros."""
+    full_empty = torch.zeros(2, *tiles.shape[1:], dtype=tiles.dtype, device=tiles.device)
+    full_empty[0] = 1
+    return torch.cat([tiles, full_empty])
+
+
 def dense_with_plan(
     mask: Tensor | None, rows: Tensor | None, table: Tensor | None, tiles: Tensor | None,
     n: int, s: int,
@@ -148,13 +158,10 @@ def dense_with_plan(
     backward (`_double_backward`), which holds (B, H, N, S) probabilities anyway."""
     parts = [] if mask is None else [mask[(None,) * (4 - mask.dim())]]
     if rows is not None:
-        keys = torch.arange(s, device=rows.device)
-        parts.append(((keys >= rows[0][..., None]) & (keys < rows[1][..., None]))[:, None])
+        parts.append(intervals_block(rows[0], rows[1], 0, n, 0, s))
     if table is not None:
         bq, bk = tiles.shape[1:]
-        full_empty = torch.zeros(2, bq, bk, dtype=torch.uint8, device=tiles.device)
-        full_empty[0] = 1  # index -2: full, -1: empty
-        grid = torch.cat([tiles, full_empty])[table.long()]  # (B|1, H|1, nqb, nkb, bq, bk)
+        grid = with_sentinels(tiles)[table.long()]  # (B|1, H|1, nqb, nkb, bq, bk)
         b, h, nqb, nkb = table.shape
         whole = grid.permute(0, 1, 2, 4, 3, 5).reshape(b, h, nqb * bq, nkb * bk)
         parts.append(whole[:, :, :n, :s].bool())

@@ -153,12 +153,11 @@ def attention(
        others, depending on their blocking. Zero padding and unused cache slots.
     """
     _validate(q, k, v, mask, bias, dropout_p, scale)
-    structured = isinstance(mask, StructuredMask)
-    if structured:
-        mask, causal = _structured_call(mask, causal, q, k, backend, need_weights)
-        structured = isinstance(mask, StructuredMask)
+    if isinstance(mask, StructuredMask):
+        mask, causal = _structured_call(mask, causal, q, k)
+    structured = isinstance(mask, StructuredMask)  # traced code gets the dense form
     # masks and biases of rank < 4 as (…, N|1, S|1) views of rank 4: every backend sees one rank
-    elif mask is not None and mask.dim() < 4:
+    if not structured and mask is not None and mask.dim() < 4:
         mask = mask[(None,) * (4 - mask.dim())]
     if bias is not None and bias.dim() < 4:
         bias = bias[(None,) * (4 - bias.dim())]
@@ -182,12 +181,9 @@ def attention(
     else:
         from attnkit.functional.chunked import chunked_attention
 
-        # Dv = 0: the compiled kernel's BLAS (oneMKL) prints an error line per product; the
-        # PyTorch kernel gives the same empty out, lse and dropout draws, silently.
-        kernel = "torch" if v.shape[-1] == 0 else "auto"
         out, lse = chunked_attention(
             q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, dropout_p=p,
-            training=p > 0, kernel=kernel,
+            training=p > 0,
         )  # fmt: skip
         res = AttentionOutput(out, None, lse)
     return _nan_where_q_is_not_finite(res, q)
@@ -250,7 +246,7 @@ def _no_work(q: Tensor, k: Tensor, v: Tensor, need_weights: bool) -> AttentionOu
 _MASK_ELEMS_CHUNKED = 1 << 26
 
 
-def _structured_call(mask, causal: bool, q: Tensor, k: Tensor, backend: str, need_weights: bool):
+def _structured_call(mask: StructuredMask, causal: bool, q: Tensor, k: Tensor):
     """A structured mask for this call: `causal` folded in (as row intervals), or, in traced
     code (whose graphs hold tensors, not descriptions), its dense form with `causal` kept."""
     if tracing():

@@ -33,8 +33,14 @@ from attnkit.functional._dropout import (
     keep_threshold,
     row_ids,
 )
-from attnkit.functional._mask_plan import dense_with_plan, key_blocks, plan_mask
-from attnkit.functional.structured import StructuredMask
+from attnkit.functional._mask_plan import (
+    TILE_FULL,
+    dense_with_plan,
+    key_blocks,
+    plan_mask,
+    with_sentinels,
+)
+from attnkit.functional.structured import StructuredMask, intervals_block
 
 # The PyTorch kernel's blocks, tuned on the 2-core CPU (1 MiB L2 per core), N=2048, H=8, D=64,
 # dropout 0.1, fwd+bwd: 128×1024 was fastest of 128×256 … 512×512 (one head's score block,
@@ -105,9 +111,7 @@ class _Plan:
         self.causal, self.structure = causal, structure
         if structure is not None and structure.tiles is not None:
             bq, bk = structure.tiles.shape[1:]  # the tiles' grid
-            full_empty = torch.zeros(2, bq, bk, dtype=torch.uint8, device=self.dev)
-            full_empty[0] = 1
-            self.tiles = torch.cat([structure.tiles, full_empty])  # index -2: full, -1: empty
+            self.tiles = with_sentinels(structure.tiles)
         self.bq, self.bk = bq, bk
 
     def q_blocks(self):
@@ -130,11 +134,9 @@ class _Plan:
         if st is None:
             return None
         if st.rows is not None:
-            keys = torch.arange(j0, j1, device=self.dev)  # (nk,)
-            lo, hi = st.rows[0][:, i0:i1, None], st.rows[1][:, i0:i1, None]  # (B|1, nq, 1)
-            allowed = ((keys >= lo) & (keys < hi))[:, None]  # (B|1, 1, nq, nk)
-        if ids is not None and not bool((ids == -2).all()):
-            tile = self.tiles[ids.long()]  # (B|1, H|1, bq, bk); -1, -2 pick the last two
+            allowed = intervals_block(st.rows[0], st.rows[1], i0, i1, j0, j1)
+        if ids is not None and not bool((ids == TILE_FULL).all()):
+            tile = self.tiles[ids.long()]  # (B|1, H|1, bq, bk)
             tile = tile[:, :, : i1 - i0, col : col + j1 - j0].bool()  # (B|1, H|1, nq, nk)
             allowed = tile if allowed is None else allowed & tile
         return allowed
@@ -350,8 +352,11 @@ def chunked_attention(
         grid = (block_q or STRUCTURED_BLOCK_Q, block_k or STRUCTURED_BLOCK_K)
         structure = plan_mask(mask, *grid, q.device)
         mask = structure.dense
+    # Dv = 0: the compiled kernel's BLAS (oneMKL) prints an error line per product; the
+    # PyTorch kernel gives the same empty out, lse and dropout draws, silently.
+    native_fits = v.shape[-1] > 0 and native.supports(q, bias)
     if kernel == "native" or (
-        kernel == "auto" and block_q is None and block_k is None and native.supports(q, bias)
+        kernel == "auto" and block_q is None and block_k is None and native_fits
     ):
         return native.native_attention(
             q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, keep_t=t_keep,

@@ -40,6 +40,7 @@ __all__ = [
     "document",
     "document_ids",
     "from_function",
+    "intervals_block",
     "prefix",
     "window",
 ]
@@ -178,15 +179,21 @@ class RowIntervals(StructuredMask):
         return self.lo, self.hi
 
     def block(self, i0, i1, j0, j1):
-        keys = torch.arange(j0, j1, device=self.device)  # (nk,)
-        lo, hi = self.lo[:, i0:i1, None], self.hi[:, i0:i1, None]  # (B|1, nq, 1)
-        return ((keys >= lo) & (keys < hi))[:, None]  # (B|1, 1, nq, nk)
+        return intervals_block(self.lo, self.hi, i0, i1, j0, j1)
 
     def describe(self):
         return self.name
 
     def to(self, device):
         return RowIntervals(self.lo.to(device), self.hi.to(device), self.s, self.name)
+
+
+def intervals_block(lo: Tensor, hi: Tensor, i0: int, i1: int, j0: int, j1: int) -> Tensor:
+    """Row intervals lo, hi (B|1, N) on rows i0:i1 and keys j0:j1 as booleans
+    (B|1, 1, nq, nk): key j is allowed for row i iff lo_i <= j < hi_i."""
+    keys = torch.arange(j0, j1, device=lo.device)  # (nk,)
+    lo, hi = lo[:, i0:i1, None], hi[:, i0:i1, None]  # (B|1, nq, 1)
+    return ((keys >= lo) & (keys < hi))[:, None]  # (B|1, 1, nq, nk)
 
 
 def _positions(n: int, s: int, device) -> Tensor:
