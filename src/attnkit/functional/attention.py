@@ -261,7 +261,7 @@ def _mask_elems(q: Tensor, k: Tensor, mask, bias: Tensor | None, causal: bool):
 
     Under torch.export with dynamic sizes this may be a symbolic size; `_choose_backend`
     compares it without adding a guard (so the batch and length stay dynamic)."""
-    shapes = [torch.Size(t.shape) for t in (mask, bias) if t is not None]  # a description too
+    shapes = [t.shape for t in (mask, bias) if t is not None]  # a description: a tuple
     if not shapes:
         return 0
     if causal:
