@@ -243,7 +243,8 @@ def overhead_row(repeats: int, calls: int = 200) -> dict:
 # --------------------------------------------------------------------------- peak memory
 
 
-def _status_mib(name: str) -> float:
+def status_mib(name: str) -> float:
+    """A field of /proc/self/status (VmRSS, VmHWM, VmSize, ...) in MiB (Linux)."""
     with open("/proc/self/status") as f:
         line = next(x for x in f if x.startswith(name + ":"))
     return int(line.split()[1]) / 1024  # kB -> MiB
@@ -257,9 +258,9 @@ def _child(impl: str, case: Case, threads: int) -> float:
     kernel_step(impl, case, True, small)()  # load kernels and thread pools first
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
-    before = _status_mib("VmRSS")
+    before = status_mib("VmRSS")
     kernel_step(impl, case, True, inputs)()
-    return _status_mib("VmHWM") - before
+    return status_mib("VmHWM") - before
 
 
 def peak_memory_mib(impl: str, case: Case, threads: int) -> float | None:

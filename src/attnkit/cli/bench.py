@@ -151,11 +151,11 @@ def available_memory() -> int | None:
     try:
         import resource
 
+        from attnkit.analysis.bench import status_mib
+
         soft = resource.getrlimit(resource.RLIMIT_AS)[0]
         if soft != resource.RLIM_INFINITY:
-            with open("/proc/self/status") as f:
-                size = next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmSize:"))
-            found.append(soft - size)
+            found.append(soft - int(status_mib("VmSize") * 2**20))
     except (ImportError, OSError, StopIteration, ValueError):
         pass
     return max(0, min(found)) if found else None
