@@ -153,6 +153,10 @@ class StructuredMask:
     __rand__ = __and__
     __ror__ = __or__
 
+    def to(self, device: torch.device | str) -> StructuredMask:
+        """The same mask with its index tensors on `device` (kernels read them there)."""
+        return self
+
 
 # --------------------------------------------------------------------------- row intervals
 
@@ -179,6 +183,9 @@ class RowIntervals(StructuredMask):
 
     def describe(self):
         return self.name
+
+    def to(self, device):
+        return RowIntervals(self.lo.to(device), self.hi.to(device), self.s, self.name)
 
 
 def intervals_block(lo: Tensor, hi: Tensor, i0: int, i1: int, j0: int, j1: int) -> Tensor:
@@ -313,6 +320,9 @@ class _SameId(StructuredMask):
     def describe(self):
         return self.name + " (ids not contiguous)"
 
+    def to(self, device):
+        return _SameId(self.ids.to(device), self.causal, self.name)
+
 
 # --------------------------------------------------------------------------- predicates, tensors
 
@@ -338,6 +348,9 @@ class _Function(StructuredMask):
 
     def describe(self):
         return f"from_function({getattr(self.fn, '__name__', 'fn')})"
+
+    def to(self, device):
+        return _Function(self.fn, self.n, self.s, self.batch, self.heads, device)
 
 
 def from_function(
@@ -382,6 +395,9 @@ class _Dense(StructuredMask):
     def describe(self):
         return f"tensor{_shape(self.t)}"
 
+    def to(self, device):
+        return _Dense(self.t.to(device), self.n, self.s)
+
 
 # --------------------------------------------------------------------------- & and |
 
@@ -397,6 +413,9 @@ class _Combined(StructuredMask):
         self.parts = (a, b)
         self.n, self.s, self.device = a.n, a.s, a.device
         self.batch, self.heads = max(a.batch, b.batch), max(a.heads, b.heads)
+
+    def to(self, device):
+        return type(self)(*(p.to(device) for p in self.parts))
 
 
 class _And(_Combined):
