@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs import make_examples
+from tests.docs import make_examples, twins
 from tests.docs.pages import (
     DOCS,
     LANGS,
@@ -51,10 +51,31 @@ def test_every_page_exists_in_both_languages():
 @pytest.mark.parametrize("rel", sorted(relative_pages("en") & relative_pages("zh")), ids=str)
 def test_both_languages_show_the_same_code_and_outputs(rel):
     english, chinese = (parse((DOCS / lang / rel).read_text(encoding="utf-8")) for lang in LANGS)
-    assert [b.key() for b in chinese] == [b.key() for b in english], (
-        f"docs/zh/{rel} and docs/en/{rel} differ in their code or output blocks "
-        "(translate the prose, never the code)"
+    bad = twins.differences(english, chinese)
+    assert not bad, (
+        f"docs/zh/{rel} and docs/en/{rel} differ in their code or output blocks (translate "
+        "the prose, comments and labels, never the code or the numbers):\n" + "\n".join(bad)
     )
+
+
+def test_twins_may_differ_in_comments_and_chinese_labels_only():
+    english = parse(
+        "```python\nx = 0.5  # half\nprint(f'mean {x}', 'n')\n```\n\n```text\nmean 0.5 n\n```\n"
+    )
+
+    def zh(code: str, output: str) -> list[str]:
+        return twins.differences(
+            english, parse(f"```python\n{code}\n```\n\n```text\n{output}\n```\n")
+        )
+
+    assert zh("x = 0.5  # 一半\nprint(f'均值 {x}', 'n')", "均值 0.5 n") == []
+    assert zh("x = 0.5\nprint(f'mean {x}', 'n')", "mean 0.5 n") == []
+    assert zh("x = 0.6  # 一半\nprint(f'均值 {x}', 'n')", "均值 0.5 n")  # other code
+    assert zh("x = 0.5\nprint(f'均值 {x}', 'm')", "均值 0.5 n")  # a non-Chinese string
+    assert zh("x = 0.5\nprint(f'均值 {x}', 'n')", "均值 0.6 n")  # another number
+    assert zh("x = 0.5\nprint(f'均值 {x}', 'n')", "mean 0.5 m")  # English text changed
+    assert zh("x = 0.5\nprint(f'均值 {x}', 'n'", "均值 0.5 n")  # does not compile
+    assert zh("x = 0.5\nprint(f'均值 {x}', 'n')", "均值 0.5 n\n多一行")  # another line count
 
 
 @pytest.mark.parametrize("rel", sorted(relative_pages("en") | relative_pages("zh")), ids=str)
