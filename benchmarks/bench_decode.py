@@ -5,7 +5,8 @@ nanoGPT's model with a preallocated key/value cache and `F.scaled_dot_product_at
 holding a copy of the attnkit GPT's weights; both generate the same tokens (checked).
 Timings: a warm-up call each, then interleaved repeats, medians (same-process ratios: compare
 columns of one run, not runs on different days). Prints a markdown table and writes
-benchmarks/results/decode.json and the table in decode.md (quoted by the README).
+benchmarks/results/decode.json and the table in decode.md (included by the docs: benchmarks and
+language-model pages).
 
     python benchmarks/bench_decode.py [--batches 1 8] [--new-tokens 128] [--threads 1]
     python benchmarks/bench_decode.py --tiny      # a seconds-long smoke run
@@ -71,7 +72,7 @@ def main() -> None:
         return  # a smoke run writes no results
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, {"env": env, "rows": rows})
-    table = args.out.with_suffix(".md")  # quoted verbatim by the README (tests/test_readme.py)
+    table = args.out.with_suffix(".md")  # included by docs pages (tests/docs/test_results_pages.py)
     atomic_write_text(table, "\n".join(markdown_lines(rows)).strip() + "\n")
 
 

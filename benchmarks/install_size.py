@@ -13,8 +13,8 @@ installed distribution is read from its RECORD.
 What is measured is disk use after installing, not download or install time (pip's cache and
 the local wheel mirror make those meaningless here).
 
-Writes benchmarks/results/install-size.json and install-size.md (the README's table,
-checked verbatim by tests/test_readme.py).
+Writes benchmarks/results/install-size.json and install-size.md (the table docs/*/install.md
+includes, checked by tests/docs/test_results_pages.py).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def measure(extra: str, wheel: Path, work: Path, keep: bool) -> dict:
 
 
 def markdown(result: dict) -> str:
-    """The README table: size per extra and what it adds over the core install."""
+    """The install page's table: size per extra and what it adds over the core install."""
     rows = {r["extra"]: r for r in result["rows"]}
     core = rows.get("core")
     lines = [

@@ -4,7 +4,7 @@ source length and training time.
 
 Each row is one command, run as its own process (`python -m attnkit seq2seq train ...
 --json`), then `seq2seq eval --by-length --json` on the checkpoint. Writes
-benchmarks/results/seq2seq.json (what the README's table is checked against) and
+benchmarks/results/seq2seq.json (what the results page's table is checked against) and
 seq2seq.md (the table), and copies each run's first alignment picture into docs/assets/img/.
 
     PYTHONPATH=src python benchmarks/seq2seq_table.py            # all rows, ~15-30 min
@@ -82,7 +82,7 @@ def run_row(
 
 
 def markdown(result: dict) -> str:
-    """The table the README and docs/en/results/seq2seq.md quote."""
+    """The table docs/en/results/seq2seq.md and its Chinese twin quote."""
     lengths = [str(n) for n in SHOWN_LENGTHS]
     head = "| model | params | exact match | steps | train time (s) | "
     head += " | ".join(f"n={n}" for n in lengths) + " |"
@@ -116,10 +116,7 @@ def markdown(result: dict) -> str:
 BEGIN = "<!-- seq2seq-table: written by benchmarks/seq2seq_table.py -->"
 END = "<!-- /seq2seq-table -->"
 # the docs site quotes it on both language versions of its results page
-QUOTED_IN = (
-    ROOT / "README.md",
-    *(ROOT / "docs" / lang / "results" / "seq2seq.md" for lang in ("en", "zh")),
-)
+QUOTED_IN = tuple(ROOT / "docs" / lang / "results" / "seq2seq.md" for lang in ("en", "zh"))
 
 
 def quote(table: str, path: Path) -> None:

@@ -32,11 +32,13 @@ SENTENCES = [
     "Hi",
 ]
 TOL = 1e-5
-# README: per-head probabilities are as close to the float64 truth as transformers' own float32
-# ones, within twice their error (flash-attention's rule), on every CPU; 4.2e-7 from
-# transformers was measured on an Ice Lake and 1.1e-6 on a Sapphire Rapids (AMX) with 1 thread
+# docs guides/fine-tune-bert.md: per-head probabilities are as close to the float64 truth as
+# transformers' own float32 ones, within twice their error (flash-attention's rule), on every
+# CPU; 4.2e-7 from transformers was measured on an Ice Lake and 1.1e-6 on a Sapphire Rapids
+# (AMX) with 1 thread
 PROB_TOL = 1e-5  # and never further from transformers than this
-# README: recording moves a float32 forward by at most this (it runs the reference backend)
+# docs api/core.md (the contracts): recording moves a float32 forward by at most this (it runs
+# the reference backend)
 RECORD_TOL_F32 = 2e-6
 # ... and a 6-layer BERT's last hidden states by at most this (measured 1.6e-5)
 RECORD_TOL_BERT = 3e-5

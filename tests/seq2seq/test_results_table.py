@@ -1,5 +1,6 @@
-"""The seq2seq results table in the README and docs is the one benchmarks/seq2seq_table.py
-wrote (benchmarks/results/seq2seq.json), and its numbers say what the text claims."""
+"""The seq2seq results table of docs/{en,zh}/results/seq2seq.md is the one
+benchmarks/seq2seq_table.py wrote (benchmarks/results/seq2seq.json), and its numbers say what
+the text claims."""
 
 from __future__ import annotations
 

@@ -223,9 +223,9 @@ def _header(meta: dict, sgemm: str) -> str:
 
 
 def readme_section(result: dict) -> str:
-    """The README's performance table: the largest N of the run and target b's rows, then the
-    targets. Written beside bench.md as readme.md; tests/test_readme.py checks that the README
-    quotes it verbatim."""
+    """The benchmarks page's performance table: the largest N of the run and target b's rows,
+    then the targets. Written beside bench.md as readme.md (the name it had when the README
+    quoted it); docs/*/results/benchmarks.md include it (tests/docs/test_results_pages.py)."""
     rows = result["rows"]
     sgemm = f"{max(result['sgemm_gflops'].values()):.0f} GFLOP/s"
     kernel = _kernel(rows, dtype="float32")
