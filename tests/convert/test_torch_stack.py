@@ -256,3 +256,23 @@ def test_refusals_name_what_is_wrong():
         from_torch(mixed)
     with pytest.raises(ValueError, match="batch_first=False"):
         from_torch(encoder(batch_first=False))
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")  # torch, norm_first
+def test_a_whole_nn_transformer_converts_in_its_two_halves():
+    torch.manual_seed(0)
+    model = nn.Transformer(
+        C, H, 2, 2, F, dropout=0.1, batch_first=True, norm_first=True, dtype=F64
+    ).eval()
+    enc, dec = from_torch(model.encoder).eval(), from_torch(model.decoder).eval()
+    assert isinstance(enc.norm, nn.LayerNorm) and isinstance(dec.norm, nn.LayerNorm)
+    src, tgt = rand(B, S, C), rand(B, N, C, seed=1)
+    skpm = key_padding(B, S, seed=2)
+    causal = nn.Transformer.generate_square_subsequent_mask(N, dtype=F64)
+    with torch.no_grad():
+        want = model(
+            src, tgt, tgt_mask=causal, src_key_padding_mask=skpm, memory_key_padding_mask=skpm
+        )
+        memory = enc(src, mask=masks.from_torch_key_padding_mask(skpm))
+        mask, mem = decoder_masks_from_torch(tgt_mask=causal, memory_key_padding_mask=skpm)
+        torch.testing.assert_close(dec(tgt, memory, mask=mask, memory_mask=mem), want, **TOL)
