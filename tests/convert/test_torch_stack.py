@@ -256,6 +256,10 @@ def test_refusals_name_what_is_wrong():
         from_torch(mixed)
     with pytest.raises(ValueError, match="batch_first=False"):
         from_torch(encoder(batch_first=False))
+    empty = encoder()
+    empty.layers = nn.ModuleList()
+    with pytest.raises(ValueError, match="has no layers"):
+        from_torch(empty)
 
 
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")  # torch, norm_first

@@ -122,6 +122,8 @@ class DecoderStack(nn.Module):
 
 def _layers_batch_first(what: str, stack: nn.Module, batch_first: bool | None) -> bool:
     """The one layout of `stack`'s layers, checked against the caller's `batch_first`."""
+    if not len(stack.layers):
+        raise ValueError(f"from_torch: this {what} has no layers")
     layouts = {bool(layer.self_attn.batch_first) for layer in stack.layers}
     if len(layouts) != 1:
         raise ValueError(f"from_torch: the layers of this {what} differ in batch_first")
