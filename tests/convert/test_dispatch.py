@@ -8,8 +8,12 @@ from torch import nn
 
 from attnkit import EncoderBlock, MultiHeadAttention
 from attnkit.convert import (
+    DecoderStack,
+    EncoderStack,
     decoder_from_torch,
+    decoder_stack_from_torch,
     encoder_from_torch,
+    encoder_stack_from_torch,
     from_torch,
     mha_from_torch,
     to_torch,
@@ -41,8 +45,25 @@ def _same_state(a: nn.Module, b: nn.Module) -> bool:
             decoder_from_torch,
             DecoderBlock,
         ),
+        (
+            lambda: nn.TransformerEncoder(
+                nn.TransformerEncoderLayer(24, 3, 40, batch_first=True),
+                2,
+                norm=nn.LayerNorm(24),
+                enable_nested_tensor=False,
+            ),
+            encoder_stack_from_torch,
+            EncoderStack,
+        ),
+        (
+            lambda: nn.TransformerDecoder(
+                nn.TransformerDecoderLayer(24, 3, 40, batch_first=True), 2
+            ),
+            decoder_stack_from_torch,
+            DecoderStack,
+        ),
     ],
-    ids=["mha", "encoder", "decoder"],
+    ids=["mha", "encoder", "decoder", "encoder stack", "decoder stack"],
 )
 def test_from_torch_picks_the_named_converter_and_to_torch_inverts_it(make, named, cls):
     torch.manual_seed(0)

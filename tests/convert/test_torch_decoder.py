@@ -50,7 +50,7 @@ IDS = ["post-relu", "pre-gelu", "nobias", "gelu-tanh"]
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_decoder_layer_matches_torch_with_causal_and_padding(kwargs, batch_first):
     theirs = torch_layer(batch_first=batch_first, **kwargs)
-    ours = decoder_from_torch(theirs).eval()
+    ours = decoder_from_torch(theirs, batch_first=True).eval()  # acknowledges (B, T, C)
     x, memory = rand(3, T, C), rand(3, S, C, seed=2)
     causal = nn.Transformer.generate_square_subsequent_mask(T)  # float, -inf above diagonal
     tkpm, mkpm = padding(3, T), padding(3, S, seed=3)
@@ -111,7 +111,7 @@ def test_round_trips_are_bit_identical(kwargs):
     theirs = torch_layer(batch_first=False, **kwargs)
     with torch.no_grad():
         theirs.dropout3.p, theirs.multihead_attn.dropout = 0.2, 0.3
-    back = decoder_to_torch(decoder_from_torch(theirs), batch_first=False)
+    back = decoder_to_torch(decoder_from_torch(theirs, batch_first=True))  # keeps the layout
     assert back.norm_first == theirs.norm_first and back.norm3.eps == theirs.norm3.eps
     assert type(back.activation) is type(theirs.activation) or back.activation is theirs.activation
     assert not back.self_attn.batch_first

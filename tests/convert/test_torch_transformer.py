@@ -36,7 +36,7 @@ CASES = [
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_encoder_layer_matches_torch_with_padding_and_causal(kwargs, batch_first):
     theirs = torch_layer(batch_first=batch_first, **kwargs)
-    ours = encoder_from_torch(theirs).eval()
+    ours = encoder_from_torch(theirs, batch_first=True).eval()  # acknowledges (B, N, C)
     x = rand(3, 7, 24)
     kpm = padding(3, 7)
     causal = nn.Transformer.generate_square_subsequent_mask(7)  # float, -inf above diagonal
@@ -78,7 +78,8 @@ def test_fully_padded_sequence_gives_zero_attention_not_nan():
 @pytest.mark.parametrize("kwargs", CASES, ids=["post-relu", "pre-gelu", "nobias", "gelu-tanh"])
 def test_round_trips_are_bit_identical(kwargs):
     theirs = torch_layer(batch_first=False, **kwargs)
-    back = encoder_to_torch(encoder_from_torch(theirs), batch_first=False)
+    back = encoder_to_torch(encoder_from_torch(theirs, batch_first=True))  # keeps the layout
+    assert not back.self_attn.batch_first
     assert back.norm_first == theirs.norm_first and back.norm1.eps == theirs.norm1.eps
     assert back.activation_relu_or_gelu == theirs.activation_relu_or_gelu
     for (k1, p1), (k2, p2) in zip(

@@ -2,7 +2,9 @@
 
 Float64, 1e-12: batch first or not × key/value widths × bias_k/zero attention × every mask
 torch takes (key padding bool/float, attn_mask 2-D/3-D bool/float, both, is_causal) ×
-need_weights × average_attn_weights, in eval with dropout set; state dicts both ways.
+need_weights × average_attn_weights, in eval with dropout set; state dicts both ways; and a
+Hypothesis property over every combination at once (head counts, bias, unbatched input, sizes
+1 to 6, torch with and without autograd).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from attnkit.nn import MultiheadAttention
@@ -254,3 +258,90 @@ def test_bad_input_raises_value_error_naming_it(args, kwargs, match):
     ours = MultiheadAttention(E, H, batch_first=True)
     with pytest.raises(ValueError, match=match):
         ours(*args, **kwargs)
+
+
+@st.composite
+def calls(draw):
+    """One module and one call: any combination of the constructor's and forward's options."""
+    heads = draw(st.sampled_from([1, 2, 3, 4, 6]))
+    dims = draw(st.sampled_from(list(DIMS)))
+    module = {
+        "num_heads": heads,
+        "batch_first": draw(st.booleans()),
+        "bias": draw(st.booleans()),
+        "add_bias_kv": draw(st.booleans()),
+        "add_zero_attn": draw(st.booleans()),
+        "dropout": draw(st.sampled_from([0.0, 0.3])),  # set, and the module is in eval
+        **DIMS[dims],
+    }
+    call = {
+        "unbatched": draw(st.booleans()),
+        "self_attention": dims == "same" and draw(st.booleans()),
+        "b": draw(st.integers(1, 3)),
+        "n": draw(st.integers(1, 6)),
+        "s": draw(st.integers(1, 6)),
+        "kpm": draw(st.sampled_from(["none", "bool", "float"])),
+        "attn": draw(st.sampled_from(["none", "2d bool", "2d float", "3d bool", "3d float"])),
+        "need_weights": draw(st.booleans()),
+        "average_attn_weights": draw(st.booleans()),
+        "no_grad": draw(st.booleans()),  # torch's inference fast path where it applies
+    }
+    call["is_causal"] = call["attn"] != "none" and draw(st.booleans())
+    return module, call, draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(calls())
+def test_property_every_combination_equals_torch(case):
+    """batch_first × kdim/vdim × bias × bias_kv/zero_attn × dropout in eval × unbatched ×
+    self/cross × key padding (bool/float) × attn_mask (2-D/3-D, bool/float) × is_causal ×
+    need_weights × average_attn_weights × with or without autograd: torch's numbers (float64,
+    1e-12). Every mask leaves key 0 visible (a row that sees nothing is torch's NaN)."""
+    module, call, seed = case
+    g = torch.Generator().manual_seed(seed)
+    heads = module.pop("num_heads")
+    theirs, ours = _pair_heads(seed, heads, **module)
+    theirs.eval(), ours.eval()
+    b, n, s = call["b"], call["n"], call["s"]
+    if call["self_attention"]:
+        s = n
+    kdim, vdim = module.get("kdim", E), module.get("vdim", E)
+
+    def make(length, width):
+        if call["unbatched"]:
+            return torch.randn(length, width, dtype=F64, generator=g)
+        shape = (b, length, width) if module["batch_first"] else (length, b, width)
+        return torch.randn(*shape, dtype=F64, generator=g)
+
+    q = make(n, E)
+    k = q if call["self_attention"] else make(s, kdim)
+    v = q if call["self_attention"] else (k if vdim == kdim else make(s, vdim))
+    bb = 1 if call["unbatched"] else b
+    kw = {k_: call[k_] for k_ in ("need_weights", "average_attn_weights", "is_causal")}
+    if call["kpm"] != "none":
+        pad = torch.rand(bb, s, generator=g) < 0.4
+        pad[:, 0] = False
+        pad = pad[0] if call["unbatched"] else pad
+        kw["key_padding_mask"] = pad if call["kpm"] == "bool" else _as_float(pad, g)
+    if call["attn"] != "none":
+        shape = (n, s) if call["attn"].startswith("2d") else (bb * heads, n, s)
+        blocked = torch.rand(*shape, generator=g) < 0.4
+        blocked[..., 0] = False
+        kw["attn_mask"] = blocked if call["attn"].endswith("bool") else _as_float(blocked, g)
+    what = f"{module} {call} {seed}"
+    if call["no_grad"]:
+        with torch.no_grad():
+            check_equal(theirs, ours, (q, k, v), kw, what)
+    else:
+        check_equal(theirs, ours, (q, k, v), kw, what)
+
+
+def _as_float(blocked, g):
+    return torch.randn(blocked.shape, dtype=F64, generator=g).masked_fill(blocked, float("-inf"))
+
+
+def _pair_heads(seed, heads, **kw):
+    torch.manual_seed(seed)
+    theirs = nn.MultiheadAttention(E, heads, dtype=F64, **kw)
+    torch.manual_seed(seed)
+    return theirs, MultiheadAttention(E, heads, dtype=F64, **kw)

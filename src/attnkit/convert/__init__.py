@@ -10,6 +10,13 @@ mis-shaped key (got vs wanted shape).
 * `attnkit.convert.torch_nn` — torch.nn.MultiheadAttention
 * `attnkit.convert.torch_transformer` — torch.nn.TransformerEncoderLayer and
   TransformerDecoderLayer
+* `attnkit.convert.torch_stack` — torch.nn.TransformerEncoder and TransformerDecoder (whole
+  stacks, into `EncoderStack` / `DecoderStack`)
+
+attnkit modules read (B, N, C): a sequence-first torch module (`batch_first=False`,
+torch's default) is refused with a ValueError naming `batch_first`, unless
+`batch_first=True` acknowledges the change of layout; `attnkit.nn.MultiheadAttention`
+keeps torch's layout instead.
 * `attnkit.convert.hf_vision` — Hugging Face ViTModel / ViTForImageClassification (whole
   model) and ViTLayer / SwinLayer (per layer)
 * `attnkit.convert.hf_detr` — Hugging Face DetrModel / DetrForObjectDetection (the
@@ -46,7 +53,17 @@ from attnkit.convert.torch_decoder import (
     decoder_to_torch,
     load_torch_decoder_state,
 )
-from attnkit.convert.torch_nn import mha_from_torch, mha_to_torch
+from attnkit.convert.torch_nn import load_torch_mha_state, mha_from_torch, mha_to_torch
+from attnkit.convert.torch_stack import (
+    DecoderStack,
+    EncoderStack,
+    decoder_stack_from_torch,
+    decoder_stack_to_torch,
+    encoder_stack_from_torch,
+    encoder_stack_to_torch,
+    load_torch_decoder_stack_state,
+    load_torch_encoder_stack_state,
+)
 from attnkit.convert.torch_transformer import (
     encoder_from_torch,
     encoder_mask_from_torch,
@@ -55,14 +72,20 @@ from attnkit.convert.torch_transformer import (
 )
 
 __all__ = [
+    "DecoderStack",
+    "EncoderStack",
     "additive_from_keras",
     "additive_to_keras",
     "decoder_from_torch",
     "decoder_masks_from_torch",
+    "decoder_stack_from_torch",
+    "decoder_stack_to_torch",
     "decoder_to_torch",
     "detr_transformer_from_hf",
     "encoder_from_torch",
     "encoder_mask_from_torch",
+    "encoder_stack_from_torch",
+    "encoder_stack_to_torch",
     "encoder_to_torch",
     "from_keras",
     "from_torch",
@@ -73,8 +96,11 @@ __all__ = [
     "load_hf_detr_state",
     "load_hf_swin_model_state",
     "load_keras_mha_state",
+    "load_torch_decoder_stack_state",
     "load_torch_decoder_state",
+    "load_torch_encoder_stack_state",
     "load_torch_encoder_state",
+    "load_torch_mha_state",
     "luong_from_keras",
     "luong_to_keras",
     "mha_from_keras",

@@ -24,6 +24,14 @@ from attnkit.convert.keras import (
 )
 from attnkit.convert.torch_decoder import decoder_from_torch, decoder_to_torch
 from attnkit.convert.torch_nn import mha_from_torch, mha_to_torch
+from attnkit.convert.torch_stack import (
+    DecoderStack,
+    EncoderStack,
+    decoder_stack_from_torch,
+    decoder_stack_to_torch,
+    encoder_stack_from_torch,
+    encoder_stack_to_torch,
+)
 from attnkit.convert.torch_transformer import encoder_from_torch, encoder_to_torch
 from attnkit.models.transformer import DecoderBlock
 from attnkit.modules.additive import AdditiveAttention, LuongAttention
@@ -36,11 +44,15 @@ _FROM_TORCH = (
     (nn.MultiheadAttention, mha_from_torch),
     (nn.TransformerEncoderLayer, encoder_from_torch),
     (nn.TransformerDecoderLayer, decoder_from_torch),
+    (nn.TransformerEncoder, encoder_stack_from_torch),
+    (nn.TransformerDecoder, decoder_stack_from_torch),
 )
 _TO_TORCH = (
     (MultiHeadAttention, mha_to_torch),
     (EncoderBlock, encoder_to_torch),
     (DecoderBlock, decoder_to_torch),
+    (EncoderStack, encoder_stack_to_torch),
+    (DecoderStack, decoder_stack_to_torch),
 )
 _TO_KERAS = (
     (MultiHeadAttention, mha_to_keras),
@@ -57,16 +69,22 @@ def _pick(table, obj, source: str):
     raise ValueError(f"{source}: expected one of {names}, got {type(obj).__name__}")
 
 
-def from_torch(layer: nn.Module) -> nn.Module:
+def from_torch(layer: nn.Module, *, batch_first: bool | None = None) -> nn.Module:
     """Exact attnkit copy of a torch layer: `nn.MultiheadAttention` -> `MultiHeadAttention`,
     `nn.TransformerEncoderLayer` -> `EncoderBlock`, `nn.TransformerDecoderLayer` ->
-    `DecoderBlock` (`attnkit.models.transformer`)."""
-    return _pick(_FROM_TORCH, layer, "from_torch")(layer)
+    `DecoderBlock` (`attnkit.models.transformer`), `nn.TransformerEncoder` / `Decoder` ->
+    `EncoderStack` / `DecoderStack` (`attnkit.convert.torch_stack`).
+
+    attnkit modules read (B, N, C). A sequence-first `layer` (`batch_first=False`, torch's
+    default) is refused with a ValueError naming `batch_first` and what to do, unless
+    `batch_first=True` acknowledges that the copy reads (B, N, C)."""
+    return _pick(_FROM_TORCH, layer, "from_torch")(layer, batch_first=batch_first)
 
 
 def to_torch(module: nn.Module, **kwargs) -> nn.Module:
     """Exact torch copy of an attnkit module (the inverse of `from_torch`); `kwargs` (e.g.
-    `batch_first`) go to `mha_to_torch`, `encoder_to_torch` or `decoder_to_torch`."""
+    `batch_first`) go to `mha_to_torch`, `encoder_to_torch`, `decoder_to_torch`,
+    `encoder_stack_to_torch` or `decoder_stack_to_torch`."""
     return _pick(_TO_TORCH, module, "to_torch")(module, **kwargs)
 
 

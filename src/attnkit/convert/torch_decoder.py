@@ -14,6 +14,8 @@
 builds the matching one (vocabularies 1: the layer has no embeddings).
 Dropouts: `dropout1/2/3` ↔ `self_attn.drop`/`cross_attn.drop`/`ff.drop`,
 `dropout` ↔ `ff.fn.drop`, the two attentions' `dropout` ↔ `*.fn.attend.dropout`.
+A sequence-first layer (`batch_first=False`) is refused unless `batch_first=True`
+acknowledges that the block reads (B, T, C) (see `torch_nn`).
 `DecoderBlock` is always causal; torch's layer is causal only when given
 `tgt_mask` (or `tgt_is_causal` with a mask). `decoder_masks_from_torch`
 converts the four torch masks and refuses a `tgt_mask` that is not causal.
@@ -29,7 +31,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnkit.convert._state import load_by_table, load_exact, rename
+from attnkit.convert._state import load_by_table, load_exact
+from attnkit.convert.torch_nn import check_batch_first
 from attnkit.convert.torch_transformer import (
     _activation_from_torch,
     _activation_to_torch,
@@ -79,7 +82,6 @@ def load_torch_decoder_state(block: DecoderBlock, state: dict[str, Tensor]) -> D
     Raises ValueError naming every missing, unexpected or mis-shaped key.
     """
     return load_by_table(block, state, DECODER_TABLE, source="load_torch_decoder_state")
-    return load_exact(block, rename(state, DECODER_TABLE), source="load_torch_decoder_state")
 
 
 def decoder_config_from_torch(layer: nn.TransformerDecoderLayer) -> TransformerConfig:
@@ -105,10 +107,17 @@ def decoder_config_from_torch(layer: nn.TransformerDecoderLayer) -> TransformerC
     )
 
 
-def decoder_from_torch(layer: nn.TransformerDecoderLayer) -> DecoderBlock:
-    """An `attnkit.models.DecoderBlock` with exactly the weights and settings of `layer`."""
+def decoder_from_torch(
+    layer: nn.TransformerDecoderLayer, *, batch_first: bool | None = None
+) -> DecoderBlock:
+    """An `attnkit.models.DecoderBlock` with exactly the weights and settings of `layer`.
+
+    The block reads (B, T, C): a sequence-first `layer` is refused (ValueError naming
+    `batch_first`) unless `batch_first=True` says you will transpose its inputs.
+    """
     if not isinstance(layer, nn.TransformerDecoderLayer):
         raise ValueError(f"expected torch.nn.TransformerDecoderLayer, got {type(layer).__name__}")
+    check_batch_first("nn.TransformerDecoderLayer", layer.self_attn.batch_first, batch_first)
     for name, m in (("self_attn", layer.self_attn), ("multihead_attn", layer.multihead_attn)):
         if m.bias_k is not None or m.add_zero_attn or not m._qkv_same_embed_dim:
             raise ValueError(f"from_torch: {name} with add_bias_kv/add_zero_attn/kdim")
@@ -137,18 +146,24 @@ def decoder_from_torch(layer: nn.TransformerDecoderLayer) -> DecoderBlock:
     block.ff.fn.drop = _dropout(layer.dropout.p)
     ref = layer.linear1.weight
     block = block.to(device=ref.device, dtype=ref.dtype)
+    block._torch_batch_first = bool(layer.self_attn.batch_first)  # read by decoder_to_torch
     return load_torch_decoder_state(block, {k: v.detach() for k, v in layer.state_dict().items()})
 
 
 def decoder_to_torch(
-    block: DecoderBlock, *, batch_first: bool = True
+    block: DecoderBlock, *, batch_first: bool | None = None
 ) -> nn.TransformerDecoderLayer:
     """A `torch.nn.TransformerDecoderLayer` with exactly the weights and settings of `block`.
+
+    `batch_first` defaults to the layout of the layer `block` came from (True for a block
+    built in attnkit).
 
     torch applies no causal mask by itself: call the layer with
     `tgt_mask=nn.Transformer.generate_square_subsequent_mask(T)` (a DecoderBlock
     masks causally unless built with `causal=False`, as DETR's decoder is).
     """
+    if batch_first is None:
+        batch_first = getattr(block, "_torch_batch_first", True)
     if block.cross_attn is None:
         raise ValueError("to_torch: TransformerDecoderLayer needs a block with cross-attention")
     subs = (block.self_attn, block.cross_attn, block.ff)

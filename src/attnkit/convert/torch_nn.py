@@ -20,27 +20,70 @@ Refused: `add_bias_kv` and `add_zero_attn` (from torch); GQA, an output width
 or value head width of its own, no output projection (to torch).
 Masks: torch's boolean masks mean True = *ignore*; convert them with
 `attnkit.masks.from_torch_key_padding_mask` / `from_torch_attn_mask`.
+
+Layout: attnkit modules read (B, N, C). A sequence-first torch module
+(`batch_first=False`, torch's default) reads (N, B, C): converted as it is, it
+would compute something else on the same tensors, so every `*_from_torch` refuses
+it unless told `batch_first=True` (an acknowledgement that the attnkit module is
+batch first); the ValueError says so and names the alternatives.
+A torch state dict loads into an existing attnkit module through
+`load_torch_mha_state` (`MultiHeadAttention.load_state_dict` refuses torch's names).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor, nn
 
+from attnkit.convert._state import check_state
 from attnkit.modules.attention import MultiHeadAttention
 from attnkit.modules.projection import FusedQKV, SeparateQKV, SplitQKV
 
 
+def check_batch_first(what: str, torch_batch_first: bool, batch_first: bool | None) -> None:
+    """Refuse to turn a sequence-first torch module into a batch-first attnkit one silently.
+
+    `what` names the torch module; `batch_first=True` is the caller's acknowledgement
+    that the attnkit module reads (B, N, C) while the torch one read (N, B, C).
+    """
+    drop_in = (
+        "keep torch's layout with attnkit.nn.MultiheadAttention (the drop-in: "
+        "drop_in.load_state_dict(m.state_dict()) takes the weights unchanged)"
+        if what == "nn.MultiheadAttention"
+        else "rebuild the torch module with batch_first=True (its state dict loads unchanged)"
+    )
+    if batch_first is False:
+        raise ValueError(
+            f"from_torch: batch_first=False cannot be honoured: attnkit modules always read "
+            f"(B, N, C). Pass batch_first=True (and transpose your (N, B, C) inputs), or "
+            f"{drop_in}"
+        )
+    if not torch_batch_first and batch_first is not True:
+        raise ValueError(
+            f"from_torch: this {what} has batch_first=False: it reads (N, B, C), sequence "
+            f"first, while the attnkit module reads (B, N, C) and would compute something "
+            f"else on the same tensors. Either pass batch_first=True to convert it anyway "
+            f"and give the result x.transpose(0, 1), or {drop_in}"
+        )
+
+
 @torch.no_grad()
-def mha_from_torch(m: nn.MultiheadAttention) -> MultiHeadAttention:
+def mha_from_torch(
+    m: nn.MultiheadAttention, *, batch_first: bool | None = None
+) -> MultiHeadAttention:
     """An attnkit module with exactly the weights of `m` (copied, same dtype/device).
 
     attnkit modules are always batch first, (B, N, C). A sequence-first `m`
-    (batch_first=False) is converted all the same and its layout is remembered, so
-    `mha_to_torch` hands back a sequence-first module that reads its inputs as `m` did.
+    (batch_first=False, torch's default) is refused with a ValueError naming
+    `batch_first`, unless `batch_first=True` says you will give the result (B, N, C)
+    inputs; its layout is then remembered, so `mha_to_torch` hands back a
+    sequence-first module that reads its inputs as `m` did.
     """
     if not isinstance(m, nn.MultiheadAttention):
         raise ValueError(f"expected torch.nn.MultiheadAttention, got {type(m).__name__}")
+    check_batch_first("nn.MultiheadAttention", m.batch_first, batch_first)
     if m.bias_k is not None or m.add_zero_attn:
         raise ValueError("from_torch: add_bias_kv / add_zero_attn have no attnkit equivalent")
     e, bias = m.embed_dim, m.in_proj_bias is not None
@@ -123,6 +166,28 @@ def mha_to_torch(
         m.in_proj_bias.copy_(torch.cat(biases))
         m.out_proj.bias.copy_(sd["proj.bias"])
     return m
+
+
+def load_torch_mha_state(
+    ours: MultiHeadAttention, state: Mapping[str, Tensor]
+) -> MultiHeadAttention:
+    """Copy a `torch.nn.MultiheadAttention` state dict (torch's names: `in_proj_weight`,
+    `in_proj_bias`, `out_proj.weight`, ...) into `ours`, exactly; returns `ours`.
+
+    The state must be that of the torch module `mha_to_torch(ours)` builds (same widths,
+    `kdim`/`vdim`, biases): ValueError naming each missing, unexpected or mis-shaped key,
+    with torch's names. A state dict carries no head count: `ours.num_heads` must be the
+    torch module's (`mha_from_torch(m)` reads it from the module itself).
+    """
+    source = "load_torch_mha_state"
+    try:
+        twin = mha_to_torch(ours, batch_first=True)  # torch's names and shapes for `ours`
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
+    check_state(state, {k: tuple(v.shape) for k, v in twin.state_dict().items()}, source=source)
+    twin.load_state_dict(state, strict=True)
+    ours.load_state_dict(mha_from_torch(twin).state_dict(), strict=True)
+    return ours
 
 
 # attnkit's packed projections: which of torch's q, k, v (0, 1, 2) each one holds, in row order

@@ -16,8 +16,10 @@ post-norm (norm(x + sublayer(x))); torch's `bias=False` drops every bias row
 (linear and LayerNorm alike). Other settings: `layer_norm_eps` ↔ `norm_eps`;
 activation "relu"/"gelu" (or an `nn.Module`, copied) ↔ `ff.fn.act`; dropouts
 `self_attn.dropout` ↔ `attn.fn.attend.dropout`, `dropout1`/`dropout2` ↔
-`attn.drop`/`ff.drop`, `dropout` ↔ `ff.fn.drop`. attnkit is batch first:
-`batch_first` has no weights and converts either way (`to_torch` asks for it).
+`attn.drop`/`ff.drop`, `dropout` ↔ `ff.fn.drop`. attnkit is batch first, (B, N, C):
+a sequence-first layer (`batch_first=False`, torch's default) is refused unless
+`batch_first=True` acknowledges the change of layout (see `torch_nn`); `to_torch`
+gives back the layout the block came from, or the one asked for.
 
 Masks: torch's `src_key_padding_mask` (B, N) and boolean `src_mask` (N, N)
 mean True = *ignore*; a float `src_mask` is additive. `encoder_mask_from_torch`
@@ -39,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit.convert._state import load_by_table, load_exact, rename
-from attnkit.convert.torch_nn import mha_to_torch
+from attnkit.convert._state import load_by_table, load_exact
+from attnkit.convert.torch_nn import check_batch_first, mha_to_torch
 from attnkit.functional import masks as _masks
 from attnkit.modules.attention import MultiHeadAttention
 from attnkit.modules.blocks import EncoderBlock, FeedForward, PreNormResidual
@@ -84,7 +86,6 @@ def load_torch_encoder_state(block: EncoderBlock, state: dict[str, Tensor]) -> E
     Raises ValueError naming every missing, unexpected or mis-shaped key.
     """
     return load_by_table(block, state, ENCODER_TABLE, source="load_torch_encoder_state")
-    return load_exact(block, rename(state, ENCODER_TABLE), source="load_torch_encoder_state")
 
 
 def _activation_from_torch(act) -> str | nn.Module:
@@ -100,11 +101,18 @@ def _activation_from_torch(act) -> str | nn.Module:
     )
 
 
-def encoder_from_torch(layer: nn.TransformerEncoderLayer) -> EncoderBlock:
-    """An `attnkit.EncoderBlock` with exactly the weights and settings of `layer`."""
+def encoder_from_torch(
+    layer: nn.TransformerEncoderLayer, *, batch_first: bool | None = None
+) -> EncoderBlock:
+    """An `attnkit.EncoderBlock` with exactly the weights and settings of `layer`.
+
+    The block reads (B, N, C): a sequence-first `layer` is refused (ValueError naming
+    `batch_first`) unless `batch_first=True` says you will transpose its inputs.
+    """
     if not isinstance(layer, nn.TransformerEncoderLayer):
         raise ValueError(f"expected torch.nn.TransformerEncoderLayer, got {type(layer).__name__}")
     sa = layer.self_attn
+    check_batch_first("nn.TransformerEncoderLayer", sa.batch_first, batch_first)
     if sa.bias_k is not None or sa.add_zero_attn or not sa._qkv_same_embed_dim:
         raise ValueError(
             "from_torch: self_attn with add_bias_kv/add_zero_attn/kdim is not standard"
@@ -129,6 +137,7 @@ def encoder_from_torch(layer: nn.TransformerEncoderLayer) -> EncoderBlock:
     block.attn.drop, block.ff.drop = _dropout(layer.dropout1.p), _dropout(layer.dropout2.p)
     block.ff.fn.drop = _dropout(layer.dropout.p)
     block = block.to(device=ref.device, dtype=ref.dtype)
+    block._torch_batch_first = bool(sa.batch_first)  # read by encoder_to_torch only
     return load_torch_encoder_state(block, {k: v.detach() for k, v in layer.state_dict().items()})
 
 
@@ -170,9 +179,15 @@ def _check_layer(
 
 
 def encoder_to_torch(
-    block: EncoderBlock, *, batch_first: bool = True
+    block: EncoderBlock, *, batch_first: bool | None = None
 ) -> nn.TransformerEncoderLayer:
-    """A `torch.nn.TransformerEncoderLayer` with exactly the weights and settings of `block`."""
+    """A `torch.nn.TransformerEncoderLayer` with exactly the weights and settings of `block`.
+
+    `batch_first` defaults to the layout of the layer `block` came from (True for a block
+    built in attnkit).
+    """
+    if batch_first is None:
+        batch_first = getattr(block, "_torch_batch_first", True)
     attn, ff = block.attn.fn, block.ff.fn
     norms = (block.attn.norm, block.ff.norm)
     (torch_attn,), bias = _check_layer("TransformerEncoderLayer", [attn], ff, norms)

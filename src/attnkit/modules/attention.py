@@ -290,6 +290,23 @@ class MultiHeadAttention(nn.Module):
                     f"{name} of shape {tuple(p.shape)} does not broadcast to {tuple(ref.shape)}"
                 )
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # torch.nn.MultiheadAttention's names would only come out as missing and unexpected
+        # keys (or, with strict=False, load nothing): say what they are and what to call.
+        # Naming the converter here imports nothing from it (imports flow downward).
+        found = [prefix + k for k in _TORCH_MHA_NAMES if prefix + k in state_dict]
+        own = [prefix + k for k in self.state_dict()] if found else []
+        if found and not all(k in state_dict for k in own):
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: {found} are "
+                f"torch.nn.MultiheadAttention's parameter names; this module's are {own}. "
+                "Load a torch state dict with attnkit.convert.load_torch_mha_state(module, "
+                "state), convert a torch module with attnkit.convert.mha_from_torch(m) (it "
+                "also reads the heads and widths), or keep torch's names with "
+                "attnkit.nn.MultiheadAttention"
+            )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def extra_repr(self) -> str:
         text = (
             f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
@@ -300,6 +317,20 @@ class MultiHeadAttention(nn.Module):
         if self.v_head_dim != self.head_dim:
             text += f", v_head_dim={self.v_head_dim}"
         return text if isinstance(self.proj, nn.Linear) else text + ", out_proj=False"
+
+
+# the parameter names of torch.nn.MultiheadAttention (attnkit.convert.torch_nn maps them)
+_TORCH_MHA_NAMES = (
+    "in_proj_weight",
+    "q_proj_weight",
+    "k_proj_weight",
+    "v_proj_weight",
+    "in_proj_bias",
+    "bias_k",
+    "bias_v",
+    "out_proj.weight",
+    "out_proj.bias",
+)
 
 
 def _check_input(name, t, batch, width, *, seq=None) -> None:

@@ -7,7 +7,9 @@ Nothing else changes in the calling code, checkpoints included; what attnkit add
 speed (the backend `auto` picks, e.g. the compiled kernel when dropout is on) and its rule
 for a query that may attend to nothing (output 0 and gradient 0, never NaN). attnkit's own
 modules (`attnkit.MultiHeadAttention`: batch first, True = may attend, a tensor returned)
-stay as they are; `attnkit.convert.from_torch` turns either module into one of them.
+stay as they are; `attnkit.convert.from_torch` turns either module into one of them (a
+sequence-first one, `batch_first=False`, only when `batch_first=True` acknowledges that the
+copy reads (B, N, C)).
 """
 
 from attnkit.nn import functional
