@@ -68,7 +68,7 @@ def on_post_page(output: str, page, config) -> str:
 
     def rebase(match: re.Match) -> str:
         app = json.loads(match.group(2))
-        app["base"] = posixpath.join(app["base"], lang)
+        app["base"] = posixpath.join(app["base"], lang, "")  # a folder: new URL(…, base)
         return match.group(1) + json.dumps(app) + match.group(3)
 
     return _CONFIG.sub(rebase, output, count=1)
