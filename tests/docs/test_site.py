@@ -3,13 +3,20 @@ languages: English at the site root, Simplified Chinese under zh/ (mkdocs-static
 
 from __future__ import annotations
 
+import atexit
+import functools
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests.docs.pages import parse
 
 pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install 'attnkit[docs]'")
 pytest.importorskip("mkdocs_static_i18n", reason="the docs extra is not installed")
@@ -33,9 +40,12 @@ def built_html(site: Path, page: Path, lang: str) -> Path:
     return (site if lang == "en" else site / lang) / folder / "index.html"
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("site")
+@functools.cache
+def build_site() -> Path:
+    """The site, built once per test process (test_search.py and test_browser_site.py read it
+    too)."""
+    out = Path(tempfile.mkdtemp(prefix="attnkit-site-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     build = [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(CONFIG)]
     done = subprocess.run(
         [*build, "--site-dir", str(out)],
@@ -44,8 +54,14 @@ def site(tmp_path_factory) -> Path:
         text=True,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
-    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stderr[-4000:]}"
+    if done.returncode != 0:
+        pytest.fail(f"mkdocs build --strict failed:\n{done.stderr[-4000:]}")
     return out
+
+
+@pytest.fixture(scope="module")
+def site() -> Path:
+    return build_site()
 
 
 def test_chinese_pages_are_written_in_chinese():
@@ -94,3 +110,80 @@ def test_language_switch_and_shared_images(site):
     folder = built_html(site, Path("results/seq2seq.md"), "zh").parent
     for src in images:  # relative links resolve to the one shared copy in assets/
         assert (folder / src).resolve().is_file(), src
+
+
+def test_details_blocks_and_math_render():
+    """Exercises fold their answers into `/// details | Answer` blocks whose fences stay at
+    column 0 (tests/docs/pages.py runs them), and $...$ / $$ lines become arithmatex's
+    elements for KaTeX; rendered with the site's own markdown configuration."""
+    import markdown
+    from mkdocs.config import load_config
+
+    config = load_config(str(CONFIG))
+    md = markdown.Markdown(
+        extensions=config.markdown_extensions, extension_configs=config.mdx_configs
+    )
+    page = "\n".join(
+        [
+            "Scores are $q \\cdot k / \\sqrt{d}$:",
+            "",
+            "$$",
+            "\\operatorname{softmax}(QK^\\top / \\sqrt{d})\\,V",
+            "$$",
+            "",
+            "/// details | Answer",
+            "```python",
+            "print(1 + 1)",
+            "```",
+            "",
+            "```text",
+            "2",
+            "```",
+            "///",
+        ]
+    )
+    # the page runner sees the answer's code and its expected output
+    blocks = parse(page)
+    assert [(b.kind, b.expected) for b in blocks] == [("python", "2")]
+    html = md.convert(page)
+    assert re.search(r'<span class="arithmatex">\\\(q \\cdot k / \\sqrt\{d\}\\\)</span>', html)
+    assert re.search(r'<div class="arithmatex">\\\[\s*\\operatorname\{softmax\}', html)
+    details = re.search(r"<details>\s*<summary>Answer</summary>(.*)</details>", html, re.S)
+    assert details, html
+    assert 'class="language-python highlight"' in details.group(1)
+    assert 'class="language-text highlight"' in details.group(1)
+
+
+def test_unicode_heading_anchors(site):
+    """Chinese headings get readable anchors (#因果掩码, not #_3)."""
+    page = built_html(site, Path("tutorials/04-masks.md"), "zh").read_text()
+    ids = re.findall(r'<h[1-6] id="([^"]+)"', page)
+    assert "因果掩码" in ids
+    assert not [i for i in ids if re.fullmatch(r"_\d+", i)], ids
+
+
+def test_pages_request_no_sitemap_next_to_them(site):
+    """Material fetches sitemap.xml next to the target of every <link rel="alternate"> in the
+    head; the i18n plugin made those the page's own twins, so every page asked for two
+    missing files. docs/hooks/i18n_site.py drops them; the language selector keeps its
+    page-level links (test_language_switch_and_shared_images)."""
+    for page in english_pages():
+        for lang in ("en", "zh"):
+            html = built_html(site, page, lang).read_text()
+            assert '<link rel="alternate"' not in html, f"{lang}: {page}"
+
+
+def test_each_language_searches_its_own_index(site):
+    """Material loads search/search_index.json relative to the page's `base`: the Chinese
+    pages' base is zh/, where the Chinese index lies (tests/docs/test_search.py reads it)."""
+    for page, lang, base in [
+        (Path("index.md"), "en", "."),
+        (Path("tutorials/04-masks.md"), "en", "../.."),
+        (Path("index.md"), "zh", "../zh/"),
+        (Path("tutorials/04-masks.md"), "zh", "../../../zh/"),
+    ]:
+        html = built_html(site, page, lang).read_text()
+        app = json.loads(re.search(r'<script id="__config"[^>]*>(.*?)</script>', html).group(1))
+        assert app["base"] == base, (lang, page)
+        index = built_html(site, page, lang).parent / base / "search" / "search_index.json"
+        assert json.loads(index.read_text())["config"]["lang"] == [lang]
