@@ -350,7 +350,7 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0) -> Figure:
     heat(ax, concat[example], f"concat (B, N, C)\n= ({b}, {n}, {c})")
     bands(ax)
     ax = fig.add_subplot(grid[:, 5], label="y")
-    heat(ax, y[example], f"· W$_O$ + b = y\n({b}, {n}, {c})")
+    heat(ax, y[example], f"· W$^O$ + b = y\n({b}, {n}, {c})")
     ax.set_xlabel("channels", fontsize=FONT)
     fig.suptitle(
         f"Multi-head attention, {h} heads of D = {c}/{h} = {d}, example {example}",
