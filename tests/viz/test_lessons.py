@@ -139,6 +139,10 @@ def test_soft_split_outlines_the_window_each_token_holds():
     top, left = int(window.get_y() + 0.5), int(window.get_x() + 0.5)  # in the padded image
     padded = torch.nn.functional.pad(image, (1, 1, 1, 1))
     torch.testing.assert_close(padded[top : top + 4, left : left + 4].flatten(), tokens[5])
+    tile = torch.tensor(_axes(fig, "window 5").images[0].get_array())
+    torch.testing.assert_close(tile.flatten(), tokens[5])  # the tile is the token's pixels
+    marker = {line.get_gid(): line for line in _axes(fig, "tokens").lines}["token-5"]
+    assert list(marker.get_ydata()) == [5]
     with pytest.raises(ValueError, match="token 25 does not exist"):
         soft_split_figure(image, 4, 2, 1, windows=(25,))
 

@@ -370,8 +370,9 @@ def soft_split_figure(
             windows overlap, as in T2T; stride == kernel_size: ViT's patches).
         windows: the windows (token numbers) to outline, in row-major order.
 
-    Left: the padded image with the chosen windows outlined. Right: the tokens
-    (N, kernel_size²), one row per window, the chosen rows outlined in the same colours.
+    Left: the padded image with the chosen windows outlined. Middle: those windows. Right:
+    the tokens (N, kernel_size²), one flattened window per row, the chosen rows marked in
+    the same colours.
     """
     if image.dim() != 2:
         raise ValueError(f"image: expected (height, width), got {tuple(image.shape)}")
@@ -382,7 +383,7 @@ def soft_split_figure(
     n = tokens.shape[0]
     fig = _figure(_WIDTH, 4.6)
     grid = fig.add_gridspec(
-        1, 2, left=0.06, right=0.98, top=0.84, bottom=0.2, wspace=0.25, width_ratios=[1, 1.3]
+        1, 3, left=0.06, right=0.94, top=0.84, bottom=0.2, wspace=0.3, width_ratios=[1, 0.3, 1.2]
     )
     ax = fig.add_subplot(grid[0], label="image")
     ax.imshow(padded.numpy(), cmap="gray_r", interpolation="nearest")
@@ -392,7 +393,7 @@ def soft_split_figure(
         fontsize=FONT + 1,
     )
     ax.tick_params(labelsize=FONT)
-    right = fig.add_subplot(grid[1], label="tokens")
+    right = fig.add_subplot(grid[2], label="tokens")
     right.imshow(tokens.numpy(), cmap="gray_r", aspect="auto", interpolation="nearest")
     right.set_title(
         f"tokens (N, {kernel_size}·{kernel_size}) = {tuple(tokens.shape)}", fontsize=FONT + 1
@@ -400,30 +401,30 @@ def soft_split_figure(
     right.set_xlabel("pixel of the window", fontsize=FONT)
     right.set_ylabel("token (window)", fontsize=FONT)
     right.tick_params(labelsize=FONT)
+    tiles = grid[1].subgridspec(max(len(windows), 1), 1, hspace=0.45)
     handles, labels = [], []
     for i, w in enumerate(windows):
         if not 0 <= w < n:
             raise ValueError(f"windows: token {w} does not exist (N = {n})")
         top, left = (w // per_row) * stride, (w % per_row) * stride
         color = f"C{i + 1}"
-        ax.add_patch(
-            Rectangle(
-                (left - 0.5, top - 0.5),
-                kernel_size,
-                kernel_size,
-                fill=False,
-                lw=2.5,
-                ec=color,
-                gid=f"window-{w}",
-            )
-        )
-        right.add_patch(
-            Rectangle(
-                (-0.5, w - 0.5), kernel_size**2, 1, fill=False, lw=2.5, ec=color, gid=f"token-{w}"
-            )
-        )
+        frame = Rectangle((left - 0.5, top - 0.5), kernel_size, kernel_size, fill=False, lw=2.5)
+        frame.set(ec=color, gid=f"window-{w}")
+        ax.add_patch(frame)
+        tile = fig.add_subplot(tiles[i], label=f"window {w}")
+        window = padded[top : top + kernel_size, left : left + kernel_size]  # (k, k)
+        tile.imshow(window.numpy(), cmap="gray_r", vmin=0, vmax=max(float(padded.max()), 1e-12))
+        tile.set_xticks([])
+        tile.set_yticks([])
+        tile.set_title(f"window {w}", fontsize=FONT, color=color)
+        for spine in tile.spines.values():
+            spine.set(ec=color, lw=2.5)
+        # a marker right of row w (staggered so that neighbouring rows stay apart)
+        x = kernel_size**2 + 1 + 2.2 * i
+        right.plot(x, w, "<", color=color, ms=8, clip_on=False, gid=f"token-{w}")
         handles.append(Rectangle((0, 0), 1, 1, fc="none", ec=color, lw=2.5))
-        labels.append(f"window {w} → token {w}")
+        labels.append(f"window {w} → row {w}")
+    right.set_xlim(-0.5, kernel_size**2 - 0.5)
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=FONT, frameon=False)
     overlap = max(kernel_size - stride, 0)
     fig.suptitle(
