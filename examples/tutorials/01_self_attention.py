@@ -368,8 +368,8 @@ fig.savefig("01-one-row.png", dpi=100)
 #
 # Each answer is code that runs; try before you open it.
 #
-# 1. Self-attention has no idea of order. Permute the two words (swap the rows of `X`):
-#    show that the output rows are swapped the same way and nothing else changes.
+# **1.** Self-attention has no idea of order. Permute the two words (swap the rows of `X`):
+# show that the output rows are swapped the same way and nothing else changes.
 #
 # /// details | Answer
 # %%
@@ -386,8 +386,8 @@ print("output of the swapped words == swapped output:", torch.allclose(Z_perm, Z
 # This is why Transformers add positional encodings (tutorial 05).
 # ///
 #
-# 2. Add the same number, say 100, to every score of a row. What happens to the weights?
-#    And if you multiply the scores by 2?
+# **2.** Add the same number, say 100, to every score of a row. What happens to the weights?
+# And if you multiply the scores by 2?
 #
 # /// details | Answer
 # %%
@@ -405,8 +405,8 @@ print("× 2 :", torch.softmax(2 * s, -1)[0].numpy().round(2), "instead of", A[0]
 # sharpens: the larger weight grows. Dividing by $\sqrt{d_k}$ is such a multiplication, by $1/8$.
 # ///
 #
-# 3. What if the scores are not divided by $\sqrt{d_k}$? Compute the weights of both words
-#    without the division.
+# **3.** What if the scores are not divided by $\sqrt{d_k}$? Compute the weights of both words
+# without the division.
 #
 # /// details | Answer
 # %%
@@ -424,8 +424,8 @@ print(A_raw.numpy().round(3))
 # vanishes (the table above).
 # ///
 #
-# 4. How many parameters do $W^Q$, $W^K$, $W^V$ have together, and how many would one head
-#    with $d_k = d_{\text{model}} = 512$ need?
+# **4.** How many parameters do $W^Q$, $W^K$, $W^V$ have together, and how many would one head
+# with $d_k = d_{\text{model}} = 512$ need?
 #
 # /// details | Answer
 # %%

@@ -336,8 +336,8 @@ print("equal:", torch.allclose(out, y, atol=1e-5))
 #
 # ## Exercises
 #
-# 1. Count the parameters of a multi-head attention with $C = 512$ and $H = 8$ heads (the
-#    Transformer's base model), first by formula, then on the module.
+# **1.** Count the parameters of a multi-head attention with $C = 512$ and $H = 8$ heads (the
+# Transformer's base model), first by formula, then on the module.
 #
 # /// details | Answer
 # %%
@@ -353,9 +353,9 @@ print(f"module: {sum(p.numel() for p in attnkit.MultiHeadAttention(512, 8).param
 # The number of heads does not appear: 8 heads of 64 cost what one head of 512 costs.
 # ///
 #
-# 2. Split `q` into heads the wrong way, as `q.view(B, h, HW, C // h)` would (here `q` is a
-#    slice of `qkv`, so write `reshape`). Is it equal to the right split? Which tokens and
-#    channels does the wrong "head 0" hold?
+# **2.** Split `q` into heads the wrong way, as `q.view(B, h, HW, C // h)` would (here `q` is a
+# slice of `qkv`, so write `reshape`). Is it equal to the right split? Which tokens and
+# channels does the wrong "head 0" hold?
 #
 # /// details | Answer
 # %%
@@ -373,9 +373,9 @@ print("right head 0 = all 48 tokens, channels 0-15:", torch.equal(q_heads[:, 0],
 # ```
 # ///
 #
-# 3. $W^O$ is a sum over heads: $\mathrm{Concat}(\mathrm{head}_1, \ldots)\,W^O =
-#    \sum_i \mathrm{head}_i W^O_i$, where $W^O_i$ is the block of $W^O$ that reads head $i$'s
-#    channels. Show it by removing head 2's contribution from the output.
+# **3.** $W^O$ is a sum over heads: $\mathrm{Concat}(\mathrm{head}_1, \ldots)\,W^O =
+# \sum_i \mathrm{head}_i W^O_i$, where $W^O_i$ is the block of $W^O$ that reads head $i$'s
+# channels. Show it by removing head 2's contribution from the output.
 #
 # /// details | Answer
 # %%
@@ -391,8 +391,8 @@ print("y - head 2's part == y without head 2:", torch.allclose(y - part, without
 # ```
 # ///
 #
-# 4. With `num_kv_heads=1` (multi-query attention) the four query heads share one key head
-#    and one value head of dimension 16. Count the parameters by hand and check.
+# **4.** With `num_kv_heads=1` (multi-query attention) the four query heads share one key head
+# and one value head of dimension 16. Count the parameters by hand and check.
 #
 # /// details | Answer
 # %%

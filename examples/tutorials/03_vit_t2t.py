@@ -270,8 +270,8 @@ print("T2T tokens:", tuple(tokens.shape), " grid:", embed.grid)
 #
 # ## Exercises
 #
-# 1. How many tokens does the 7/3 soft split (padding 3) make of a 32 × 32 image? Work it
-#    out with $\lfloor (32 + 2 \cdot 3 - 7) / 3 \rfloor + 1$ per side, then check.
+# **1.** How many tokens does the 7/3 soft split (padding 3) make of a 32 × 32 image? Work it
+# out with $\lfloor (32 + 2 \cdot 3 - 7) / 3 \rfloor + 1$ per side, then check.
 #
 # /// details | Answer
 # %%
@@ -284,8 +284,8 @@ print("by formula:", per_side**2, " unfold:", soft_split(torch.randn(1, 1, 32, 3
 # ```
 # ///
 #
-# 2. Show that ViT's patching is an `Unfold` whose stride equals its window: cut the images
-#    into 7 × 7 patches with a reshape and compare.
+# **2.** Show that ViT's patching is an `Unfold` whose stride equals its window: cut the images
+# into 7 × 7 patches with a reshape and compare.
 #
 # /// details | Answer
 # %%
@@ -303,8 +303,8 @@ print(tuple(by_unfold.shape), torch.equal(by_unfold, by_reshape))
 # both at once).
 # ///
 #
-# 3. The soft split copies pixels into several tokens. How many tokens does each pixel of a
-#    28 × 28 image land in? (`nn.Fold` adds windows back onto the image.)
+# **3.** The soft split copies pixels into several tokens. How many tokens does each pixel of a
+# 28 × 28 image land in? (`nn.Fold` adds windows back onto the image.)
 #
 # /// details | Answer
 # %%
@@ -322,8 +322,8 @@ print({int(v): int(n) for v, n in zip(values, pixels, strict=True)})
 # tokens hold $100 \cdot 49 = 4{,}900$ pixel values for 784 pixels (and some padding).
 # ///
 #
-# 4. T2T-ViT's first stage reads tokens of width $3 \cdot 49 = 147$ (colour images) into
-#    chan = 64 with one head. Which multiplier does each `scale` convention give?
+# **4.** T2T-ViT's first stage reads tokens of width $3 \cdot 49 = 147$ (colour images) into
+# chan = 64 with one head. Which multiplier does each `scale` convention give?
 #
 # /// details | Answer
 # %%

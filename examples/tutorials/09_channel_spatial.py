@@ -240,8 +240,8 @@ print(f"SAGAN's q·kᵀ and weights·v: P²·Ck + P²·C = {P * P * (C // 8) + P
 #
 # ## Exercises
 #
-# 1. Count the parameters of an SE block for $C = 256$ channels with $r = 16$, by formula and
-#    on the module.
+# **1.** Count the parameters of an SE block for $C = 256$ channels with $r = 16$, by formula and
+# on the module.
 #
 # /// details | Answer
 # %%
@@ -256,9 +256,9 @@ print(f"module: {sum(p.numel() for p in SqueezeExcitation(c, reduction=r).parame
 # ```
 # ///
 #
-# 2. SE cannot see *where* anything is. Shuffle the positions of the map (the same
-#    shuffle for every channel) and show that the gates do not change and the output is
-#    shuffled the same way.
+# **2.** SE cannot see *where* anything is. Shuffle the positions of the map (the same
+# shuffle for every channel) and show that the gates do not change and the output is
+# shuffled the same way.
 #
 # /// details | Answer
 # %%
@@ -279,8 +279,8 @@ print("gates unchanged:", same_gates, " output shuffled the same way:", same_out
 # the positions changes its gates.
 # ///
 #
-# 3. Which of the three sums to 1: the spatial gates of an image, or the SAGAN weights of a
-#    position? Check both for every image and position.
+# **3.** Which of the three sums to 1: the spatial gates of an image, or the SAGAN weights of a
+# position? Check both for every image and position.
 #
 # /// details | Answer
 # %%
@@ -296,8 +296,8 @@ print("every SAGAN row sums to 1:", torch.allclose(weights.sum(-1), torch.ones(B
 # Gates are independent sigmoids; attention weights are a softmax over positions.
 # ///
 #
-# 4. How many multiply-adds do SAGAN's two $P^2$ products take on a 32×32 map, and how many
-#    times the 16×16 number is that?
+# **4.** How many multiply-adds do SAGAN's two $P^2$ products take on a 32×32 map, and how many
+# times the 16×16 number is that?
 #
 # /// details | Answer
 # %%
