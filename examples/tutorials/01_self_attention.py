@@ -30,7 +30,7 @@
 #
 # ![The six steps with this page's numbers: X, then Q, K, V, then the scores QKᵀ, divided by 8, the softmax weights A and the output Z = AV](../../assets/tutorials/01-six-steps.png)
 #
-# The figure holds the numbers this page computes below (the first three of the 512 or
+# The figure holds the numbers this page computes below (the first two of the 512 or
 # 64 columns of the wide matrices): step 0 gives the embeddings X, step 1 the queries, keys
 # and values, step 2 the scores $QK^\top$, step 3 divides them by $\sqrt{64} = 8$, step 4 turns
 # each row into weights $A$ that sum to 1, and steps 5 and 6 weight and add the values,

@@ -78,7 +78,7 @@ def test_six_steps_print_the_computed_matrices():
     assert sum(t.get_text() == "…" for t in x_ax.texts) == 2  # one per row: columns cut
     assert [t.get_text() for t in x_ax.get_yticklabels()] == ["a", "b"]
     assert "÷ √5" in _axes(fig, "÷ √5 = 2.23607").get_title()
-    assert fig.get_size_inches()[0] * fig.dpi <= 960
+    assert fig.get_size_inches()[0] * fig.dpi <= 900
     assert _min_font(fig) >= lessons.FONT
 
 

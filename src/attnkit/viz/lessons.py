@@ -2,8 +2,8 @@
 
 Each function takes the tensors a page has just computed and returns a matplotlib figure
 (not registered with pyplot) whose panels print those numbers, rounded, in their cells.
-Sizes suit a documentation page: at most 9.6 inches wide (960 px at 100 dpi) and no text
-smaller than 10 pt, so a page shows them unscaled.
+Sizes suit a documentation page: at most 9 inches wide (900 px at 100 dpi) and no text
+smaller than 11 pt, so text stays at 10 pt or more down to a page 820 px wide.
 
 Dimensions: N queries (tokens), S keys, D head dimension, C channels, H heads.
 """
@@ -28,8 +28,8 @@ __all__ = [
     "soft_split_figure",
 ]
 
-FONT = 10.0  # pt: the smallest text of every figure here
-_WIDTH = 9.6  # inches: the widest figure (960 px at 100 dpi)
+FONT = 11.0  # pt: the smallest text of every figure here (>= 10 pt when shown 820 px wide)
+_WIDTH = 9.0  # inches: the widest figure (900 px at 100 dpi)
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -95,7 +95,7 @@ def attention_steps_figure(
     v: Tensor,
     *,
     tokens: Sequence[str] | None = None,
-    max_cols: int = 3,
+    max_cols: int = 2,
     decimals: int = 2,
 ) -> Figure:
     """The six steps of self-attention as eight small matrices with their numbers.
@@ -449,7 +449,7 @@ def channel_spatial_figure(
             f"channel (C,), spatial (H, W): got {tuple(channel.shape)}, {tuple(spatial.shape)}"
         )
     panels = 3 if attention is not None else 2
-    fig = _figure(_WIDTH, 3.6)
+    fig = _figure(_WIDTH, 3.8)
     grid = fig.add_gridspec(
         1,
         panels,
@@ -458,22 +458,18 @@ def channel_spatial_figure(
         top=0.8,
         bottom=0.14,
         wspace=0.45,
-        width_ratios=[1.6] + [1] * (panels - 1),
+        width_ratios=[1.3] + [1] * (panels - 1),
     )
     ax = fig.add_subplot(grid[0], label="channel")
     ax.bar(range(channel.numel()), channel.detach().float().numpy(), width=0.8)
     ax.set_ylim(0, 1)
     ax.set_xlabel("channel", fontsize=FONT)
-    ax.set_title(
-        f"channel gates (C,) = ({channel.numel()},)\nsigmoid: each in [0, 1]", fontsize=FONT + 1
-    )
+    ax.set_title(f"channel gates ({channel.numel()},)\nsigmoid: each in [0, 1]", fontsize=FONT)
     ax.tick_params(labelsize=FONT)
     ax = fig.add_subplot(grid[1], label="spatial")
     im = ax.imshow(spatial.detach().float().numpy(), cmap="magma", vmin=0, vmax=1)
     fig.colorbar(im, ax=ax, fraction=0.046).ax.tick_params(labelsize=FONT)
-    ax.set_title(
-        f"spatial gates (H, W) = {tuple(spatial.shape)}\nsigmoid: each in [0, 1]", fontsize=FONT + 1
-    )
+    ax.set_title(f"spatial gates {tuple(spatial.shape)}\nsigmoid: each in [0, 1]", fontsize=FONT)
     ax.tick_params(labelsize=FONT)
     if attention is not None:
         ax = fig.add_subplot(grid[2], label="attention")
@@ -482,8 +478,6 @@ def channel_spatial_figure(
         if position is not None:
             ax.plot(position[1], position[0], "x", color="red", ms=10, mew=2.5)
         total = float(attention.double().sum())
-        ax.set_title(
-            f"self-attention of one position\nsoftmax: sum = {total:.2f}", fontsize=FONT + 1
-        )
+        ax.set_title(f"attention of one position\nsoftmax: sum = {total:.2f}", fontsize=FONT)
         ax.tick_params(labelsize=FONT)
     return fig
