@@ -11,16 +11,17 @@
 #
 # You will learn:
 #
-# - why the **width** (channels) is split into heads, never the tokens;
-# - the reshapes [B, C, H, W] → [B, HW, C] → [B, h, HW, C/h] and back, with every shape printed;
-# - concatenation of the heads and the output projection W_O;
+# - why the **channels** are split into heads, never the tokens;
+# - the reshapes [B, C, H, W] → [B, HW, C] → [B, h, HW, C/h] and back, with every shape printed
+#   and drawn;
+# - concatenation of the heads and the output projection $W^O$;
 # - the Transformer paper's, BERT's, an einops/`nn.LazyLinear` and Keras's
 #   formulations, each checked equal to attnkit with the same weights.
 #
 # ## One module, four heads
 #
 # A feature map of 2 images, 64 channels, 6 × 8 positions, and one multi-head
-# attention of width C = 64 with h = 4 heads. Each head works in C/h = 16 channels.
+# attention of dimension $C = 64$ with $h = 4$ heads. Each head works in $C/h = 16$ channels.
 
 # %%
 import math
@@ -48,15 +49,15 @@ print(mha)
 # )
 # ```
 #
-# `in_proj.qkv` is W^Q, W^K and W^V stacked into one (3C, C) = (192, 64) matrix, so
-# one matrix product gives all three. `proj` is W_O. `scale=None` means 1/√16.
+# `in_proj.qkv` is $W^Q$, $W^K$ and $W^V$ stacked into one (3C, C) = (192, 64) matrix, so
+# one matrix product gives all three. `proj` is $W^O$. `scale=None` means $1/\sqrt{16}$.
 #
 # ## From a feature map to tokens and heads, and back
 #
 # Attention works on a sequence of tokens (B, N, C). A feature map becomes one by
 # flattening its H × W positions into N = HW tokens, each token being the C channels
-# of one position. Then each of q, k, v (B, N, C) is cut along the channels into h
-# pieces of C/h, and the head axis is moved in front of the tokens, so that each
+# of one position. Then each of q, k, v (B, N, C) is cut along the channels into $h$
+# pieces of $C/h$, and the head axis is moved in front of the tokens, so that each
 # head is an independent (N, C/h) attention problem.
 
 # %%
@@ -92,11 +93,11 @@ print("feature map back:", torch.equal(tokens.transpose(1, 2).unflatten(2, (H, W
 # the tokens with all their channels mixed up (the pitfalls tutorial shows it going wrong).
 # `MultiHeadAttention.heads_qkv` and `merge_heads` do exactly these reshapes.
 #
-# ## Why the width, and not the tokens
+# ## Why the channels, and not the tokens
 #
 # Attention is about pairs of tokens: every query is compared with every key. If the
-# tokens were split into h groups, a token in one group could never look at a token
-# in another. Splitting the width keeps every pair: each head sees all 48 tokens,
+# tokens were split into $h$ groups, a token in one group could never look at a token
+# in another. Splitting the channels keeps every pair: each head sees all 48 tokens,
 # through its own 16 of the 64 projected channels, and makes its own 48 × 48 map.
 
 # %%
@@ -120,8 +121,28 @@ print("maps:", tuple(rec["attend"].shape), "(B, h, N, N): one N × N map per hea
 # maps: (2, 4, 48, 48) (B, h, N, N): one N × N map per head
 # ```
 #
-# More heads do not cost more parameters: h heads of width C/h use the same four
-# C × C matrices as one head of width C. What changes is the number of maps.
+# The whole path, drawn for the first image with the module's own numbers: the
+# queries (N, C) = (48, 64) with each head's 16 channels in its colour, the four heads'
+# queries (N, d) after the split, each head's 48 × 48 attention map, each head's output,
+# their concatenation, and the output after $W^O$.
+
+# %%
+from attnkit.viz import multi_head_figure
+
+fig = multi_head_figure(mha, tokens, example=0)
+fig.savefig("02-heads.png", dpi=100)
+
+# %% [markdown]
+# ![Multi-head attention of the first image: q split into four heads of 16 channels, each head's 48 × 48 map, the heads' outputs, their concatenation and the output after W^O](../../assets/tutorials/02-heads.png)
+#
+# The maps of this untrained module are far from sharp: the typical weight is about
+# $1/48 \approx 0.02$ and none reaches 0.1. Still, each head has its own pattern, because each
+# compares the tokens through its own 16 channels. Trained heads specialise: tutorial 08
+# shows the heads of a real BERT.
+#
+# More heads do not cost more parameters: $h$ heads of dimension $C/h$ use the same four
+# $C \times C$ matrices (and biases) as one head of dimension $C$, $4C^2 + 4C$ parameters.
+# What changes is the number of maps.
 
 # %%
 for heads in (1, 2, 4, 8):
@@ -139,12 +160,18 @@ print("4·C² + 4·C =", 4 * C * C + 4 * C)
 # 4·C² + 4·C = 16640
 # ```
 #
-# ## The Transformer paper: concatenate, then W_O
+# ## The Transformer paper: concatenate, then W^O
 #
 # Vaswani et al. (2017, §3.2.2) write it head by head:
 #
-#     head_i = Attention(Q·W_i^Q, K·W_i^K, V·W_i^V),   W_i^Q, W_i^K, W_i^V: d_model × d_k
-#     MultiHead(Q, K, V) = Concat(head_1, ..., head_h)·W^O,   W^O: h·d_v × d_model
+# $$
+# \begin{aligned}
+# \mathrm{head}_i &= \mathrm{Attention}(QW_i^Q,\ KW_i^K,\ VW_i^V),
+#   & W_i^Q, W_i^K, W_i^V &\in \mathbb{R}^{d_{\text{model}} \times d_k} \\
+# \mathrm{MultiHead}(Q, K, V) &= \mathrm{Concat}(\mathrm{head}_1, \ldots, \mathrm{head}_h)\,W^O,
+#   & W^O &\in \mathbb{R}^{h d_v \times d_{\text{model}}}
+# \end{aligned}
+# $$
 #
 # Here is that text as code, with the per-head matrices cut from attnkit's weights:
 
@@ -171,14 +198,14 @@ print("equal:", torch.allclose(paper, y, atol=1e-5))
 # equal: True
 # ```
 #
-# Concatenating the heads is the merge `transpose(1, 2).flatten(2)` above: head i
-# fills channels i·16 to i·16 + 15. W^O then mixes the heads' results.
+# Concatenating the heads is the merge `transpose(1, 2).flatten(2)` above: head $i$
+# fills channels $16i$ to $16i + 15$. $W^O$ then mixes the heads' results.
 # `attnkit.paper_attention(512, 8, dropout=0.1)` builds the paper's base configuration
-# (d_model 512, 8 heads of 64, dropout on the attention weights).
+# ($d_{\text{model}} = 512$, 8 heads of 64, dropout on the attention weights).
 #
 # ## BERT's formulation
 #
-# BERT's code (and Hugging Face's `BertSelfAttention`) keeps three separate C × C
+# BERT's code (and Hugging Face's `BertSelfAttention`) keeps three separate $C \times C$
 # layers and splits heads with `view` + `permute`:
 
 # %%
@@ -230,7 +257,7 @@ print("equal:", torch.allclose(bert(tokens), y, atol=1e-5))
 # ## einops and `nn.LazyLinear`
 #
 # Many compact implementations write the split as an einops pattern, and some let
-# the first call decide the input width with `nn.LazyLinear`. The pattern
+# the first call decide the input dimension with `nn.LazyLinear`. The pattern
 # `b n (three h d) -> three b h n d` says exactly how the (3C)-wide projection is
 # laid out: [q | k | v], and inside each, head after head.
 
@@ -276,7 +303,7 @@ print("lazy attnkit equal:", torch.allclose(lazy(tokens), y, atol=1e-5))
 #
 # Keras's `MultiHeadAttention` keeps the head axis inside its weights: the query
 # kernel is (C, h, key_dim), and the output kernel (h, value_dim, C). Note that Keras's
-# `key_dim` is the width of one head (16 here), not of the keys. `attnkit.convert.to_keras`
+# `key_dim` is the dimension of one head (16 here), not of the keys. `attnkit.convert.to_keras`
 # builds a Keras layer with attnkit's weights (and `from_keras` goes the other way). It
 # needs Keras 3 (`pip install keras`), here on its torch backend.
 
@@ -304,13 +331,89 @@ print("equal:", torch.allclose(out, y, atol=1e-5))
 # equal: True
 # ```
 #
-# Four ways of writing it, one computation: project to q, k, v; cut the width into
-# heads; attend per head; concatenate; project with W_O.
+# Four ways of writing it, one computation: project to q, k, v; cut the channels into
+# heads; attend per head; concatenate; project with $W^O$.
+#
+# ## Exercises
+#
+# **1.** Count the parameters of a multi-head attention with $C = 512$ and $H = 8$ heads (the
+# Transformer's base model), first by formula, then on the module.
+#
+# /// details | Answer
+# %%
+print(f"4·C² + 4·C = {4 * 512 * 512 + 4 * 512:,}")
+print(f"module: {sum(p.numel() for p in attnkit.MultiHeadAttention(512, 8).parameters()):,}")
+
+# %% [markdown]
+# ```text
+# 4·C² + 4·C = 1,050,624
+# module: 1,050,624
+# ```
+#
+# The number of heads does not appear: 8 heads of 64 cost what one head of 512 costs.
+# ///
+#
+# **2.** Split `q` into heads the wrong way, as `q.view(B, h, HW, C // h)` would (here `q` is a
+# slice of `qkv`, so write `reshape`). Is it equal to the right split? Which tokens and
+# channels does the wrong "head 0" hold?
+#
+# /// details | Answer
+# %%
+wrong = q.reshape(B, h, H * W, C // h)  # (B, h, 48, 16), the shape of the right split
+print("equal to the right split:", torch.equal(wrong, q_heads))
+same = torch.equal(wrong[:, 0].flatten(1), q[:, :12].flatten(1))
+print("wrong head 0 = tokens 0-11, all 64 channels:", same)
+print("right head 0 = all 48 tokens, channels 0-15:", torch.equal(q_heads[:, 0], q[..., :16]))
+
+# %% [markdown]
+# ```text
+# equal to the right split: False
+# wrong head 0 = tokens 0-11, all 64 channels: True
+# right head 0 = all 48 tokens, channels 0-15: True
+# ```
+# ///
+#
+# **3.** $W^O$ is a sum over heads: $\mathrm{Concat}(\mathrm{head}_1, \ldots)\,W^O =
+# \sum_i \mathrm{head}_i W^O_i$, where $W^O_i$ is the block of $W^O$ that reads head $i$'s
+# channels. Show it by removing head 2's contribution from the output.
+#
+# /// details | Answer
+# %%
+W_O = mha.proj.weight  # (C, C): nn.Linear stores W^O transposed
+part = heads[2] @ W_O[:, 32:48].T  # head 2 alone through its 16 columns
+zeroed = torch.cat([heads[0], heads[1], torch.zeros_like(heads[2]), heads[3]], dim=-1)
+without = mha.proj(zeroed)
+print("y - head 2's part == y without head 2:", torch.allclose(y - part, without, atol=1e-5))
+
+# %% [markdown]
+# ```text
+# y - head 2's part == y without head 2: True
+# ```
+# ///
+#
+# **4.** With `num_kv_heads=1` (multi-query attention) the four query heads share one key head
+# and one value head of dimension 16. Count the parameters by hand and check.
+#
+# /// details | Answer
+# %%
+mqa = attnkit.MultiHeadAttention(C, h, num_kv_heads=1)
+by_hand = (C * C + C) + 2 * (C * 16 + 16) + (C * C + C)  # W^Q, W^K and W^V, W^O
+print("by hand:", by_hand, " module:", sum(p.numel() for p in mqa.parameters()))
+
+# %% [markdown]
+# ```text
+# by hand: 10400  module: 10400
+# ```
+#
+# Keys and values now cost a quarter of what they did, and a key/value cache of decoding
+# shrinks by the same factor.
+# ///
 #
 # ## Try next
 #
 # - Change `h` to 1 or 8: the same parameters, a different number of maps.
 # - `attnkit.MultiHeadAttention(C, 8, num_kv_heads=2)` shares each key/value head among
 #   four query heads (grouped-query attention): fewer parameters, the same output shape.
-# - [ViT and T2T-ViT](03-vit-t2t.md): an attention whose output is wider than its input.
+# - [ViT and T2T-ViT](03-vit-t2t.md): an attention whose output has more dimensions than its
+#   input.
 # - [Self-attention in six steps](01-self-attention.md): one head, by hand.

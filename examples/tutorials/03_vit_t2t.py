@@ -11,9 +11,11 @@
 #
 # You will learn:
 #
-# - how ViT's patches and T2T's soft split turn images into tokens (batch 13, 100 tokens of width 49);
+# - how ViT's patches and T2T's soft split turn images into tokens (batch 13, 100 tokens of
+#   width 49), with a picture of the soft split;
 # - every intermediate shape of T2T attention with chan = 64, for 1 head and for 4 heads;
-# - why the skip connection goes through V, and the parameter counts 49·64·3 and 64·64 + 64;
+# - why the skip connection goes through V, and the parameter counts $49 \cdot 64 \cdot 3$ and
+#   $64 \cdot 64 + 64$;
 # - the two softmax scales found in the wild, as an explicit option of `attnkit.T2TAttention`,
 #   and how much the choice changes.
 #
@@ -22,7 +24,7 @@
 # Thirteen grayscale 28 × 28 images (random pixels: only the shapes matter here). ViT
 # cuts each into 4 × 4 = 16 patches of 7 × 7 pixels and projects each patch to a
 # token of width 64. Attention then maps (B, N, 64) to (B, N, 64), so the block can
-# add its input back: x + attention(x).
+# add its input back: $x + \mathrm{attention}(x)$.
 
 # %%
 import torch
@@ -62,6 +64,32 @@ print("unfold:", tuple(windows.shape), " tokens:", tuple(x.shape))
 # unfold: (13, 49, 100)  tokens: (13, 100, 49)
 # ```
 #
+# A picture makes the overlap visible. Random pixels hide it, so draw the split of a ring
+# instead: three windows outlined on the padded image, the windows themselves, and the rows
+# of the token matrix they become (each window read row by row into 49 numbers). Windows 22
+# and 23 are neighbours in a row: they share $7 - 3 = 4$ columns of pixels, and window 32,
+# below 22, shares 4 rows with it.
+
+# %%
+from attnkit.viz import soft_split_figure
+
+r = torch.arange(28.0)
+distance = ((r[:, None] - 13.5) ** 2 + (r[None, :] - 13.5) ** 2).sqrt()  # from the centre
+ring = ((distance - 9).abs() < 2.5).float()  # (28, 28): 1 on the ring, 0 elsewhere
+fig = soft_split_figure(ring, kernel_size=7, stride=3, padding=3, windows=(22, 23, 32))
+fig.savefig("03-soft-split.png", dpi=100)
+print("ring tokens:", tuple(soft_split(ring[None, None]).transpose(1, 2).shape))
+
+# %% [markdown]
+# ```text
+# ring tokens: (1, 100, 49)
+# ```
+#
+# ![A ring of 28 × 28 pixels cut by 7 × 7 windows moved by 3 pixels: three overlapping windows outlined, the windows themselves, and the 100 × 49 token matrix with their rows marked](../../assets/tutorials/03-soft-split.png)
+#
+# With a stride equal to the window (`Unfold(7, stride=7)`) the windows no longer overlap:
+# that is ViT's patching, 16 tokens of 49 pixels (exercise 2 checks it).
+#
 # ## T2T attention, shape by shape
 #
 # T2T's attention reads tokens of width 49 and computes q, k and v of width
@@ -69,7 +97,9 @@ print("unfold:", tuple(windows.shape), " tokens:", tuple(x.shape))
 # chan/H wide. After attention and the output projection (64 → 64), the output is
 # 64 wide, so the input x (49 wide) cannot be added to it. T2T adds **v** instead:
 #
-#     out = v + proj(softmax(q·kᵀ·scale)·v)
+# $$
+# \mathrm{out} = v + \mathrm{proj}\big(\mathrm{softmax}(q k^\top \cdot \mathrm{scale})\, v\big)
+# $$
 #
 # Below, `walk` writes `attnkit.T2TAttention` out step by step in float64, records
 # the shape after every step, and checks the result against the module. Run it for
@@ -145,8 +175,8 @@ for t2t, out in ((t2t1, out1), (t2t4, out4)):
 #
 # ## The parameter count
 #
-# The fused projection has 49 · 64 · 3 = 9,408 weights (no bias, as in T2T-ViT), the
-# output projection 64 · 64 + 64 = 4,160. Splitting into heads changes neither.
+# The fused projection has $49 \cdot 64 \cdot 3 = 9{,}408$ weights (no bias, as in T2T-ViT), the
+# output projection $64 \cdot 64 + 64 = 4{,}160$. Splitting into heads changes neither.
 
 # %%
 for t2t in (t2t1, t2t4):
@@ -164,18 +194,18 @@ print(f"49·64·3 = {49 * 64 * 3:,}   64·64 + 64 = {64 * 64 + 64:,}")
 #
 # ## Which softmax scale?
 #
-# Scaled dot-product attention divides the scores by √d_k, the width of the vectors
+# Scaled dot-product attention divides the scores by $\sqrt{d_k}$, the width of the vectors
 # in the dot product: here the head width chan/H. But the T2T-ViT reference code
 # (`models/token_transformer.py`) computes its scale from the **input** width:
-# `head_dim = dim // num_heads` with `dim` = 49, so it multiplies by 49^-0.5 = 1/7
-# where 1/√64 = 1/8 would be the textbook value. An implementation that builds the
+# `head_dim = dim // num_heads` with `dim` = 49, so it multiplies by $49^{-1/2} = 1/7$
+# where $1/\sqrt{64} = 1/8$ would be the textbook value. An implementation that builds the
 # T2T attention from a standard multi-head attention takes the scale from the head
 # width and gets 1/8. Both train; they are not the same function, and
 # weights trained with one do not give the same outputs under the other.
 #
 # `attnkit.T2TAttention` makes the choice explicit with `scale=`:
-# `"input"` ((dim // H)^-0.5, the reference code's, the default), `"head"`
-# ((chan // H)^-0.5, 1/√d_k) or a number. Same weights, both scales:
+# `"input"` ($\lfloor \mathrm{dim}/H \rfloor^{-1/2}$, the reference code's, the default), `"head"`
+# ($\lfloor \mathrm{chan}/H \rfloor^{-1/2} = 1/\sqrt{d_k}$) or a number. Same weights, both scales:
 
 # %%
 for heads in (1, 4):
@@ -206,11 +236,11 @@ for heads in (1, 4):
 #   outputs differ by up to 0.0168
 # ```
 #
-# The "input" multiplier is the larger one: 1/7 against 1/8 with one head (8/7 = 1.14
-# times larger), 12^-0.5 against 16^-0.5 with four heads (49 // 4 = 12; 1.15 times
-# larger). Every score is multiplied by that ratio, so "input" makes each map a little
+# The "input" multiplier is the larger one: $1/7$ against $1/8$ with one head ($8/7 = 1.14$
+# times larger), $12^{-1/2}$ against $16^{-1/2}$ with four heads ($\lfloor 49/4 \rfloor = 12$; 1.15
+# times larger). Every score is multiplied by that ratio, so "input" makes each map a little
 # sharper: a larger top weight and a lower entropy. These weights are untrained, so
-# the maps are still close to uniform (ln 100 = 4.605 nats is the entropy of a uniform
+# the maps are still close to uniform ($\ln 100 = 4.605$ nats is the entropy of a uniform
 # row over 100 tokens) and the outputs differ by at most 0.017; trained scores are larger
 # and the gap grows with them. A weight file from one convention must be loaded with
 # the same `scale`: `T2TAttention(..., scale="input")` for the reference code's weights.
@@ -237,6 +267,81 @@ print("T2T tokens:", tuple(tokens.shape), " grid:", embed.grid)
 #
 # From here a T2T-ViT is a plain ViT on these 25 tokens (`attnkit.models.ViT` with
 # `ViTConfig(tokens="t2t")`, and `attnkit train t2t` trains one on the digits).
+#
+# ## Exercises
+#
+# **1.** How many tokens does the 7/3 soft split (padding 3) make of a 32 × 32 image? Work it
+# out with $\lfloor (32 + 2 \cdot 3 - 7) / 3 \rfloor + 1$ per side, then check.
+#
+# /// details | Answer
+# %%
+per_side = (32 + 2 * 3 - 7) // 3 + 1
+print("by formula:", per_side**2, " unfold:", soft_split(torch.randn(1, 1, 32, 32)).shape[-1])
+
+# %% [markdown]
+# ```text
+# by formula: 121  unfold: 121
+# ```
+# ///
+#
+# **2.** Show that ViT's patching is an `Unfold` whose stride equals its window: cut the images
+# into 7 × 7 patches with a reshape and compare.
+#
+# /// details | Answer
+# %%
+by_unfold = torch.nn.Unfold(kernel_size=7, stride=7)(images).transpose(1, 2)  # (13, 16, 49)
+grid = images.reshape(13, 1, 4, 7, 4, 7)  # (B, 1, patch row, pixel row, patch col, pixel col)
+by_reshape = grid.permute(0, 2, 4, 1, 3, 5).reshape(13, 16, 49)
+print(tuple(by_unfold.shape), torch.equal(by_unfold, by_reshape))
+
+# %% [markdown]
+# ```text
+# (13, 16, 49) True
+# ```
+#
+# `PatchEmbed` then projects each 49-pixel row to width 64 (a convolution with stride 7 does
+# both at once).
+# ///
+#
+# **3.** The soft split copies pixels into several tokens. How many tokens does each pixel of a
+# 28 × 28 image land in? (`nn.Fold` adds windows back onto the image.)
+#
+# /// details | Answer
+# %%
+fold = torch.nn.Fold(output_size=28, kernel_size=7, stride=3, padding=3)
+counts = fold(soft_split(torch.ones(1, 1, 28, 28)))[0, 0]  # (28, 28): windows per pixel
+values, pixels = counts.unique(return_counts=True)
+print({int(v): int(n) for v, n in zip(values, pixels, strict=True)})
+
+# %% [markdown]
+# ```text
+# {4: 400, 6: 320, 9: 64}
+# ```
+#
+# Every pixel is in 4, 6 or 9 tokens: $2$ or $3$ windows cover it along each axis. The 100
+# tokens hold $100 \cdot 49 = 4{,}900$ pixel values for 784 pixels (and some padding).
+# ///
+#
+# **4.** T2T-ViT's first stage reads tokens of width $3 \cdot 49 = 147$ (colour images) into
+# chan = 64 with one head. Which multiplier does each `scale` convention give?
+#
+# /// details | Answer
+# %%
+for scale in ("input", "head"):
+    t2t = attnkit.T2TAttention(147, 64, scale=scale)
+    print(f"{scale:5}: {t2t.attn.attend.scale:.4f}")
+print(f"147^-0.5 = {147**-0.5:.4f}   64^-0.5 = {64**-0.5:.4f}")
+
+# %% [markdown]
+# ```text
+# input: 0.0825
+# head : 0.1250
+# 147^-0.5 = 0.0825   64^-0.5 = 0.1250
+# ```
+#
+# Here "input" is the *smaller* multiplier (147 > 64): the two conventions differ in either
+# direction, depending on whether the input is wider than chan.
+# ///
 #
 # ## Try next
 #

@@ -32,8 +32,14 @@
 # ## Channel attention: squeeze and excitation
 #
 # Squeeze: average each channel over the image, (B, C, H, W) → (B, C). Excite: a small
-# MLP (C → C/r → C, r = 16 in the paper) and a sigmoid give one gate per channel. The
-# output is the input with each channel multiplied by its gate (Hu et al. 2018).
+# MLP ($C \to C/r \to C$, $r = 16$ in the paper) and a sigmoid give one gate per channel:
+#
+# $$
+# g = \sigma\big(W_2\, \mathrm{ReLU}(W_1 \bar{x} + b_1) + b_2\big), \qquad
+# \bar{x}_c = \frac{1}{HW} \sum_{i, j} x_{c, i, j}
+# $$
+#
+# The output is the input with each channel multiplied by its gate (Hu et al. 2018).
 
 # %%
 import torch
@@ -66,8 +72,8 @@ print("equal: True")
 # equal: True
 # ```
 #
-# SE is cheap: 580 parameters and 2·C²/r = 512 multiply-adds per image for its MLP, whatever
-# H and W (plus the pooling and the scaling, one operation per element).
+# SE is cheap: 580 parameters and $2C^2/r = 512$ multiply-adds per image for its MLP, whatever
+# $H$ and $W$ (plus the pooling and the scaling, one operation per element).
 # It cannot say *where* something is; it only turns channels up and down.
 #
 # ## Spatial attention and CBAM
@@ -110,15 +116,17 @@ print("CBAM parameters:", sum(p.numel() for p in cbam.parameters()))
 # A convolution sees a small neighbourhood; to relate the left ear of a dog to its right
 # ear, a CNN needs many layers. The SAGAN block (Zhang et al. 2019), the "embedded
 # Gaussian" non-local block of Wang et al. (2018), lets every position attend to every
-# other one. Flatten the map to P = H·W positions; 1×1 convolutions give queries and keys
-# of Ck = C/8 channels and values of C channels; attention mixes the values; a last 1×1
-# convolution maps back to C, and a learned γ scales what is added to the input:
+# other one. Flatten the map to $P = HW$ positions; 1×1 convolutions give queries and keys
+# of $C_k = C/8$ channels and values of $C$ channels; attention mixes the values; a last 1×1
+# convolution maps back to $C$, and a learned $\gamma$ scales what is added to the input:
 #
-#     y = x + γ · W_o(softmax(q·kᵀ)·v)
+# $$
+# y = x + \gamma \cdot W_o\big(\mathrm{softmax}(q k^\top)\, v\big)
+# $$
 #
-# γ starts at 0, so a fresh block is the identity and learns how much non-local evidence
-# to use. SAGAN uses plain dot products, without the 1/√d_k scale (`scale=1.0`, the
-# default here; pass `scale=None` for 1/√d_k).
+# $\gamma$ starts at 0, so a fresh block is the identity and learns how much non-local evidence
+# to use. SAGAN uses plain dot products, without the $1/\sqrt{d_k}$ scale (`scale=1.0`, the
+# default here; pass `scale=None` for $1/\sqrt{d_k}$).
 #
 # The flattening is where code goes wrong: the map must become (B, P, channels), one row
 # per position, with the batch kept apart.
@@ -156,6 +164,36 @@ print("recorded", rec.names, tuple(rec[rec.names[0]].shape), "= (B, heads, P, P)
 # equal: True
 # recorded ['attend'] (2, 1, 256, 256) = (B, heads, P, P)
 # ```
+#
+# ## The three kinds of weights, drawn
+#
+# The gates and weights of the first image, side by side: SE's 64 channel gates, the
+# spatial module's 16 × 16 gates, and SAGAN's weights of one position, (8, 8), over all 256
+# positions, folded back onto the map.
+
+# %%
+from attnkit.viz import channel_spatial_figure
+
+query = 8 * W + 8  # position (8, 8) in the flattened map
+row = weights[0, query].detach().reshape(H, W)  # (H, W): where position (8, 8) reads from
+fig = channel_spatial_figure(gates[0], where[0, 0], row, position=(8, 8))
+fig.savefig("09-weights.png", dpi=100)
+print(f"channel gates {tuple(gates[0].shape)}, spatial gates {tuple(where[0, 0].shape)}")
+print("SAGAN weights of (8, 8) sum to 1:", torch.allclose(row.sum(), torch.tensor(1.0)))
+
+# %% [markdown]
+# ```text
+# channel gates (64,), spatial gates (16, 16)
+# SAGAN weights of (8, 8) sum to 1: True
+# ```
+#
+# ![SE's 64 channel gates as bars, the 16 × 16 spatial gates, and the SAGAN attention weights of position (8, 8) over the map](../../assets/tutorials/09-weights.png)
+#
+# The two sets of gates are each in $[0, 1]$ on their own; these untrained modules, fed
+# random features, put most of them near 0.5. The attention weights are a distribution:
+# they are small (about $1/256$ on average) because they share a total of 1 among 256
+# positions. Scale a gate and only its channel or position changes; raise one attention
+# weight and the others must fall.
 #
 # ## Side by side
 #
@@ -196,16 +234,92 @@ print(f"SAGAN's q·kᵀ and weights·v: P²·Ck + P²·C = {P * P * (C // 8) + P
 #
 # The gates cost almost nothing and see either everything at once (SE: a global average)
 # or a 7×7 neighbourhood (spatial). SAGAN costs 270× as much as CBAM here, two thirds of it
-# in the two P² products (P = 256; a 32×32 map would make them 16× larger), and in
+# in the two $P^2$ products ($P = 256$; a 32×32 map would make them 16× larger), and in
 # exchange lets any position read any other with content-dependent weights: this is the
 # same attention as in a Transformer, with pixels as tokens. ViT goes all the way: it drops the convolutions and makes patches the tokens.
+#
+# ## Exercises
+#
+# **1.** Count the parameters of an SE block for $C = 256$ channels with $r = 16$, by formula and
+# on the module.
+#
+# /// details | Answer
+# %%
+c, r = 256, 16
+print(f"2·C·C/r + C/r + C = {2 * c * c // r + c // r + c:,}")
+print(f"module: {sum(p.numel() for p in SqueezeExcitation(c, reduction=r).parameters()):,}")
+
+# %% [markdown]
+# ```text
+# 2·C·C/r + C/r + C = 8,464
+# module: 8,464
+# ```
+# ///
+#
+# **2.** SE cannot see *where* anything is. Shuffle the positions of the map (the same
+# shuffle for every channel) and show that the gates do not change and the output is
+# shuffled the same way.
+#
+# /// details | Answer
+# %%
+perm = torch.randperm(H * W, generator=torch.Generator().manual_seed(0))
+shuffled = x.flatten(2)[..., perm].reshape(B, C, H, W)  # positions permuted, channels kept
+with torch.no_grad():
+    same_gates = torch.allclose(se.gates(shuffled), se.gates(x), atol=1e-6)
+    out = se(shuffled).flatten(2)
+    same_out = torch.allclose(out, se(x).flatten(2)[..., perm], atol=1e-6)
+print("gates unchanged:", same_gates, " output shuffled the same way:", same_out)
+
+# %% [markdown]
+# ```text
+# gates unchanged: True  output shuffled the same way: True
+# ```
+#
+# The spatial module is the opposite: its 7×7 convolution reads neighbourhoods, so shuffling
+# the positions changes its gates.
+# ///
+#
+# **3.** Which of the three sums to 1: the spatial gates of an image, or the SAGAN weights of a
+# position? Check both for every image and position.
+#
+# /// details | Answer
+# %%
+print("spatial gates sum to 1:", torch.allclose(where.sum((2, 3)), torch.ones(B, 1)))
+print("every SAGAN row sums to 1:", torch.allclose(weights.sum(-1), torch.ones(B, P)))
+
+# %% [markdown]
+# ```text
+# spatial gates sum to 1: False
+# every SAGAN row sums to 1: True
+# ```
+#
+# Gates are independent sigmoids; attention weights are a softmax over positions.
+# ///
+#
+# **4.** How many multiply-adds do SAGAN's two $P^2$ products take on a 32×32 map, and how many
+# times the 16×16 number is that?
+#
+# /// details | Answer
+# %%
+P32 = 32 * 32
+big = P32 * P32 * (C // 8) + P32 * P32 * C
+small = P * P * (C // 8) + P * P * C
+print(f"32×32: {big:,} MACs, {big // small}× the 16×16 map")
+
+# %% [markdown]
+# ```text
+# 32×32: 75,497,472 MACs, 16× the 16×16 map
+# ```
+#
+# Four times the positions, sixteen times the pairs: the $P^2$ wall of tutorial 07.
+# ///
 #
 # ## Try next
 #
 # - `attnkit train cnn` trains the small CNN with CBAM on the digits (`attnkit.models.SmallCNN`).
 # - `SelfAttention2d(C, num_heads=4, scale=None)` gives multi-head, scaled attention over
 #   positions; `attnkit.vision.WindowAttention` restricts it to Swin's windows.
-# - Tutorial [07 — the cost](07-cost.md) explains the P² wall; [10 — pitfalls](10-pitfalls.md)
+# - Tutorial [07 — the cost](07-cost.md) explains the $P^2$ wall; [10 — pitfalls](10-pitfalls.md)
 #   shows what happens when the flattening above attends across the batch.
 # - API reference: [`attnkit.vision`](../api/vision.md) (`SqueezeExcitation`, `SpatialAttention`,
 #   `CBAM`, `SelfAttention2d`, Swin).

@@ -6,6 +6,11 @@ example; :func:`head_view` turns it into a self-contained HTML page,
 :func:`show` into the same view inside a Jupyter notebook (recordings and maps also
 display themselves there) and :func:`model_view` into a matplotlib figure (layers × heads
 heatmaps). :func:`plot_block_map` draws which blocks a structured mask lets a kernel skip.
+The teaching figures of the tutorials draw a page's own numbers:
+:func:`attention_steps_figure` (the six steps of self-attention), :func:`attention_row_figure`
+(one query's scores, weights and weighted sum), :func:`multi_head_figure` (split, attend per
+head, concatenate, project), :func:`soft_split_figure` (patches / T2T's soft split) and
+:func:`channel_spatial_figure` (channel and spatial gates next to self-attention weights).
 """
 
 from attnkit.viz.head_view import head_view, write_html
@@ -13,16 +18,29 @@ from attnkit.viz.maps import AttentionMaps
 from attnkit.viz.notebook import HeadViewHTML, show
 from attnkit.viz.record import AttentionRecord, record_attention
 
+_LESSONS = {
+    "attention_row_figure",
+    "attention_steps_figure",
+    "channel_spatial_figure",
+    "multi_head_figure",
+    "soft_split_figure",
+}
+
 __all__ = [
     "AttentionMaps",
     "AttentionRecord",
     "HeadViewHTML",
+    "attention_row_figure",
+    "attention_steps_figure",
+    "channel_spatial_figure",
     "head_view",
     "model_view",
+    "multi_head_figure",
     "plot_block_map",
     "record_attention",
     "save_model_view",
     "show",
+    "soft_split_figure",
     "write_html",
 ]
 
@@ -37,4 +55,8 @@ def __getattr__(name: str):
         from attnkit.viz.block_map import plot_block_map
 
         return plot_block_map
+    if name in _LESSONS:
+        from attnkit.viz import lessons
+
+        return getattr(lessons, name)
     raise AttributeError(f"module 'attnkit.viz' has no attribute {name!r}")
