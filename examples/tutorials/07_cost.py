@@ -260,8 +260,8 @@ for n in (512, 4096, 16384):
 # `meta` device: shapes only, nothing is computed, so $n = 2048$ costs nothing) and finds the
 # path length by following, layer after layer, which positions each position has heard from.
 # Self-attention here is the attention alone, $\text{softmax}(XX^\top/\sqrt{d})\,X$ with one
-# head and no projections, as in the table (the projections cost $4nd^2$ in every attention
-# layer, like a $k = 2$ convolution).
+# head and no projections, as in the table (the four projections add $8nd^2$ FLOPs to every
+# attention layer, as much as a $k = 4$ convolution).
 
 # %%
 from torch import nn
