@@ -201,7 +201,9 @@ print("equal:", torch.allclose(paper, y, atol=1e-5))
 # Concatenating the heads is the merge `transpose(1, 2).flatten(2)` above: head $i$
 # fills channels $16i$ to $16i + 15$. $W^O$ then mixes the heads' results.
 # `attnkit.paper_attention(512, 8, dropout=0.1)` builds the paper's base configuration
-# ($d_{\text{model}} = 512$, 8 heads of 64, dropout on the attention weights).
+# ($d_{\text{model}} = 512$, 8 heads of 64). Its dropout acts on the attention weights, as in the
+# tensor2tensor code and the Annotated Transformer; the paper itself applies dropout to
+# each sub-layer's output and to the embeddings (§5.4), not to the weights.
 #
 # ## BERT's formulation
 #

@@ -5,38 +5,41 @@
 # Attention is famous for costing "N²". This tutorial counts exactly what it costs,
 # term by term, with `attnkit.analysis`, checks every count against PyTorch's own FLOP
 # counter, finds where the N² term takes over, and shows why images hit that wall first
-# and how Swin's windows get around it. At the end you measure the times on your machine
-# and put them beside the formulas.
+# and how Swin's windows get around it. It sets self-attention beside the layers it replaced,
+# recurrent and convolutional ones, with FLOPs counted by PyTorch. At the end you measure the
+# times on your machine and put them beside the formulas.
 #
 # You will learn:
 #
-# - where 3NC² + 2N²C (one head) and 4NC² + 2N²C (multi-head, with W_O) come from;
+# - where $3NC^2 + 2N^2C$ (one head) and $4NC^2 + 2N^2C$ (multi-head, with $W^O$) come from;
 # - why the number of heads does not change the count;
-# - at which sequence length the N² term becomes the larger one;
-# - how window attention turns 2N²C into 2M²NC, and what that saves on a 56×56 grid;
+# - at which sequence length the $N^2$ term becomes the larger one;
+# - what self-attention costs next to a recurrent and a convolutional layer, and why the
+#   Transformer paper took it anyway (its Table 1, counted);
+# - how window attention turns $2N^2C$ into $2M^2NC$, and what that saves on a 56×56 grid;
 # - what a sliding window or packed documents cost: the pairs the mask allows, and the blocks
 #   a kernel that skips masked work really computes.
 #
 # ## Counting rule
 #
-# A matrix product [a, c]·[c, b] does a·b·c multiply-accumulates (MACs). One MAC is a
-# multiply and an add, so FLOPs = 2 × MACs. Softmax, scaling and masking are a few
+# A matrix product $[a, c] \cdot [c, b]$ does $a \cdot b \cdot c$ multiply-accumulates (MACs).
+# One MAC is a multiply and an add, so FLOPs = 2 × MACs. Softmax, scaling and masking are a few
 # operations per score; they are kept apart (`Cost.elementwise`) because they are small
 # next to the products.
 #
 # ## One head: 3NC² + 2N²C
 #
-# Take X with N tokens of width C, and one head as wide as the model (d_k = C):
+# Take $X$ with $N$ tokens of width $C$, and one head as wide as the model ($d_k = C$):
 #
 # | step | product | MACs |
 # | --- | --- | --- |
-# | Q, K, V = X·W_q, X·W_k, X·W_v | three [N, C]·[C, C] | 3·N·C² |
-# | scores Q·Kᵀ | [N, C]·[C, N] | N²·C |
-# | weights·V | [N, N]·[N, C] | N²·C |
+# | $Q, K, V = XW_q, XW_k, XW_v$ | three $[N, C] \cdot [C, C]$ | $3NC^2$ |
+# | scores $QK^\top$ | $[N, C] \cdot [C, N]$ | $N^2C$ |
+# | weights $\cdot V$ | $[N, N] \cdot [N, C]$ | $N^2C$ |
 #
-# The projections grow with N (linearly) and with C², the two products with attention
-# weights grow with N². ViT-B/16 has N = 197 tokens (196 patches and a class token) of
-# width C = 768:
+# The projections grow with $N$ (linearly) and with $C^2$, the two products with attention
+# weights grow with $N^2$. ViT-B/16 has $N = 197$ tokens (196 patches and a class token) of
+# width $C = 768$:
 
 # %%
 import torch
@@ -64,10 +67,10 @@ print(f"3NC² + 2N²C  = {3 * N * C**2 + 2 * N**2 * C:>13,}")
 #
 # ## Multi-head: 4NC² + 2N²C, whatever H is
 #
-# Multi-head attention cuts the width C into H heads of width d = C/H. Each head's score
-# product costs N·N·d, and H of them cost N²·H·d = N²·C: the same as one wide head. The
-# projections are the same three C×C matrices, just read as H slices. The only new term
-# is the output projection W_O, one more [N, C]·[C, C]:
+# Multi-head attention cuts the width $C$ into $H$ heads of width $d = C/H$. Each head's score
+# product costs $N \cdot N \cdot d$, and $H$ of them cost $N^2 H d = N^2 C$: the same as one wide
+# head. The projections are the same three $C \times C$ matrices, just read as $H$ slices. The
+# only new term is the output projection $W^O$, one more $[N, C] \cdot [C, C]$:
 
 # %%
 for heads in (1, 4, 12):
@@ -134,14 +137,19 @@ print("equal:", counter.get_total_flops() == mha_cost(N, C, 12).flops)
 # attnkit flops: self-attention layer: 524,391,936 MACs = 1.05 GFLOPs, 2,362,368 params (nothing written; --plot draws cost against length)
 # ```
 #
-# It also gives the parameters (4C² + 4C = 2,362,368), the size of the score matrix, and
+# It also gives the parameters ($4C^2 + 4C$ = 2,362,368), the size of the score matrix, and
 # the small elementwise work (scale, softmax, bias adds) that the totals leave out.
 #
 # ## Where N² takes over
 #
-# The projections cost 4NC², the attention products 2N²C. They are equal when
-# 4NC² = 2N²C, that is at **N = 2C**. Below it, attention is mostly matrix-by-weights
-# work, like an MLP; above it, the N² products dominate, and doubling N quadruples them.
+# The projections cost $4NC^2$, the attention products $2N^2C$. They are equal when
+#
+# $$
+# 4NC^2 = 2N^2C \quad\Longleftrightarrow\quad N = 2C.
+# $$
+#
+# Below $N = 2C$, attention is mostly matrix-by-weights work, like an MLP; above it, the $N^2$
+# products dominate, and doubling $N$ quadruples them.
 
 # %%
 C = 768
@@ -161,7 +169,56 @@ for n in (128, 512, 1536, 4096, 16384):
 # 16384     3.865e+10     4.123e+11    91.4%
 # ```
 #
-# At N = 1536 = 2C the two halves are equal. Compute is only half the story: the N×N
+# At $N = 1536 = 2C$ the two halves are equal. On log–log axes each term is a straight line,
+# $4NC^2$ of slope 1 and $2N^2C$ of slope 2, so they cross once; window attention (further
+# down) keeps the $N^2$ line from ever taking over. The page draws the curves from
+# `mha_cost` and `swin_window_cost` for square grids of $g \times g$ tokens:
+
+# %%
+import matplotlib.pyplot as plt
+
+from attnkit.analysis import swin_window_cost
+
+C, heads, M = 768, 12, 7
+n_axis, proj, quad, windows = [], [], [], []
+for g in range(7, 281, 7):  # g×g grids, N = g² = 49 ... 78,400 tokens
+    n = g * g
+    cost = mha_cost(n, C, heads)
+    n_axis.append(n)
+    proj.append(sum(macs for name, macs in cost.terms.items() if name.endswith("proj")))
+    quad.append(cost.macs - proj[-1])  # the two N² products
+    windows.append(swin_window_cost(g, g, C, heads, M).macs)
+cross = next(n for n, p, q in zip(n_axis, proj, quad, strict=True) if q >= p)
+print(f"4NC² = 2N²C at N = 2C = {2 * C}; first grid past it: N = {cross}")
+print(f"at N = {n_axis[-1]:,}: global / windows = {cost.macs / windows[-1]:.0f}×")
+
+total = [p + q for p, q in zip(proj, quad, strict=True)]
+window_products = [w - p for w, p in zip(windows, proj, strict=True)]
+
+fig, ax = plt.subplots(figsize=(9, 5))
+ax.plot(n_axis, total, lw=3, label="global: 4NC² + 2N²C")
+ax.plot(n_axis, windows, lw=3, label=f"{M}×{M} windows: 4NC² + 2M²NC")
+ax.plot(n_axis, proj, "--", label="projections alone: 4NC²")
+ax.plot(n_axis, quad, ":", lw=2, label="global N² products alone: 2N²C")
+ax.plot(n_axis, window_products, "-.", label="window products alone: 2M²NC")
+ax.axvline(2 * C, color="gray", lw=1)
+ax.text(2 * C * 1.1, 2e7, f"N = 2C = {2 * C}:\nthe N² term takes over", fontsize=10)
+ax.set(xscale="log", yscale="log", xlabel="tokens N", ylabel="MACs of one layer (forward)")
+ax.set_title(f"One attention layer, C = {C}, H = {heads}: cost against length")
+ax.grid(True, which="both", alpha=0.3)
+ax.legend(loc="upper left")
+fig.tight_layout()
+fig.savefig("cost_curves.png", dpi=110)
+
+# %% [markdown]
+# ```text
+# 4NC² = 2N²C at N = 2C = 1536; first grid past it: N = 1764
+# at N = 78,400: global / windows = 50×
+# ```
+#
+# ![MACs against N on log axes: global attention bends up past N = 2C, window attention stays a line](../../assets/tutorials/07-cost/cost_curves.png)
+#
+# Compute is only half the story: the $N \times N$
 # weight matrix must also be held in memory, per head and per example, and for backward
 # the reference implementation keeps it. `attnkit.analysis.score_matrix_bytes` gives its
 # size:
@@ -180,20 +237,124 @@ for n in (512, 4096, 16384):
 # N = 16384: one layer's weights, 12 heads:   12.000 GiB
 # ```
 #
-# (attnkit's `fused` and `chunked` backends never build this matrix: they keep O(N)
+# (attnkit's `fused` and `chunked` backends never build this matrix: they keep $O(N)$
 # memory. The MACs stay the same.)
+#
+# ## Why self-attention anyway: the paper's Table 1
+#
+# Before the Transformer, sequence models were recurrent (an RNN or LSTM reads token after
+# token) or convolutional (each layer mixes a few neighbours). "Attention Is All You Need"
+# (§4, Table 1) compares the three by what one layer costs, how many of its steps must run one
+# after the other, and how many layers or steps separate the first token from the last (the
+# path a signal, and a gradient, must travel). For sequence length $n$, width $d$, kernel
+# size $k$ and a neighbourhood of $r$ tokens:
+#
+# | layer | per-layer complexity | sequential operations | maximum path length |
+# | --- | --- | --- | --- |
+# | self-attention | $O(n^2 \cdot d)$ | $O(1)$ | $O(1)$ |
+# | recurrent | $O(n \cdot d^2)$ | $O(n)$ | $O(n)$ |
+# | convolutional | $O(k \cdot n \cdot d^2)$ | $O(1)$ | $O(n/k)$, $O(\log_k n)$ dilated |
+# | restricted self-attention | $O(r \cdot n \cdot d)$ | $O(1)$ | $O(n/r)$ |
+#
+# The code below builds one layer of each, counts its FLOPs with PyTorch's counter (on the
+# `meta` device: shapes only, nothing is computed, so $n = 2048$ costs nothing) and finds the
+# path length by following, layer after layer, which positions each position has heard from.
+# Self-attention here is the attention alone, $\text{softmax}(XX^\top/\sqrt{d})\,X$ with one
+# head and no projections, as in the table (the four projections add $8nd^2$ FLOPs to every
+# attention layer, as much as a $k = 4$ convolution).
+
+# %%
+from torch import nn
+
+d, k, r = 512, 3, 64  # width, kernel size, neighbourhood
+conv = nn.Conv1d(d, d, k, padding=k // 2, bias=False, device="meta")
+rnn = nn.RNN(d, d, bias=False, batch_first=True, device="meta")
+
+
+def self_attention(x):  # (1, n, d) -> (1, 1, n, d): softmax(x·xᵀ/√d)·x, one head
+    return attnkit.attention(x[:, None], x[:, None], x[:, None], backend="reference").out
+
+
+def restricted(x):  # each query attends to the r tokens around it
+    keys = nn.functional.pad(x[0].T, (r // 2, r - 1 - r // 2)).unfold(1, r, 1)  # (d, n, r)
+    keys = keys.permute(1, 2, 0)  # (n, r, d): the r neighbours of each query
+    weights = torch.softmax(torch.einsum("nd,nrd->nr", x[0], keys) / d**0.5, -1)  # (n, r)
+    return torch.einsum("nr,nrd->nd", weights, keys)
+
+
+def flops_of(layer, n):
+    with FlopCounterMode(display=False) as counter:
+        layer(torch.randn(1, n, d, device="meta"))  # (B, n, d); meta: shapes only
+    return counter.get_total_flops()
+
+
+def path_length(reads):
+    """Layers until the last position has heard from the first; reads: (n, n) bool, row i
+    marks what position i reads in one layer (or one step of a recurrence)."""
+    one, heard, hops = reads.float(), reads.float(), 1
+    while heard[-1, 0] == 0:
+        heard, hops = (heard @ one).clamp(max=1), hops + 1
+    return hops
+
+
+n = 128
+i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]  # query and key positions
+layers = [  # name, layer, FLOPs formula, sequential steps, what position i reads
+    ("self-attention", self_attention, "4n²d", "1", torch.ones(n, n, dtype=torch.bool)),
+    ("recurrent (RNN)", rnn, "4nd²", "n", (j == i) | (j == i - 1)),  # h_i from x_i, h_(i-1)
+    (f"convolution, k = {k}", lambda x: conv(x.transpose(1, 2)), "2knd²", "1", (i - j).abs() <= k // 2),
+    (f"restricted, r = {r}", restricted, "4rnd", "1", (i - j).abs() <= r // 2),
+]  # fmt: skip
+header = ("d = 512", "FLOPs, n = 128", "n = 2048", "formula", "sequential", "path")
+print("{:21}{:>16}{:>15}{:>9}{:>12}{:>6}".format(*header))
+for name, layer, formula, steps, reads in layers:
+    small, large = flops_of(layer, 128), flops_of(layer, 2048)
+    print(f"{name:21}{small:16,}{large:15,}{formula:>9}{steps:>12}{path_length(reads):6}")
+
+# %% [markdown]
+# ```text
+# d = 512                FLOPs, n = 128       n = 2048  formula  sequential  path
+# self-attention             33,554,432  8,589,934,592     4n²d           1     1
+# recurrent (RNN)           134,217,728  2,147,483,648     4nd²           n   127
+# convolution, k = 3        201,326,592  3,221,225,472    2knd²           1   127
+# restricted, r = 64         16,777,216    268,435,456     4rnd           1     4
+# ```
+#
+# Every count is its formula (a product costs two FLOPs per multiply-add): the RNN's two
+# $d \times d$ matrices per step give $4nd^2$, the convolution's $k$ of them $2knd^2$,
+# attention's two $n \times n$ products $4n^2d$. Read the table as the paper did:
+#
+# - An RNN must run its $n$ steps one after the other (no parallelism across the sequence),
+#   and the first token reaches the last through $n - 1$ of them: long paths are where
+#   gradients vanish and long-range dependencies get lost.
+# - A convolution is parallel, but with $k = 3$ each layer widens the view by one token on each
+#   side: 127 layers before the last token hears the first (dilated convolutions, as in
+#   ByteNet and WaveNet, bring that down to $\log_k n$).
+# - Self-attention connects every pair in one layer, in one parallel step. Its $n^2 d$ is
+#   *cheaper* than the RNN's $n d^2$ while $n < d$, which held for the sentences of machine
+#   translation (a few dozen word pieces, $d = 512$): at $n = 128$ it costs a quarter of the RNN.
+#   At $n = 2048$ it costs four times as much, and it is the $N^2$ wall of the previous section.
+# - Restricted self-attention, attending only to $r$ neighbours, is linear in $n$ again and
+#   pays in path length: $n/r$ layers, here 4 (the sliding windows of Longformer and Mistral,
+#   and Swin's windows below, are this row).
 #
 # ## The N² wall on images
 #
-# Images make N large fast. Cutting an H×W image into p×p patches gives N = HW/p²
-# tokens: a 224×224 image gives 196 tokens with 16×16 patches, but 3,136 with 4×4
+# Images make $N$ large fast. Cutting an $H \times W$ image into $p \times p$ patches gives
+# $N = HW/p^2$ tokens: a 224×224 image gives 196 tokens with 16×16 patches, but 3,136 with 4×4
 # patches, the resolution detection and segmentation need. Swin-T's first stage has
-# exactly that: a 56×56 grid of tokens of width C = 96.
+# exactly that: a 56×56 grid of tokens of width $C = 96$.
 #
-# Swin's answer is to let each token attend only inside its M×M window (M = 7). A window
-# holds M² tokens, so each token's score product costs M²·C instead of N·C, and the total
-# becomes **4hwC² + 2M²hwC** (Liu et al. 2021, eq. 2) for an h×w grid, N = hw: linear in
-# the number of tokens.
+# Swin's answer is to let each token attend only inside its $M \times M$ window ($M = 7$). A
+# window holds $M^2$ tokens, so each token's score product costs $M^2 C$ instead of $NC$, and
+# for an $h \times w$ grid ($N = hw$) the total becomes (Liu et al. 2021, eq. 2)
+#
+# $$
+# \Omega(\text{window}) = 4hwC^2 + 2M^2hwC \quad\text{instead of}\quad
+# \Omega(\text{global}) = 4hwC^2 + 2(hw)^2C,
+# $$
+#
+# linear in the number of tokens.
 
 # %%
 from attnkit.analysis import swin_window_cost
@@ -216,13 +377,13 @@ print(f"{full.macs / windows.macs:.1f}× fewer MACs; the score products alone {n
 # 13.8× fewer MACs; the score products alone 64× fewer
 # ```
 #
-# The projections (4hwC²) are the same in both; only the N² part shrinks, by N/M² = 64.
+# The projections ($4hwC^2$) are the same in both; only the $N^2$ part shrinks, by $N/M^2 = 64$.
 # The price: a token sees only its own window. Swin shifts the windows by half a window
 # in every other block, so information crosses window borders one block later.
 #
 # ## The picture: formulas and measured time
 #
-# Now measure. The loop below times one forward pass of global attention on g×g grids
+# Now measure. The loop below times one forward pass of global attention on $g \times g$ grids
 # and of window attention on the same tokens cut into 7×7 windows (windows are just a
 # batch of short sequences), and draws both beside the formula counts. Times depend on
 # your machine, so the printed ones are shown as `...`.
@@ -297,9 +458,9 @@ fig.savefig("cost.png", dpi=100)
 # ![Left: formula cost of global and window attention against N. Right: measured forward time](../../assets/tutorials/07-cost/cost.png)
 #
 # The left panel is exact; the right one is a measurement and wobbles from run to run.
-# Both have the same shape: global attention bends upward (the N² term), window attention
+# Both have the same shape: global attention bends upward (the $N^2$ term), window attention
 # stays a straight line. On the machine that drew this picture, global attention at
-# N = 3136 took about 12× as long as the windows, close to the formula's 13.8×. Tiny sizes
+# $N = 3136$ took about 12× as long as the windows, close to the formula's 13.8×. Tiny sizes
 # are dominated by fixed overheads (every call costs some microseconds whatever its size),
 # so compare the shapes of the curves, not single points. For careful timings use a quiet
 # machine: `attnkit flops --plot` measures the same thing on one thread and also reports
@@ -308,21 +469,25 @@ fig.savefig("cost.png", dpi=100)
 # ## Masks that skip: sliding windows and packed documents
 #
 # Language models rarely attend to everything. A sliding window (Mistral, Longformer, Gemma's
-# local layers) lets query i see only the last w keys; packed training puts several documents
+# local layers) lets query $i$ see only the last $w$ keys; packed training puts several documents
 # in one sequence, each seeing only itself. Such masks describe themselves (`attnkit.masks`),
 # and attnkit's compiled CPU kernel (the `chunked` backend) skips the blocks they hide. There
-# are now three counts of score entries, the (query, key) pairs of Q·Kᵀ:
+# are now three counts of score entries, the (query, key) pairs of $QK^\top$:
 #
-# - **dense**: all N·S of them per head, what a kernel that ignores the mask computes;
-#   `mha_cost(...).macs` counts these: 4NC² + 2N²C;
-# - **allowed**: the pairs the mask keeps (its density); with A of them per head, a kernel
-#   that skips every masked product needs 4NC² + 2·A·C (`unmasked_macs`);
+# - **dense**: all $N \cdot S$ of them per head, what a kernel that ignores the mask computes;
+#   `mha_cost(...).macs` counts these: $4NC^2 + 2N^2C$;
+# - **allowed**: the pairs the mask keeps (its density); with $A$ of them per head, a kernel
+#   that skips every masked product needs $4NC^2 + 2AC$ (`unmasked_macs`);
 # - **computed**: what the kernel really computes, in whole blocks (`computed_macs`).
 #
-# A causal window of w keys keeps w keys per query, fewer in the first w rows:
-# A = N·w - w(w - 1)/2, so the layer costs **4NC² + 2·A·C ≈ 4NC² + 2wNC**. That is Swin's
-# 4hwC² + 2M²hwC in one dimension: there each query sees the M² keys of its window, here the w
-# keys before it.
+# A causal window of $w$ keys keeps $w$ keys per query, fewer in the first $w$ rows:
+#
+# $$
+# A = Nw - \frac{w(w - 1)}{2}, \qquad \text{cost} = 4NC^2 + 2AC \approx 4NC^2 + 2wNC.
+# $$
+#
+# That is Swin's $4hwC^2 + 2M^2hwC$ in one dimension: there each query sees the $M^2$ keys of
+# its window, here the $w$ keys before it.
 
 # %%
 from attnkit import masks
@@ -348,8 +513,8 @@ print(f"computed (blocks)     = {cost.computed_macs:>14,}")
 #
 # Why does the kernel compute more than the mask allows? It works on blocks of 128 query rows
 # at a time, and a block computes every key that any of its rows may see: from the first row's
-# first key to the last row's last key. Under a sliding window that span is w + 127 keys wide,
-# while each row needs only w of them: a triangle of 127·128/2 masked entries at each end of
+# first key to the last row's last key. Under a sliding window that span is $w + 127$ keys wide,
+# while each row needs only $w$ of them: a triangle of $127 \cdot 128/2$ masked entries at each end of
 # the span is computed and thrown away (the partial blocks). `kernel_work` walks the blocks
 # exactly as the kernel does, with the kernel's own block sizes:
 
@@ -373,7 +538,7 @@ print(f"K = {K:,} per head; 4NC² + 2·K·C = {4 * N * C**2 + 2 * K * C:,}")
 # ```
 #
 # The forward pass steps through a span 512 keys at a time, the backward pass 256 at a time:
-# the same entries in more, smaller blocks. The extra is at most 127 keys per row whatever w
+# the same entries in more, smaller blocks. The extra is at most 127 keys per row whatever $w$
 # is, so it matters less as the window grows:
 
 # %%
@@ -392,9 +557,9 @@ for width in (64, 256, 1024, 4096):
 #  4096        2048.5         2112.0               1.03
 # ```
 #
-# (w = 4096 is the whole causal triangle: the kernel computes the diagonal blocks' upper
-# halves too.) Packed documents work the same way. A causal document of L tokens allows
-# L(L + 1)/2 pairs; a block of rows inside one document computes from the document's first key
+# ($w = 4096$ is the whole causal triangle: the kernel computes the diagonal blocks' upper
+# halves too.) Packed documents work the same way. A causal document of $L$ tokens allows
+# $L(L + 1)/2$ pairs; a block of rows inside one document computes from the document's first key
 # to its own last row; a block that straddles two documents spans both, so lengths that are not
 # multiples of 128 cost a little more:
 
@@ -432,6 +597,78 @@ if native.available():
 # The command line gives the same counts: `attnkit flops --tokens 4096 --dim 512 --heads 8
 # --mask window:256 --causal`, or `--mask document:512,512,1024` (see
 # [`attnkit flops`](../cli/flops.md)).
+#
+# ## Exercises
+#
+# 1. For $C = 768$, at which length $N$ are the two $N^2$ products 90% of a layer's MACs?
+#    Solve $2N^2C = 0.9\,(4NC^2 + 2N^2C)$, then check with `mha_cost`.
+#
+# /// details | Answer
+# $2N^2C \cdot 0.1 = 0.9 \cdot 4NC^2$ gives $N = 18C$:
+
+# %%
+C = 768
+n = 18 * C
+cost = mha_cost(n, C, 12)
+share = (cost.terms["scores (QKᵀ)"] + cost.terms["weights·V"]) / cost.macs
+print(f"N = {n:,}: N² products {share:.1%} of the MACs")
+
+# %% [markdown]
+# ```text
+# N = 13,824: N² products 90.0% of the MACs
+# ```
+# ///
+#
+# 2. At which length does one self-attention layer cost as much as one RNN layer of the same
+#    width $d$? Check it with `flops_of`.
+#
+# /// details | Answer
+# $4n^2d = 4nd^2$ when $n = d$:
+
+# %%
+same = flops_of(self_attention, d) == flops_of(rnn, d)
+print(f"n = d = {d}:", same, f"({flops_of(rnn, d):,} FLOPs each)")
+
+# %% [markdown]
+# ```text
+# n = d = 512: True (536,870,912 FLOPs each)
+# ```
+# ///
+#
+# 3. An LSTM has four gates, each with its own pair of $d \times d$ matrices. Count one LSTM
+#    layer at $n = 128$ and compare with the RNN.
+#
+# /// details | Answer
+# %%
+lstm = nn.LSTM(d, d, bias=False, batch_first=True, device="meta")
+lstm_flops = flops_of(lstm, 128)
+print(f"LSTM {lstm_flops:,} FLOPs = 4 × RNN:", lstm_flops == 4 * flops_of(rnn, 128))
+
+# %% [markdown]
+# ```text
+# LSTM 536,870,912 FLOPs = 4 × RNN: True
+# ```
+#
+# $16nd^2$: the LSTM buys its memory cell with four times the RNN's products, and it is just as
+# sequential.
+# ///
+#
+# 4. Swin's windows keep the products $2M^2NC$ below the projections $4NC^2$ when $M^2 < 2C$.
+#    For Swin-T's first stage ($C = 96$, $M = 7$), what fraction of the projections are they,
+#    and how large could a window be before they pass them?
+#
+# /// details | Answer
+# %%
+C, M = 96, 7
+print(f"2M²NC / 4NC² = M² / 2C = {M**2 / (2 * C):.2f}")
+print(f"M² = 2C at M = {(2 * C) ** 0.5:.1f}: windows up to 13×13 stay below the projections")
+
+# %% [markdown]
+# ```text
+# 2M²NC / 4NC² = M² / 2C = 0.26
+# M² = 2C at M = 13.9: windows up to 13×13 stay below the projections
+# ```
+# ///
 #
 # ## Try next
 #

@@ -11,6 +11,7 @@
 #
 # - how to record every attention map of a model with `attnkit.record_attention`;
 # - how to read one token's row: where "it" looks, layer by layer and head by head;
+# - how to test a head that seems to resolve "it": change the sentence and look again;
 # - what the head view and the model view show;
 # - how mean attention distance and entropy tell local heads from global ones;
 # - what attention rollout computes, and how to draw it over an image.
@@ -100,23 +101,89 @@ print(f"layer {layer}, head {head}: {on_animal[layer, head]:.2f} of 'it' on 'ani
 # ```
 #
 # The first head looks at the *previous* token, whatever it is: a positional head, common in
-# the first layer. The second resolves the pronoun: one head of the last layer sends most
-# of the attention of "it" to "animal". Nobody taught it coreference; it was trained to
-# predict masked words, and following "it" to "animal" helps with that.
+# the first layer. The second looks like coreference resolution: one head of the last layer
+# sends most of the attention of "it" to "animal".
+#
+# ## "it → the animal", tested
+#
+# The famous picture of this sentence comes from Google's 2017 post on the Transformer: one
+# head of a model trained to translate English to French follows "it" to "animal" when the
+# sentence ends with "tired", and to "street" when it ends with "wide". A head that resolves
+# the pronoun must switch too. So record the second sentence, take the head above and the
+# head that puts the most weight of "it" on "tired", and see where "it" looks in each:
+
+# %%
+import matplotlib.pyplot as plt
+
+from attnkit.viz import AttentionMaps, draw_head_lines
+
+
+def record(text):
+    """The (L, H, N, N) attention maps of one sentence, with its tokens."""
+    encoded = tokenizer.encode(text)
+    with torch.inference_mode(), attnkit.record_attention(model) as rec:
+        model(**encoded.model_inputs())
+    return AttentionMaps(encoded.tokens[0], rec.stack()[:, 0])
+
+
+tired = AttentionMaps(tokens, maps)
+wide = record(sentence.replace("tired", "wide"))  # same 15 tokens but the last word
+on_tired = maps[:, :, it, tokens.index("tired")]  # (L, H)
+picked = {
+    "animal": (layer, head),  # found above
+    "tired": tuple(int(i) for i in torch.unravel_index(on_tired.argmax(), on_tired.shape)),
+}
+for target, (l, h) in picked.items():
+    print(f"most weight of 'it' on '{target}': layer {l}, head {h}")
+    for attn in (tired, wide):
+        row = attn.maps[l, h, it, words]  # weight of "it" on each real word
+        best = words[int(row.argmax())]
+        print(f"  ...too {attn.tokens[-2]:5}: 'it' looks most at '{attn.tokens[best]}'")
+
+fig, axes = plt.subplots(1, 4, figsize=(11, 5.2))
+panels = [(tired, "animal", "C0"), (tired, "tired", "C1")]
+panels += [(wide, "animal", "C0"), (wide, "tired", "C1")]  # the same two heads
+for ax, (attn, target, color) in zip(axes, panels, strict=True):
+    l, h = picked[target]
+    title = f"...too {attn.tokens[-2]}\nlayer {l}, head {h}"
+    draw_head_lines(ax, attn, l, h, query="it", color=color, title=title)
+fig.tight_layout()
+fig.savefig("it_heads.png", dpi=100)
+
+# %% [markdown]
+# ```text
+# most weight of 'it' on 'animal': layer 5, head 11
+#   ...too tired: 'it' looks most at 'animal'
+#   ...too wide : 'it' looks most at 'animal'
+# most weight of 'it' on 'tired': layer 2, head 1
+#   ...too tired: 'it' looks most at 'tired'
+#   ...too wide : 'it' looks most at 'wide'
+# ```
+#
+# ![The row of "it" in two heads and two sentences: lines from "it" to every key, opacity = weight](../../assets/tutorials/08-seeing-attention/it_heads.png)
+#
+# Each panel is one head's row of "it" (bold, left) drawn as lines to every key (right); a
+# line's opacity is its weight and the keys are shaded the same way. Head 11 of layer 5
+# points at "animal" in both sentences, even where "it" is the street: it does not resolve the
+# pronoun, it finds the subject (in the layer view below, most tokens of the sentence send it
+# to "animal"). Head 1 of layer 2 looks ahead at the word after "too", whatever it is. No head
+# of this model switches to "street" (exercise 2). That fits how it was trained:
+# all-MiniLM-L6-v2 is a sentence-embedding model, MiniLM (distilled from a larger pretrained
+# Transformer) fine-tuned on about a billion sentence pairs so that sentences with the same
+# meaning get nearby vectors. Nothing in that asks it to choose a referent. Heads are
+# hypotheses: test them on sentences that tell the hypotheses apart.
 #
 # ## The head view and the model view
 #
-# The **head view** draws one layer and head as lines from each query token to the keys
-# it attends to; thicker lines carry more weight. `attnkit.viz.head_view` writes it as one
-# self-contained HTML page (no internet needed: open it from disk, pick a layer and head,
-# hover a token to see its row). `AttentionMaps` is the data contract: one example's
-# (L, H, N, S) maps with their tokens.
+# The **head view** is the picture above for every query at once, and for every layer and
+# head. `attnkit.viz.head_view` writes it as one self-contained HTML page (no internet needed:
+# open it from disk). `AttentionMaps` is the data contract: one example's (L, H, N, S) maps
+# with their tokens.
 
 # %%
-from attnkit.viz import AttentionMaps, head_view, save_model_view, write_html
+from attnkit.viz import head_view, layer_view, write_html
 
-attn = AttentionMaps(tokens, maps)
-page = head_view(attn, layer=layer, head=head, title=sentence)
+page = head_view(tired, layer=layer, head=head, title=sentence)
 write_html("head_view.html", page)
 print("head_view.html: offline:", "http" not in page.split("<body")[1])
 
@@ -125,30 +192,50 @@ print("head_view.html: offline:", "http" not in page.split("<body")[1])
 # head_view.html: offline: True
 # ```
 #
+# This is that file, live: pick a layer and a head, hover (or focus) a token on the left to see
+# only its row, one on the right to see only its column.
+#
+# <iframe src="../../assets/tutorials/08-seeing-attention/head_view.html" title="Head view of the sentence, layer 5, head 11" width="100%" height="640" loading="lazy" style="border: 1px solid #8884; border-radius: 4px"></iframe>
+#
 # In a Jupyter notebook the recorded attention draws this view inline (see the
-# [Jupyter guide](../guides/jupyter.md)). The **model view** puts every layer (rows) and
-# head (columns) side by side as heatmaps, queries down and keys across. Here are the last
-# two layers:
+# [Jupyter guide](../guides/jupyter.md)). The **model view** shows every head as a heatmap,
+# queries down and keys across, one colour scale from 0 to 1. `layer_view` draws one layer's
+# 12 heads large enough to read the tokens (`save_model_view` puts all layers in one grid, for
+# a screen rather than a page):
 
 # %%
-save_model_view(attn, "model_view.png", layers=[4, 5], title="layers 4-5, all 12 heads")
+for i in range(tired.num_layers):
+    fig = layer_view(tired, i, title=f"layer {i}: 12 heads, queries down, keys across")
+    fig.savefig(f"layer_{i}.png", dpi=100)
 
 # %% [markdown]
-# ![Model view: heatmaps of the last two layers, one per head](../../assets/tutorials/08-seeing-attention/model_view.png)
+# ![Layer 4: twelve heatmaps, one per head](../../assets/tutorials/08-seeing-attention/layer_4.png)
+#
+# ![Layer 5: twelve heatmaps, one per head](../../assets/tutorials/08-seeing-attention/layer_5.png)
 #
 # In layer 4 most heads are a bright left column: every token parks its weight on `[CLS]`.
 # Head 9 of layer 4 is a band next to the diagonal (each token looks at a neighbour). In
-# layer 5 the weight spreads over the words; head 11 has the bright "animal" column we
-# found above.
+# layer 5 the weight spreads over the words; head 11 has the "animal" column we found above,
+# for "it" and for most other tokens.
+#
+# /// details | Layers 0 to 3
+# ![Layer 0: twelve heatmaps, one per head](../../assets/tutorials/08-seeing-attention/layer_0.png)
+#
+# ![Layer 1: twelve heatmaps, one per head](../../assets/tutorials/08-seeing-attention/layer_1.png)
+#
+# ![Layer 2: twelve heatmaps, one per head](../../assets/tutorials/08-seeing-attention/layer_2.png)
+#
+# ![Layer 3: twelve heatmaps, one per head](../../assets/tutorials/08-seeing-attention/layer_3.png)
+# ///
 #
 # ## What each head does: distance and entropy
 #
 # Two numbers describe a head's habit, averaged over its queries:
 #
-# - **mean attention distance** Σⱼ pᵢⱼ·|i − j|: how far, in tokens, the head looks. Small
-#   for heads that look at neighbours, large for heads that look across the sentence;
-# - **entropy** −Σⱼ pᵢⱼ·log pᵢⱼ (in nats): 0 for a head that looks at one token,
-#   log N = log 15 ≈ 2.71 for one that spreads evenly over all 15.
+# - **mean attention distance** $\sum_j p_{ij}\,|i - j|$: how far, in tokens, the head looks.
+#   Small for heads that look at neighbours, large for heads that look across the sentence;
+# - **entropy** $-\sum_j p_{ij} \log p_{ij}$ (in nats): 0 for a head that looks at one token,
+#   $\log N = \log 15 \approx 2.71$ for one that spreads evenly over all 15.
 #
 # `attnkit.analysis.head_stats` computes both (and the share parked on special tokens):
 
@@ -279,6 +366,86 @@ plot_explanations(digits.to_pixels(x_test[:4, 0]), explanation, y_test[:4], "rol
 # background. Single heads of the last layer are sharper and more varied: each picks its
 # own patches. Rollout is a heuristic, not an explanation with guarantees: it ignores the
 # values and the MLPs, and mean head fusion treats all heads alike.
+#
+# ## Exercises
+#
+# 1. Layer 0, head 2 looks at the previous token. Which head looks most at the *next* one?
+#    Average, over the queries i, the weight on key i + 1.
+#
+# /// details | Answer
+# %%
+nxt = torch.arange(len(tokens) - 1)  # queries 0 .. N - 2
+on_next = maps[:, :, nxt, nxt + 1].mean(-1)  # (L, H): mean weight on the next token
+l, h = (int(i) for i in torch.unravel_index(on_next.argmax(), on_next.shape))
+print(f"layer {l}, head {h}: {on_next[l, h]:.2f} of a token's weight on the next one")
+
+# %% [markdown]
+# ```text
+# layer 1, head 8: 0.55 of a token's weight on the next one
+# ```
+# ///
+#
+# 2. In "...because it was too wide", "it" is the street. Does any head send "it" mostly to
+#    "street"?
+#
+# /// details | Answer
+# %%
+on_street = wide.maps[:, :, it, wide.tokens.index("street")]  # (L, H)
+l, h = (int(i) for i in torch.unravel_index(on_street.argmax(), on_street.shape))
+print(f"most weight of 'it' on 'street': layer {l}, head {h}, {on_street[l, h]:.2f}")
+print("a head with half of 'it' on 'street':", bool((on_street > 0.5).any()))
+
+# %% [markdown]
+# ```text
+# most weight of 'it' on 'street': layer 5, head 1, 0.21
+# a head with half of 'it' on 'street': False
+# ```
+#
+# No: the best head gives "street" a fifth of the weight of "it". This model does not resolve
+# the pronoun in any single head.
+# ///
+#
+# 3. Write a head view that opens on the mean of layer 5's heads. Where does "it" look most
+#    in that view?
+#
+# /// details | Answer
+# %%
+write_html("mean_view.html", head_view(tired, layer=5, head="mean", title=sentence))
+row = tired.maps[5, :, it].mean(0)  # what the view draws for "it": (N,)
+print("strongest key of 'it', mean of layer 5:", tired.tokens[int(row.argmax())])
+
+# %% [markdown]
+# ```text
+# strongest key of 'it', mean of layer 5: [CLS]
+# ```
+#
+# `[CLS]` again, as in the table at the top: the mean hides the one head that looks at
+# "animal".
+# ///
+#
+# 4. What entropy and mean distance does a head have that spreads its weight evenly over the
+#    15 tokens? Check with `head_stats` against $\log N$ and $(N^2 - 1)/(3N)$, the mean of
+#    $|i - j|$ over all pairs.
+#
+# /// details | Answer
+# %%
+import math
+
+n = len(tokens)
+uniform = torch.full((1, 1, 1, n, n), 1 / n)  # (L, B, H, N, N): every key alike
+even = head_stats(uniform)
+print(f"entropy {even.entropy.item():.3f} nats, log N = {math.log(n):.3f}")
+print(f"distance {even.distance.item():.3f} tokens, (N² - 1)/(3N) = {(n * n - 1) / (3 * n):.3f}")
+
+# %% [markdown]
+# ```text
+# entropy 2.708 nats, log N = 2.708
+# distance 4.978 tokens, (N² - 1)/(3N) = 4.978
+# ```
+#
+# Heads further than 4.98 tokens look further than chance would: in layers 1 to 4 those are the
+# heads that park on `[CLS]` (see above).
+# ///
 #
 # ## Try next
 #

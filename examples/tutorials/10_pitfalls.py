@@ -17,7 +17,8 @@
 # 5. a head merge that forgets the head axis;
 # 6. the wrong mask polarity;
 # 7. masking with −1e9 in float16;
-# 8. NaN from a row that may attend to nothing.
+# 8. NaN from a row that may attend to nothing;
+# 9. sequence-first data fed to batch-first code, so that the batch attends to itself.
 #
 # The reference for "right" is `attnkit.attention` and `attnkit.MultiHeadAttention`,
 # which are themselves tested against float64 and against PyTorch.
@@ -50,10 +51,16 @@ reference = attnkit.attention(q, k, v).out  # (B, H, N, d)
 # %% [markdown]
 # ## 1. The wrong scale
 #
-# The scores are divided by √d_k, the width of one **head** (Vaswani et al. 2017, §3.2.1):
-# dot products of d_k random components have variance d_k, and dividing by √d_k brings
-# them back to 1 so the softmax is not saturated. Two common slips: dividing by d_k
-# (no square root), or by √C, the model width, in multi-head code.
+# The scores are divided by $\sqrt{d_k}$, the width of one **head** (Vaswani et al. 2017,
+# §3.2.1):
+#
+# $$
+# \text{Attention}(Q, K, V) = \text{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k}}\right) V.
+# $$
+#
+# Dot products of $d_k$ random components have variance $d_k$, and dividing by $\sqrt{d_k}$
+# brings them back to 1 so the softmax is not saturated. Two common slips: dividing by $d_k$
+# (no square root), or by $\sqrt{C}$, the model width, in multi-head code.
 
 # %%
 report("scale 1/d_k", attend(q, k, v, 1 / d), reference)
@@ -73,7 +80,7 @@ report("scale 1/√d_k (head width)", attend(q, k, v, d**-0.5), reference)
 #
 # ## 2. Softmax over the wrong axis
 #
-# Scores are (…, N queries, S keys). Each query distributes its attention over the
+# Scores are (…, $N$ queries, $S$ keys). Each query distributes its attention over the
 # **keys**, so the softmax runs over the last axis. `dim=-2` normalises over the queries
 # instead: every key gets weights that sum to 1, which means nothing.
 
@@ -97,10 +104,10 @@ report("softmax over the queries", wrong @ v, reference)
 #
 # ## 3. Splitting heads with a view but no transpose
 #
-# The projection gives (B, N, C). Each head must get all N tokens and its own d channels:
+# The projection gives (B, N, C). Each head must get all $N$ tokens and its own $d$ channels:
 # (B, N, C) → (B, N, H, d) → transpose → (B, H, N, d). Calling `.view(B, H, N, d)`
 # directly gives the right shape but the wrong contents: "head 0" then holds the first
-# N·d numbers of the tensor, which are the channels of the first tokens, rearranged.
+# $N \cdot d$ numbers of the tensor, which are the channels of the first tokens, rearranged.
 
 # %%
 mha = attnkit.MultiHeadAttention(C, H, qkv_bias=False, out_bias=False).eval()
@@ -161,9 +168,9 @@ with torch.no_grad():
 # ## 4. Flattening a feature map so that attention crosses the batch
 #
 # A CNN feature map is (B, C, h, w). Attention over its positions needs (B, P, C) with
-# P = h·w: `x.flatten(2).transpose(1, 2)`. Two wrong roads: `x.view(B, h * w, C)` (it
+# $P = hw$: `x.flatten(2).transpose(1, 2)`. Two wrong roads: `x.view(B, h * w, C)` (it
 # reads channels as positions), and flattening batch and positions together into one
-# sequence of B·P tokens, so that pixels of one image attend to pixels of another.
+# sequence of $B \cdot P$ tokens, so that pixels of one image attend to pixels of another.
 
 # %%
 fmap = torch.randn(B, C, 3, 3)  # (B, C, h, w)
@@ -263,9 +270,9 @@ print(
 # ## 7. −1e9 in float16
 #
 # A classic way to mask is to add a large negative number to the blocked scores. In
-# float16 the largest finite number is 65,504: −1e9 does not exist. `masked_fill` refuses
+# float16 the largest finite number is 65,504: $-10^9$ does not exist. `masked_fill` refuses
 # it; an additive mask built in float16 silently becomes −inf, and then a row with
-# nothing to attend to is −inf − (−inf) = NaN inside the softmax.
+# nothing to attend to is $-\infty - (-\infty) = \text{NaN}$ inside the softmax.
 
 # %%
 print("largest float16:", torch.finfo(torch.float16).max)
@@ -310,8 +317,8 @@ print("close to float32 (within 0.01):", torch.allclose(out16.float(), out32, at
 #
 # ## 8. NaN from a row that may attend to nothing
 #
-# Even with −inf instead of −1e9, a query whose every key is masked has a softmax of
-# 0/0 = NaN, and the NaN spreads to everything computed after it, gradients included.
+# Even with $-\infty$ instead of $-10^9$, a query whose every key is masked has a softmax of
+# $0/0 = \text{NaN}$, and the NaN spreads to everything computed after it, gradients included.
 # It happens in practice: a left-padded batch, a padded query in cross-attention, a
 # sliding window with nothing in range. `torch.nn.MultiheadAttention` returns NaN there;
 # attnkit returns 0 and a zero gradient.
@@ -348,7 +355,55 @@ print(
 #
 # The check: build a batch with one fully masked row and assert no NaN in the output and
 # in the gradients. attnkit's contract is that such a row gets attention output 0 (here
-# the output is just W_O's bias) on every backend.
+# the output is just $W^O$'s bias) on every backend.
+#
+# ## 9. Sequence-first data in batch-first code
+#
+# `torch.nn.MultiheadAttention` and `nn.Transformer` take (N, B, C), sequence first, unless
+# told `batch_first=True`; the original Transformer code and much classic tutorial code do the
+# same. Attention code written for (B, N, C), like `attend` above or attnkit's modules, reads
+# dim 0 as the batch. Given (N, B, C), it treats each *position* as an example and the B
+# sequences as its tokens: the scores come out (N, B, B), and sequences attend to each other.
+# Nothing fails, since every shape still matches.
+
+# %%
+seq_first = x.transpose(0, 1)  # (N, B, C): what a sequence-first pipeline hands over
+for name, t in [("(B, N, C)", x), ("(N, B, C)", seq_first)]:
+    print(f"scores from {name}:", tuple((t @ t.transpose(-2, -1)).shape))
+
+layer = attnkit.MultiHeadAttention(C, H).eval()  # batch first, like every attnkit module
+changed = x.clone()
+changed[1] = torch.randn(N, C)  # change sequence 1 only
+with torch.no_grad():
+    wrong = layer(seq_first)[:, 0]  # reads (N, B, C) as N examples of B tokens each
+    again = layer(changed.transpose(0, 1))[:, 0]
+    print("wrong: sequence 0 unchanged when sequence 1 changes:", torch.equal(wrong, again))
+
+    right = layer(seq_first.transpose(0, 1))  # fix 1: back to (B, N, C) before the layer
+    unmoved = torch.equal(right[0], layer(changed)[0])
+    alone = torch.allclose(right[0], layer(x[:1])[0], atol=1e-6)
+    print(f"fix 1, transpose first: sequence 0 unchanged: {unmoved}, as if alone: {alone}")
+
+    drop_in = attnkit.nn.MultiheadAttention(C, H).eval()  # torch's signature: batch_first=False
+    out, _ = drop_in(seq_first, seq_first, seq_first)  # (N, B, C) in, (N, B, C) out
+    one = seq_first[:, :1]  # (N, 1, C): sequence 0 alone
+    alone = torch.allclose(out[:, :1], drop_in(one, one, one)[0], atol=1e-6)
+    print(f"fix 2, a layer made for (N, B, C): out {tuple(out.shape)}, as if alone: {alone}")
+
+# %% [markdown]
+# ```text
+# scores from (B, N, C): (2, 6, 6)
+# scores from (N, B, C): (6, 2, 2)
+# wrong: sequence 0 unchanged when sequence 1 changes: False
+# fix 1, transpose first: sequence 0 unchanged: True, as if alone: True
+# fix 2, a layer made for (N, B, C): out (6, 2, 32), as if alone: True
+# ```
+#
+# The check is the batch-independence check of section 4: change one example and assert the
+# others do not move. A shape check helps too: scores must be (…, N, S), and B ≠ N in the
+# test batch, so that (N, B, B) cannot pass for (B, N, N). Pick the layout once at the boundary
+# of your code and state it (attnkit's modules are always batch first; its
+# `attnkit.nn.MultiheadAttention` keeps torch's `batch_first` flag).
 #
 # ## Summary
 #
@@ -362,6 +417,94 @@ print(
 # | mask polarity | attends only to padding | weights on padding keys are 0 |
 # | −1e9 in float16 | error, or −inf then NaN | run masks in float16, outputs finite |
 # | fully masked row | NaN in output and gradients | one all-masked row in a test batch |
+# | (N, B, C) into batch-first code | scores (N, B, B); sequences attend to each other | change one example, others must not move; B ≠ N in tests |
+#
+# ## Exercises
+#
+# 1. A causal mask built with `triu` instead of `tril` (True = may attend) lets each query see
+#    the future instead of the past. Write the check that catches it without a reference.
+#
+# /// details | Answer
+# Changing a later token must not change an earlier output:
+
+# %%
+tril = torch.ones(N, N, dtype=torch.bool).tril()  # key j <= query i
+k2, v2 = k.clone(), v.clone()
+k2[..., -1, :], v2[..., -1, :] = 1.0, 1.0  # change the last token's key and value
+for name, keep in [("triu", tril.T), ("tril", tril)]:
+    first = attnkit.attention(q, k, v, mask=keep).out[..., 0, :]  # query 0's output
+    again = attnkit.attention(q, k2, v2, mask=keep).out[..., 0, :]
+    print(f"{name}: query 0 unchanged when the last token changes:", torch.equal(first, again))
+
+
+# %% [markdown]
+# ```text
+# triu: query 0 unchanged when the last token changes: False
+# tril: query 0 unchanged when the last token changes: True
+# ```
+# ///
+#
+# 2. Write `batch_independent(fn, x)`, true when `fn`'s output for example 0 does not depend on
+#    the other examples, and use it on the layer of section 9 fed both ways.
+#
+# /// details | Answer
+# %%
+def batch_independent(fn, x):
+    """Whether fn's output for example 0 ignores the other examples of x (B, N, C)."""
+    other = x.clone()
+    other[1:] = torch.randn_like(other[1:])
+    with torch.no_grad():
+        return torch.equal(fn(x)[0], fn(other)[0])
+
+
+print("batch first:", batch_independent(layer, x))
+print("sequence first:", batch_independent(lambda t: layer(t.transpose(0, 1)).transpose(0, 1), x))
+
+# %% [markdown]
+# ```text
+# batch first: True
+# sequence first: False
+# ```
+# ///
+#
+# 3. Which scale does `torch.nn.functional.scaled_dot_product_attention` use when you give it
+#    none? Check it with `report`.
+#
+# /// details | Answer
+# $1/\sqrt{E}$ with $E$ the last dimension of the query, which for (B, H, N, d) inputs is the
+# head width $d_k$:
+
+# %%
+sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v)  # q, k, v: (B, H, N, d)
+report("F.sdpa, default scale", sdpa, reference)
+
+# %% [markdown]
+# ```text
+# F.sdpa, default scale        OK
+# ```
+#
+# Called on (B, N, C) tensors before splitting heads it would use $1/\sqrt{C}$: the slip of
+# section 1.
+# ///
+#
+# 4. bfloat16 has float32's range. Does −1e9 work there? What does a row that may attend to
+#    nothing get?
+#
+# /// details | Answer
+# %%
+print("-1e9 as bfloat16:", torch.tensor(-1e9, dtype=torch.bfloat16).item())
+row = scores[0, 0, 0].bfloat16().masked_fill(torch.ones(N, dtype=torch.bool), -1e9)
+print("softmax of a fully masked row:", [round(p, 3) for p in torch.softmax(row, -1).tolist()])
+
+# %% [markdown]
+# ```text
+# -1e9 as bfloat16: -998244352.0
+# softmax of a fully masked row: [0.167, 0.167, 0.167, 0.167, 0.167, 0.167]
+# ```
+#
+# No NaN, and no error: the row attends evenly to keys it may not see, a wrong answer that
+# nothing reports. attnkit gives that row 0 (section 8).
+# ///
 #
 # ## Try next
 #

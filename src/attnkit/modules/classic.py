@@ -24,8 +24,14 @@ def paper_attention(
     """Multi-head attention of "Attention Is All You Need" (§3.2.2).
 
     Four d_model × d_model projections (W^Q, W^K, W^V stored fused, W^O as
-    `proj`), d_k = d_v = d_model / h, one mask shared by all heads, dropout on
-    the probabilities. Base model: d_model 512, h 8, dropout 0.1.
+    `proj`), d_k = d_v = d_model / h, one mask shared by all heads. Base model:
+    d_model 512, h 8, dropout 0.1.
+
+    `dropout` acts on the attention probabilities (while training). That is not in the
+    paper: §5.4 applies dropout to each sub-layer's output and to the embedding sums.
+    Dropout on the weights comes from the tensor2tensor code and the Annotated
+    Transformer, and most implementations since (BERT included) keep it; pass
+    `dropout=0.0` for the attention exactly as the paper describes it.
     """
     d_model = positive_int("d_model", d_model)
     return MultiHeadAttention(d_model, num_heads, dropout=dropout, device=device, dtype=dtype)

@@ -5,7 +5,9 @@ probabilities from any model; :class:`AttentionMaps` holds (L, H, N, S) for one
 example; :func:`head_view` turns it into a self-contained HTML page,
 :func:`show` into the same view inside a Jupyter notebook (recordings and maps also
 display themselves there) and :func:`model_view` into a matplotlib figure (layers × heads
-heatmaps). :func:`plot_block_map` draws which blocks a structured mask lets a kernel skip.
+heatmaps), :func:`layer_view` into one layer's heads large enough to read and
+:func:`draw_head_lines` into the head view as a still picture. :func:`plot_block_map` draws
+which blocks a structured mask lets a kernel skip.
 The teaching figures of the tutorials draw a page's own numbers:
 :func:`attention_steps_figure` (the six steps of self-attention), :func:`attention_row_figure`
 (one query's scores, weights and weighted sum), :func:`multi_head_figure` (split, attend per
@@ -33,7 +35,9 @@ __all__ = [
     "attention_row_figure",
     "attention_steps_figure",
     "channel_spatial_figure",
+    "draw_head_lines",
     "head_view",
+    "layer_view",
     "model_view",
     "multi_head_figure",
     "plot_block_map",
@@ -51,6 +55,10 @@ def __getattr__(name: str):
         from attnkit.viz import figures
 
         return getattr(figures, name)
+    if name in {"draw_head_lines", "layer_view"}:
+        from attnkit.viz import lines
+
+        return getattr(lines, name)
     if name == "plot_block_map":
         from attnkit.viz.block_map import plot_block_map
 
