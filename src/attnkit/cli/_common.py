@@ -7,6 +7,7 @@ Imports nothing heavy: `attnkit --help` builds every parser through this module.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import sys
@@ -21,8 +22,10 @@ __all__ = [
     "MAX_SEED",
     "OUT_ROOT",
     "Parser",
+    "add_max_time",
     "add_out_options",
     "add_report_options",
+    "add_threads",
     "default_out",
     "emit",
     "int_list",
@@ -35,6 +38,7 @@ __all__ = [
     "remove_results",
     "seed_number",
     "thread_count",
+    "torch_threads",
 ]
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
@@ -150,6 +154,40 @@ def thread_count(text: str) -> int:
     return value
 
 
+# The --threads defaults, chosen from benchmarks/bench_threads.py (results/threads.md): a
+# command whose work is a loop of small matrix products (decoding one token at a time, a
+# small model's training step, one sentence through a small BERT) runs as fast or faster on
+# one thread, and with a second thread it waits on a core another process holds: up to 10x
+# slower on a loaded machine. Only large batched products gain from every core.
+SMALL_OPS = "small matrix products: a second thread gains little and waits on a busy core"
+
+
+def add_threads(p: argparse.ArgumentParser, default: int = 1, why: str = SMALL_OPS) -> None:
+    """``--threads T``: torch's intra-op threads for the command (`torch_threads`)."""
+    p.add_argument(
+        "--threads",
+        type=thread_count,
+        default=default,
+        metavar="T",
+        help=f"torch CPU threads (default {default}: {why})",
+    )
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None):
+    """torch runs on `count` intra-op threads inside the block (None: as it is), and on the
+    count it had before afterwards: `main` may be called in-process (tests, notebooks)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def out_folder(text: str) -> Path:
     """argparse type of --out: a folder path, not empty. ``--out ""`` (an unset shell
     variable, typically) would otherwise mean the current folder, and --force would
@@ -214,6 +252,30 @@ def add_max_steps(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         metavar="S",
         help="stop after S optimizer steps in all, e.g. for a quick try (default: no limit)",
+    )
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type of --max-time: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+    return value
+
+
+def add_max_time(p: argparse.ArgumentParser) -> None:
+    """``--max-time SECONDS``: a training command's cap on wall-clock time (None: no limit).
+    The run stops after the step in which the time runs out and saves a checkpoint there,
+    which --resume continues exactly (the schedule is the one of the whole run)."""
+    p.add_argument(
+        "--max-time",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="stop after the step during which SECONDS of training have passed, save the "
+        "checkpoint there; --resume continues it (default: no limit)",
     )
 
 

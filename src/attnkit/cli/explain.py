@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING
 from attnkit.cli._common import (
     add_out_options,
     add_report_options,
+    add_threads,
     int_list,
     positive_int,
     prepare_out,
+    torch_threads,
 )
 from attnkit.cli._errors import FileError, UsageError
 
@@ -45,12 +47,22 @@ CHECKPOINT_HINT = (
 )
 
 
+EPILOG = """\
+examples:
+  attnkit explain
+  attnkit explain "The cat sat on the mat." --focus cat --layers 4-5
+  attnkit explain "Who is she?" --pair "She is my sister." --json
+  attnkit explain --checkpoint my-bert/ "A sentence." --out runs/explain"""
+
+
 def register(subparsers) -> None:
     """Add the ``explain`` subcommand to `subparsers` (``set_defaults(run=run)``)."""
     p = subparsers.add_parser(
         "explain",
         help="show where a token of a sentence attends, in a pretrained BERT",
         description=__doc__.split("\n\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "text",
@@ -95,6 +107,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--top", type=positive_int, default=3, metavar="K", help="tokens per row (default 3)"
     )
+    add_threads(p)
     p.set_defaults(run=run)
 
 
@@ -374,7 +387,8 @@ def run(args: argparse.Namespace) -> int:
     if kind == "vision":
         from attnkit.cli import _explain_vit
 
-        return _explain_vit.run(args, FILES)
+        with torch_threads(args.threads):
+            return _explain_vit.run(args, FILES)
     prep = _explain_hf.prepare(args, _step) if kind == "hf" else _prepare_bert(args)
     layers = _indices("--layers", args.layers, prep.num_layers, "layers")
     heads = _indices("--heads", args.heads, prep.num_heads, "heads")
@@ -385,7 +399,8 @@ def run(args: argparse.Namespace) -> int:
     from attnkit.analysis.heads import head_stats
     from attnkit.cli import _render
 
-    maps = prep.compute()[layers][:, heads]  # (L, H, N, N) -> (L', H', N, N)
+    with torch_threads(args.threads):
+        maps = prep.compute()[layers][:, heads]  # (L, H, N, N) -> (L', H', N, N)
     tokens, focus = prep.tokens, prep.focus
     layer_names = [f"layer {i}" for i in layers]
 
