@@ -47,7 +47,11 @@ OUT_ROOT = Path("attnkit-out")
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr (not usage + error) and exit 2,
-    and which refuses text arguments that are not valid UTF-8 (see `_check_text`)."""
+    and which refuses text arguments that are not valid UTF-8 (see `_check_text`).
+
+    Every (sub)command's parser is one (argparse makes subparsers of the parent's class), and
+    each refuses the arguments it does not know itself, so that a mistyped option of
+    ``attnkit lm train`` points to ``attnkit lm train --help``, not to ``attnkit --help``."""
 
     def error(self, message: str):  # type: ignore[override]
         line = " ".join(message.split())
@@ -57,6 +61,8 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         namespace, extras = super().parse_known_args(args, namespace)
         self._check_text(namespace)
+        if extras:  # here, not in the top parser: the error names this subcommand's --help
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
         return namespace, extras
 
     def _check_text(self, namespace: argparse.Namespace) -> None:

@@ -50,9 +50,8 @@ CHECKPOINT_HINT = (
 EPILOG = """\
 examples:
   attnkit explain
-  attnkit explain "The cat sat on the mat." --focus cat --layers 4-5
-  attnkit explain "Who is she?" --pair "She is my sister." --json
-  attnkit explain --checkpoint my-bert/ "A sentence." --out runs/explain"""
+  attnkit explain "The cat sat on the mat." --focus cat --layers 4-5 --out runs/cat
+  attnkit explain "Who is she?" --pair "She is my sister." --json --out runs/pair"""
 
 
 def register(subparsers) -> None:

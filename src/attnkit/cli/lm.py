@@ -56,14 +56,42 @@ TRAIN_DEFAULTS = {
     "seed": 0,
 }
 HELD_OUT = 0.1  # fraction of the text, at its end
+TRAIN_DOC = """\
+Train a character-level GPT. The checkpoint is written at the end of every epoch, at
+--max-steps and when --max-time runs out; --resume continues it step for step (give the same
+options, --epochs and --max-steps included: they set where the learning rate ends)."""
+TRAIN_EPILOG = """\
+examples:
+  attnkit lm train
+  attnkit lm train --epochs 40 --max-time 600 --out runs/long
+  attnkit lm train --epochs 40 --resume --out runs/long
+
+Ctrl-C keeps the last checkpoint and says which (path, step, epoch); exit codes: 0 done (or
+stopped by --max-time), 1 failed, 2 bad usage, 130 interrupted."""
+SAMPLE_DOC = "Continue --prompt with the GPT that `attnkit lm train` wrote into --checkpoint."
+SAMPLE_EPILOG = """\
+examples:
+  attnkit lm sample --checkpoint attnkit-out/lm --prompt "def " --temperature 0.8
+  attnkit lm sample --checkpoint attnkit-out/lm --prompt "import " --temperature 0 --json"""
 
 
 def register(subparsers) -> None:
     _, sub = add_command_group(
         subparsers, "lm", "train a character-level GPT, sample from it", __doc__, "lm_command"
     )
-    _add_train(sub.add_parser("train", help="train a character-level GPT"))
-    _add_sample(sub.add_parser("sample", help="continue a prompt with a trained GPT"))
+    raw = argparse.RawDescriptionHelpFormatter  # the examples keep their lines
+    _add_train(
+        sub.add_parser(
+            "train",
+            help="train a character-level GPT",
+            epilog=TRAIN_EPILOG,
+            description=TRAIN_DOC,
+            formatter_class=raw,
+        )
+    )
+    _add_sample(sub.add_parser("sample", help="continue a prompt with a trained GPT",
+                               epilog=SAMPLE_EPILOG, formatter_class=raw,
+                               description=SAMPLE_DOC))  # fmt: skip
 
 
 def _positive_float(text: str) -> float:
