@@ -97,7 +97,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="rounds (medians over them; default 3)")
     ap.add_argument("--only", help="run the cases whose name contains this text")
     ap.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
+    ap.add_argument("--render", action="store_true", help="only rewrite threads.md from .json")
     args = ap.parse_args()
+    if args.render:
+        print(render(args.out))
+        return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
@@ -130,25 +134,35 @@ def main() -> None:
         "load_average_start": load_start,
         "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "threads_compared": [1, many],
+        "runs": args.runs,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "threads.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+    print(render(args.out))
+
+
+def render(out: Path) -> str:
+    """threads.md from threads.json (``--render`` redoes only this)."""
+    data = json.loads((out / "threads.json").read_text())
+    many = data["threads_compared"][1]
     lines = [
-        f"Threads per command: median seconds of {args.runs} in-process runs at 1 and {many} "
-        f"threads ({meta['date']}, {cores} CPUs, torch {meta['torch']}, load average "
-        f'{load_start} at start, {meta["load_average_end"]} at end). "loaded": another '
-        "process keeps one core busy. ratio = time at "
-        f"{many} threads / time at 1 thread (above 1: the extra thread costs).",
+        f"Threads per command: median seconds of {data['runs']} in-process runs at 1 and {many} "
+        f"threads ({data['date']}, {data['cpus']} CPUs, torch {data['torch']}; load average "
+        f"{data['load_average_start']} at start, {data['load_average_end']} at end: the "
+        'machine is shared with other jobs). "+ one busy core": another process spins on one '
+        f"core as well. ratio = time at {many} threads / time at 1 thread (above 1: the extra "
+        "thread costs).",
         "",
-        f"| command | machine | 1 thread s | {many} threads s | ratio |",
+        f"| command | load | 1 thread s | {many} threads s | ratio |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
-    for r in rows:
-        state = "one core busy" if r["loaded"] else "quiet"
+    for r in data["rows"]:
+        state = "+ one busy core" if r["loaded"] else "as found"
         lines.append(f"| {r['case']} | {state} | {r['s_1_thread']:.2f} | "
                      f"{r[f's_{many}_threads']:.2f} | {r['ratio']:.2f} |")  # fmt: skip
-    (args.out / "threads.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    text = "\n".join(lines) + "\n"
+    (out / "threads.md").write_text(text)
+    return text
 
 
 if __name__ == "__main__":

@@ -32,10 +32,10 @@ from attnkit.cli._common import (
     add_command_group,
     add_out_options,
     add_report_options,
+    add_threads,
     positive_int,
     prepare_out,
     seed_number,
-    thread_count,
 )
 from attnkit.cli._errors import UsageError
 
@@ -184,11 +184,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
 
 
 def _add_threads(p: argparse.ArgumentParser) -> None:
-    # Small models run fastest on one thread; on a shared, loaded CPU two intra-op
-    # threads made a training step ~10x slower (0.67 s vs 0.06 s, d_model 64).
-    p.add_argument(
-        "--threads", type=thread_count, default=1, help="torch intra-op threads (default 1)"
-    )
+    # Small models run fastest on one thread; on a shared, loaded CPU two intra-op threads
+    # made training and decoding 8-20x slower (benchmarks/results/threads.md).
+    add_threads(p)
 
 
 def _add_decode(p: argparse.ArgumentParser) -> None:

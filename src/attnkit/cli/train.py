@@ -17,6 +17,7 @@ from attnkit.cli._common import (
     add_max_steps,
     add_out_options,
     add_report_options,
+    add_threads,
     default_out,
     emit,
     positive_int,
@@ -24,6 +25,7 @@ from attnkit.cli._common import (
     remove_results,
     seed_number,
     thread_count,
+    torch_threads,
 )
 from attnkit.cli._errors import UsageError
 
@@ -166,6 +168,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_out_options(e, "eval", "eval.json")
     add_report_options(e)
+    add_threads(e)
     e.set_defaults(run=run_eval)
 
 
@@ -320,7 +323,8 @@ def run_eval(args: argparse.Namespace) -> int:
     model, info = load_run(args.checkpoint)  # checks the checkpoint before --out is touched
     prepare_out(args.out, EVAL_FILES, force=args.force)
     test = load_digits().test
-    metrics = evaluate_classifier(model, test)
+    with torch_threads(args.threads):
+        metrics = evaluate_classifier(model, test)
     params = sum(p.numel() for p in model.parameters())
     summary = {
         "model": info["preset"],
