@@ -7,7 +7,6 @@ Imports nothing heavy: `attnkit --help` builds every parser through this module.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import os
 import sys
@@ -25,7 +24,6 @@ __all__ = [
     "add_max_time",
     "add_out_options",
     "add_report_options",
-    "add_threads",
     "default_out",
     "emit",
     "int_list",
@@ -38,7 +36,6 @@ __all__ = [
     "remove_results",
     "seed_number",
     "thread_count",
-    "torch_threads",
 ]
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
@@ -158,40 +155,6 @@ def thread_count(text: str) -> int:
             f"({os.cpu_count() or 1} CPUs): give at most {limit}"
         )
     return value
-
-
-# The --threads defaults, chosen from benchmarks/bench_threads.py (results/threads.md): a
-# command whose work is a loop of small matrix products (decoding one token at a time, a
-# small model's training step, one sentence through a small BERT) runs as fast or faster on
-# one thread, and with a second thread it waits on a core another process holds: up to 10x
-# slower on a loaded machine. Only large batched products gain from every core.
-SMALL_OPS = "small matrix products: a second thread gains little and waits on a busy core"
-
-
-def add_threads(p: argparse.ArgumentParser, default: int = 1, why: str = SMALL_OPS) -> None:
-    """``--threads T``: torch's intra-op threads for the command (`torch_threads`)."""
-    p.add_argument(
-        "--threads",
-        type=thread_count,
-        default=default,
-        metavar="T",
-        help=f"torch CPU threads (default {default}: {why})",
-    )
-
-
-@contextlib.contextmanager
-def torch_threads(count: int | None):
-    """torch runs on `count` intra-op threads inside the block (None: as it is), and on the
-    count it had before afterwards: `main` may be called in-process (tests, notebooks)."""
-    import torch
-
-    before = torch.get_num_threads()
-    if count:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def out_folder(text: str) -> Path:

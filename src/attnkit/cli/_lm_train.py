@@ -18,6 +18,7 @@ import torch
 
 from attnkit._io import atomic_save, atomic_write_json
 from attnkit.cli._errors import UsageError
+from attnkit.cli._threads import torch_threads
 from attnkit.models import GPT, GPTConfig
 from attnkit.train.packing import Packed, pack, paragraphs
 
@@ -98,13 +99,8 @@ def train(args, text: str, source: str, split: int, fmt: str, files: tuple[str, 
     of the one --resume starts from), for the Ctrl-C message."""
     from tqdm.auto import tqdm
 
-    threads = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
+    with torch_threads(args.threads):  # and back afterwards: main() may run in-process
         return _train(args, text, source, split, fmt, files, kept, tqdm)
-    finally:
-        torch.set_num_threads(threads)  # main() may run in-process (tests)
 
 
 def settings_of(args, source: str, chars: int) -> dict:

@@ -26,13 +26,12 @@ from typing import TYPE_CHECKING
 from attnkit.cli._common import (
     add_out_options,
     add_report_options,
-    add_threads,
     int_list,
     positive_int,
     prepare_out,
-    torch_threads,
 )
 from attnkit.cli._errors import FileError, UsageError
+from attnkit.cli._threads import add_threads, torch_threads
 
 if TYPE_CHECKING:
     import torch

@@ -8,15 +8,14 @@ from pathlib import Path
 from attnkit.cli._common import (
     add_out_options,
     add_report_options,
-    add_threads,
     default_out,
     emit,
     positive_int,
     prepare_out,
     progress,
-    torch_threads,
 )
 from attnkit.cli._errors import UsageError
+from attnkit.cli._threads import add_threads, torch_threads
 from attnkit.cli.train import cli_errors, load_run
 
 __all__ = ["register"]

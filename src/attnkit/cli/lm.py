@@ -30,14 +30,13 @@ from attnkit.cli._common import (
     add_max_time,
     add_out_options,
     add_report_options,
-    add_threads,
     positive_int,
     prepare_out,
     remove_results,
     seed_number,
-    torch_threads,
 )
 from attnkit.cli._errors import UsageError
+from attnkit.cli._threads import add_threads, torch_threads
 
 __all__ = ["load_lm", "read_corpus", "register"]
 

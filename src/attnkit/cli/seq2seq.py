@@ -32,12 +32,12 @@ from attnkit.cli._common import (
     add_command_group,
     add_out_options,
     add_report_options,
-    add_threads,
     positive_int,
     prepare_out,
     seed_number,
 )
 from attnkit.cli._errors import UsageError
+from attnkit.cli._threads import add_threads
 
 __all__ = ["add_seq2seq_parser", "register", "run_decode", "run_eval", "run_train"]
 

@@ -17,7 +17,6 @@ from attnkit.cli._common import (
     add_max_steps,
     add_out_options,
     add_report_options,
-    add_threads,
     default_out,
     emit,
     positive_int,
@@ -25,9 +24,9 @@ from attnkit.cli._common import (
     remove_results,
     seed_number,
     thread_count,
-    torch_threads,
 )
 from attnkit.cli._errors import UsageError
+from attnkit.cli._threads import add_threads, torch_threads
 
 if TYPE_CHECKING:
     import torch
