@@ -251,3 +251,30 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, capsys):
     assert main([*argv, "--resume", "--epochs", "3", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 9 and summary["epochs"] == 3 and summary["stopped"] is None
+
+
+def test_ctrl_c_after_a_stop_inside_an_epoch_says_how_far_into_it(tmp_path, capsys, monkeypatch):
+    from attnkit.models import GPT
+
+    argv = _train_argv(tmp_path, "run")
+    assert main([*argv, "--max-time", "1e-9"]) == 0  # step 1 of epoch 1's 3
+    monkeypatch.setattr(GPT, "loss", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    kept = tmp_path / "run" / "checkpoint.pt"
+    assert err.endswith(f"kept {kept} (step 1, epoch 1 after 1 of its 3 steps); --resume "
+                        "continues from it")  # fmt: skip
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_nothing_was_kept(tmp_path, capsys, monkeypatch):
+    from attnkit.models import GPT
+
+    monkeypatch.setattr(GPT, "loss", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(_train_argv(tmp_path, "run")) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        "attnkit lm train: interrupted; no checkpoint was written yet (the first is at the end "
+        "of epoch 1)"
+    )
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()

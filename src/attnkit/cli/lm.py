@@ -267,8 +267,8 @@ def _kept(kept: dict) -> str:
     if not kept:
         return "no checkpoint was written yet (the first is at the end of epoch 1)"
     where = f"step {kept['step']}, epoch {kept['epoch']}"
-    if kept["epoch_steps"] < kept["per"]:
-        where += f" ({kept['epoch_steps']} of its {kept['per']} steps)"
+    if kept["epoch_steps"] < kept["per"]:  # --max-steps or --max-time ended it inside an epoch
+        where += f" after {kept['epoch_steps']} of its {kept['per']} steps"
     return f"kept {kept['path']} ({where}); --resume continues from it"
 
 
