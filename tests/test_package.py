@@ -62,3 +62,27 @@ def test_missing_extra_names_the_extra():
 def test_py_typed_and_license_exist():
     assert (ROOT / "src" / "attnkit" / "py.typed").is_file()
     assert "MIT License" in (ROOT / "LICENSE").read_text()
+
+
+def test_deploy_extra_holds_what_onnx_export_needs():
+    """torch.onnx.export(dynamo=True) imports onnx and onnxscript; onnxruntime runs the file.
+    [test] installs them through [deploy], so the suite tests what the extra gives."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    names = {re.split(r"[<>=!~\[ ]", d)[0].lower() for d in extras["deploy"]}
+    assert names == {"onnx", "onnxscript", "onnxruntime"}
+    (own,) = [d for d in extras["test"] if d.startswith("attnkit[")]
+    assert "deploy" in own.removeprefix("attnkit[").rstrip("]").split(",")
+    assert not any(d.startswith("onnx") for d in extras["test"])  # one place for the pins
+
+
+def test_missing_onnx_names_the_deploy_extra(monkeypatch):
+    from attnkit._optional import MissingExtraError, require
+
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if it were not installed
+    with pytest.raises(
+        MissingExtraError,
+        match=r"exporting to ONNX needs the deploy extra: pip install 'attnkit\[deploy\]'",
+    ):
+        require("onnxscript", "deploy", "exporting to ONNX")

@@ -31,7 +31,13 @@ from attnkit.cli.main import build_parser, main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 NOT_RUN: dict[str, str] = {}  # README command line -> why the tests do not run it
-DEPENDS = {"eval": "train", "explain-image": "train"}  # group -> group whose folder it reads
+DEPENDS = {  # group -> group whose folder it reads
+    "eval": "train",
+    "explain-image": "train",
+    "lm sample": "lm train",
+    "seq2seq decode": "seq2seq train",
+    "seq2seq eval": "seq2seq train",
+}
 
 
 def caps(argv: list[str]) -> list[str]:
@@ -44,6 +50,12 @@ def caps(argv: list[str]) -> list[str]:
         return ["--plot-max-tokens", "64"]
     if argv[:2] == ["seq2seq", "train"]:
         return ["--steps", "2", "--eval-size", "8", "--eval-every", "1"]
+    if argv[:2] == ["seq2seq", "eval"]:
+        return ["--eval-size", "8"]
+    if argv[:2] == ["lm", "train"]:  # a fifth of the corpus, a few steps
+        return ["--max-chars", "200000", "--max-steps", "4" if "--resume" in argv else "2"]
+    if argv[:2] == ["lm", "sample"]:
+        return ["--max-new-tokens", "20"]
     return []
 
 

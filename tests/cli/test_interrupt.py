@@ -121,3 +121,41 @@ def test_ctrl_c_during_training_keeps_the_last_finished_epoch(tmp_path):
 
     epochs = read_checkpoint(out / "checkpoint.pt")["epoch"]
     assert epochs >= 1 and json.loads((out / "metrics.json").read_text())["epoch"] == epochs
+
+
+def test_ctrl_c_during_lm_train_names_the_checkpoint_it_kept(tmp_path):
+    """SIGINT while `lm train` runs: exit 130, and the last line names the checkpoint kept,
+    its step and epoch, which is what the file holds; --resume continues from it."""
+    import re
+
+    import torch
+
+    from attnkit.cli.main import main
+
+    (tmp_path / "t.txt").write_text("the cat sat on the mat. the dog sat on the log. " * 20)
+    out = tmp_path / "lm"
+    argv = ["lm", "train", "--text", str(tmp_path / "t.txt"), "--out", str(out),
+            "--steps-per-epoch", "2", "--batch-size", "4", "--context", "16", "--layers", "1",
+            "--heads", "2", "--d-model", "16", "--threads", "1"]  # fmt: skip
+    proc = _popen([sys.executable, "-m", "attnkit", *argv, "--epochs", "1000"])
+    seen = ""
+    while "[lm] epoch 2/" not in seen:  # the first checkpoint is written, the second soon
+        line = proc.stderr.readline()
+        assert line, f"lm train ended before its second epoch: {seen}"
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    stdout, rest = proc.communicate(timeout=120)
+    assert proc.returncode == 130, seen + rest
+    assert "Traceback" not in rest and stdout == ""
+    last = rest.strip().splitlines()[-1]
+    pattern = r"attnkit lm train: interrupted; kept (.+) \(step (\d+), epoch (\d+)\); "
+    found = re.fullmatch(pattern + "--resume continues from it", last)
+    assert found, last
+    path, step, epoch = found[1], int(found[2]), int(found[3])
+    assert path == str(out / "checkpoint.pt") and epoch >= 1 and step == 2 * epoch
+    state = torch.load(path, weights_only=True)
+    assert (state["step"], state["epoch"]) == (step, epoch)
+    history = json.loads((out / "history.json").read_text())["history"]
+    assert history[-1]["steps"] >= step  # written just before the checkpoint: never behind
+    assert main([*argv, "--epochs", str(epoch + 1), "--resume", "--quiet"]) == 0
+    assert torch.load(path, weights_only=True)["step"] == step + 2

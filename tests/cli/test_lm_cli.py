@@ -157,3 +157,124 @@ def test_max_steps_stops_training_and_pack_trains_on_packed_paragraphs(
             for t in range(1, 17):
                 after_blank = text[:t].endswith("\n\n") and text[t] not in "\n "
                 assert (row_docs[t] != row_docs[t - 1]) == after_blank, (text, row_docs)
+
+
+def _train_argv(tmp_path, out: str, *extra: str) -> list[str]:
+    (tmp_path / "t.txt").write_text(TEXT)
+    return ["lm", "train", "--text", str(tmp_path / "t.txt"), "--out", str(tmp_path / out),
+            *TINY, "--quiet", *extra]  # fmt: skip
+
+
+def _same_run(a, b) -> None:
+    """Two checkpoints of one run: equal weights, optimizer, schedule, random states and
+    history (the seconds aside), bit for bit."""
+    sa, sb = (torch.load(p / "checkpoint.pt", weights_only=True) for p in (a, b))
+    for key in ("model", "optimizer", "scheduler"):
+        flat_a, flat_b = (torch.utils._pytree.tree_flatten(s[key])[0] for s in (sa, sb))
+        assert len(flat_a) == len(flat_b)
+        for x, y in zip(flat_a, flat_b, strict=True):
+            assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, key
+    assert torch.equal(sa["generator"], sb["generator"]) and torch.equal(sa["rng"], sb["rng"])
+    assert sa["step"] == sb["step"] and sa["epoch"] == sb["epoch"]
+    drop = [
+        [{k: v for k, v in h.items() if k != "seconds"} for h in s["history"]] for s in (sa, sb)
+    ]
+    assert drop[0] == drop[1]
+
+
+def test_max_time_stops_inside_an_epoch_and_resume_continues_exactly(tmp_path, capsys):
+    """--max-time (tiny: one step) stops at step 1, then 2; --resume goes on to the end; the
+    result is bit for bit the run that was never stopped (its schedule is the whole run's)."""
+    assert main(_train_argv(tmp_path, "straight")) == 0
+    argv = _train_argv(tmp_path, "stopped")
+    assert main([*argv, "--max-time", "1e-9"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("attnkit lm train: stopped by --max-time at step 1 of 6, held-out")
+    assert "(--resume continues)" in line
+    history = json.loads((tmp_path / "stopped" / "history.json").read_text())
+    assert history["history"] == [] and history["stopped"]["step"] == 1
+    assert main([*argv, "--resume", "--max-time", "1e-9", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["stopped"] == "max-time" and summary["steps"] == 2
+    assert main([*argv, "--resume"]) == 0
+    _same_run(tmp_path / "straight", tmp_path / "stopped")
+
+
+def test_ctrl_c_names_the_kept_checkpoint_and_resume_continues_exactly(
+    tmp_path, capsys, monkeypatch
+):
+    """Ctrl-C at the 5th step (epoch 2 of 3-step epochs): exit 130, the message names the
+    checkpoint of epoch 1 (step 3); --resume from it ends where the uninterrupted run does."""
+    from attnkit.models import GPT
+
+    assert main(_train_argv(tmp_path, "straight")) == 0
+    calls, loss = [], GPT.loss
+
+    def interrupted(self, ids, **kw):
+        if self.training:
+            calls.append(1)
+            if len(calls) == 5:
+                raise KeyboardInterrupt
+        return loss(self, ids, **kw)
+
+    monkeypatch.setattr(GPT, "loss", interrupted)
+    argv = _train_argv(tmp_path, "cut")
+    capsys.readouterr()
+    assert main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    kept = tmp_path / "cut" / "checkpoint.pt"
+    assert err == (
+        f"attnkit lm train: interrupted; kept {kept} (step 3, epoch 1); --resume continues from it"
+    )
+    assert torch.load(kept, weights_only=True)["step"] == 3
+    monkeypatch.setattr(GPT, "loss", loss)
+    assert main([*argv, "--resume"]) == 0
+    _same_run(tmp_path / "straight", tmp_path / "cut")
+
+
+def test_resume_refuses_what_it_cannot_continue(tmp_path, capsys):
+    argv = _train_argv(tmp_path, "run")
+    assert main([*argv, "--resume"]) == 2  # nothing to resume yet
+    assert "no checkpoint" in capsys.readouterr().err
+    assert main(argv) == 0
+    cases = {
+        ("--resume", "--force"): "pick one",
+        ("--resume",): "all of the 6 asked for",
+        ("--resume", "--epochs", "3", "--lr", "0.01"): "lr 0.003 there, 0.01 now",
+        ("--resume", "--epochs", "3", "--d-model", "32"): "other d_model",
+    }
+    for extra, says in cases.items():
+        assert main([*argv, *extra]) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and says in err, (extra, err)
+    # more epochs: training goes on from step 6 (the schedule now ends at step 9)
+    assert main([*argv, "--resume", "--epochs", "3", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 9 and summary["epochs"] == 3 and summary["stopped"] is None
+
+
+def test_ctrl_c_after_a_stop_inside_an_epoch_says_how_far_into_it(tmp_path, capsys, monkeypatch):
+    from attnkit.models import GPT
+
+    argv = _train_argv(tmp_path, "run")
+    assert main([*argv, "--max-time", "1e-9"]) == 0  # step 1 of epoch 1's 3
+    monkeypatch.setattr(GPT, "loss", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    kept = tmp_path / "run" / "checkpoint.pt"
+    assert err.endswith(f"kept {kept} (step 1, epoch 1 after 1 of its 3 steps); --resume "
+                        "continues from it")  # fmt: skip
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_nothing_was_kept(tmp_path, capsys, monkeypatch):
+    from attnkit.models import GPT
+
+    monkeypatch.setattr(GPT, "loss", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(_train_argv(tmp_path, "run")) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        "attnkit lm train: interrupted; no checkpoint was written yet (the first is at the end "
+        "of epoch 1)"
+    )
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()

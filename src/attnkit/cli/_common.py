@@ -21,6 +21,7 @@ __all__ = [
     "MAX_SEED",
     "OUT_ROOT",
     "Parser",
+    "add_max_time",
     "add_out_options",
     "add_report_options",
     "default_out",
@@ -43,7 +44,11 @@ OUT_ROOT = Path("attnkit-out")
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr (not usage + error) and exit 2,
-    and which refuses text arguments that are not valid UTF-8 (see `_check_text`)."""
+    and which refuses text arguments that are not valid UTF-8 (see `_check_text`).
+
+    Every (sub)command's parser is one (argparse makes subparsers of the parent's class), and
+    each refuses the arguments it does not know itself, so that a mistyped option of
+    ``attnkit lm train`` points to ``attnkit lm train --help``, not to ``attnkit --help``."""
 
     def error(self, message: str):  # type: ignore[override]
         line = " ".join(message.split())
@@ -53,6 +58,8 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         namespace, extras = super().parse_known_args(args, namespace)
         self._check_text(namespace)
+        if extras:  # here, not in the top parser: the error names this subcommand's --help
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
         return namespace, extras
 
     def _check_text(self, namespace: argparse.Namespace) -> None:
@@ -214,6 +221,30 @@ def add_max_steps(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         metavar="S",
         help="stop after S optimizer steps in all, e.g. for a quick try (default: no limit)",
+    )
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type of --max-time: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+    return value
+
+
+def add_max_time(p: argparse.ArgumentParser) -> None:
+    """``--max-time SECONDS``: a training command's cap on wall-clock time (None: no limit).
+    The run stops after the step in which the time runs out and saves a checkpoint there,
+    which --resume continues exactly (the schedule is the one of the whole run)."""
+    p.add_argument(
+        "--max-time",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="stop after the step during which SECONDS of training have passed, save the "
+        "checkpoint there; --resume continues it (default: no limit)",
     )
 
 

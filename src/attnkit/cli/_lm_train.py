@@ -1,4 +1,12 @@
-"""The training loop of `attnkit lm train` (imported only when it runs: it needs torch)."""
+"""The training loop of `attnkit lm train` (imported only when it runs: it needs torch).
+
+The checkpoint holds what continuing needs (--resume): weights, optimizer and schedule, the
+step, the epoch and how far into it, the window generator's and torch's random states, and the
+settings the run was started with. It is written at the end of every epoch, at --max-steps and
+when --max-time runs out; a resumed run then takes step for step the path of one that was never
+stopped (`tests/cli/test_lm_cli.py`), as long as --epochs and --max-steps stay the same:
+they set where the learning-rate schedule ends.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +17,16 @@ import time
 import torch
 
 from attnkit._io import atomic_save, atomic_write_json
+from attnkit.cli._errors import UsageError
+from attnkit.cli._threads import torch_threads
 from attnkit.models import GPT, GPTConfig
 from attnkit.train.packing import Packed, pack, paragraphs
 
-__all__ = ["train"]
+__all__ = ["RESUME_KEYS", "read_resume", "train"]
 
 EVAL_WINDOWS = 64  # held-out windows scored each epoch (fixed: the same every epoch)
+# The options a resumed run must share with the checkpoint (the model's own are its config).
+RESUME_KEYS = ("steps_per_epoch", "batch_size", "lr", "seed", "pack", "max_chars")
 
 
 def _windows(ids: torch.Tensor, starts: torch.Tensor, width: int) -> torch.Tensor:
@@ -56,30 +68,63 @@ def packed_rows(text: str, index: dict[str, int], width: int) -> Packed:
     return pack([[index[ch] for ch in doc] for doc in paragraphs(text)], width)
 
 
-def train(args, text: str, source: str, split: int, fmt: str, files: tuple[str, str]) -> dict:
-    """Train a character-level GPT on text[:split], score text[split:] each epoch, save."""
+def read_resume(path, fmt: str, settings: dict, vocab: str) -> dict:
+    """The state of the checkpoint at `path` that --resume continues; UsageError when it
+    cannot: missing, written before --resume existed, or trained with other settings or on
+    another text."""
+    if not path.is_file():
+        raise UsageError(f"--resume: no checkpoint at {path}; train without --resume first")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != fmt:
+        raise UsageError(f"--resume: {path} is not an `attnkit lm` checkpoint")
+    if "optimizer" not in state:
+        raise UsageError(
+            f"--resume: {path} has no optimizer state (written before --resume existed): "
+            "train it again without --resume"
+        )
+    saved = state["run"]
+    differ = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
+    if differ:
+        shown = ", ".join(f"{k} {saved.get(k)!r} there, {settings.get(k)!r} now" for k in differ)
+        raise UsageError(f"--resume: {path} was trained with other settings ({shown})")
+    if state["vocab"] != vocab:
+        raise UsageError(f"--resume: {path} was trained on another text (its characters differ)")
+    return state
+
+
+def train(args, text: str, source: str, split: int, fmt: str, files: tuple[str, str],
+          kept: dict) -> dict:  # fmt: skip
+    """Train a character-level GPT on text[:split], score text[split:] each epoch, save.
+    `kept` is filled with the path, step and epoch of each checkpoint as it is written (and
+    of the one --resume starts from), for the Ctrl-C message."""
     from tqdm.auto import tqdm
 
-    threads = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        return _train(args, text, source, split, fmt, files, tqdm)
-    finally:
-        torch.set_num_threads(threads)  # main() may run in-process (tests)
+    with torch_threads(args.threads):  # and back afterwards: main() may run in-process
+        return _train(args, text, source, split, fmt, files, kept, tqdm)
 
 
-def _train(args, text, source, split, fmt, files, tqdm) -> dict:
+def settings_of(args, source: str, chars: int) -> dict:
+    """What a resumed run must share with its checkpoint, besides the model's config."""
+    return {"source": source, "chars": chars, **{k: getattr(args, k) for k in RESUME_KEYS}}
+
+
+def _train(args, text, source, split, fmt, files, kept, tqdm) -> dict:
     started = time.perf_counter()
     vocab = "".join(sorted(set(text)))
     index = {ch: i for i, ch in enumerate(vocab)}
     data = torch.tensor([index[ch] for ch in text], dtype=torch.long)  # (chars,)
     train_ids, held = data[:split], data[split:]
+    path, hist_path = (args.out / name for name in files)
+    settings = settings_of(args, source, len(text))
+    resumed = read_resume(path, fmt, settings, vocab) if args.resume else None
     torch.manual_seed(args.seed)
     cfg = GPTConfig(
         len(vocab), args.layers, args.heads, args.d_model, args.context,
         rotary=getattr(args, "rotary", False),
     )  # fmt: skip
+    if resumed is not None and resumed["config"] != cfg.to_dict():
+        differ = sorted(k for k, v in cfg.to_dict().items() if resumed["config"].get(k) != v)
+        raise UsageError(f"--resume: {path} holds a model with other {', '.join(differ)}")
     model = GPT(cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.1)
     total = args.epochs * args.steps_per_epoch
@@ -97,14 +142,65 @@ def _train(args, text, source, split, fmt, files, tqdm) -> dict:
     packed = getattr(args, "pack", False)
     if packed:  # paragraphs back to back with document ids; `split` may cut one in two
         rows, held_rows = (packed_rows(t, index, width) for t in (text[:split], text[split:]))
-    bar = tqdm(total=total, desc="lm train", unit="step", disable=args.quiet, file=sys.stderr)
     history: list[dict] = []
-    path, hist_path = (args.out / name for name in files)
-    done = 0
+    spe = args.steps_per_epoch
+    done, epoch, epoch_steps, losses, before = 0, 1, 0, [], 0.0
+    if resumed is not None:
+        model.load_state_dict(resumed["model"])
+        opt.load_state_dict(resumed["optimizer"])
+        sched.load_state_dict(resumed["scheduler"])
+        gen.set_state(resumed["generator"])
+        torch.set_rng_state(resumed["rng"])
+        done, history, before = resumed["step"], resumed["history"], resumed["seconds"]
+        epoch, epoch_steps = resumed["epoch"], resumed["epoch_steps"]
+        kept.update(path=path, step=done, epoch=epoch, epoch_steps=epoch_steps, per=spe)
+        if epoch_steps >= args.steps_per_epoch:
+            epoch, epoch_steps = epoch + 1, 0
+        else:  # an epoch ended early (--max-steps, --max-time): it goes on, its row comes again
+            losses = list(resumed["epoch_losses"])
+            history = [h for h in history if h["epoch"] != epoch]
+        if done >= total:
+            raise UsageError(
+                f"--resume: {path} has done {done} steps, all of the {total} asked for: "
+                "ask for more --epochs (or --max-steps) to train on"
+            )
+    max_time = getattr(args, "max_time", None)
+
+    now = time.perf_counter
+
+    def elapsed() -> float:  # this run's seconds and those of the runs it continues
+        return before + now() - started
+
+    def save(held_out: float | None = None) -> None:
+        state = {"format": fmt, "config": cfg.to_dict(), "vocab": vocab,
+                 "model": model.state_dict(), "history": history, "source": source,
+                 "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                 "generator": gen.get_state(), "rng": torch.get_rng_state(), "run": settings,
+                 "step": done, "epoch": epoch, "epoch_steps": epoch_steps,
+                 "epoch_losses": list(losses), "seconds": elapsed()}  # fmt: skip
+        summary = {"source": source, "chars": len(text), "vocab_size": len(vocab),
+                   "pack": packed, "step": done}  # fmt: skip
+        if held_out is not None:  # stopped inside an epoch: no row, its loss at the stop
+            summary["stopped"] = {"step": done, "epoch": epoch, "held_out_loss": held_out}
+        atomic_write_json(hist_path, {**summary, "history": history})
+        atomic_save(path, state)  # last: what Ctrl-C names is the checkpoint
+        kept.update(path=path, step=done, epoch=epoch, epoch_steps=epoch_steps, per=spe)
+
+    last = [float("nan")]  # the latest held-out loss, for the summary
+
+    def score() -> float:
+        if packed:
+            last[0] = held_out_packed_loss(model, held_rows)
+        else:
+            last[0] = held_out_loss(model, held, args.context)
+        return last[0]
+
+    bar = tqdm(total=total, initial=done, desc="lm train", unit="step", disable=args.quiet,
+               file=sys.stderr)  # fmt: skip
+    stopped = None
     with bar:
-        for epoch in range(1, args.epochs + 1):
-            losses = []
-            for _ in range(min(args.steps_per_epoch, total - done)):
+        while done < total and stopped is None:
+            while epoch_steps < args.steps_per_epoch and done < total:
                 if packed:
                     pick = torch.randint(0, len(rows), (args.batch_size,), generator=gen)
                     loss = model.loss(rows.ids[pick], document_ids=rows.document_ids[pick])
@@ -126,17 +222,19 @@ def _train(args, text, source, split, fmt, files, tqdm) -> dict:
                 bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
                 bar.update()
                 done += 1
-            held_out = (
-                held_out_packed_loss(model, held_rows)
-                if packed
-                else held_out_loss(model, held, args.context)
-            )
+                epoch_steps += 1
+                if max_time is not None and now() - started >= max_time and done < total:
+                    stopped = "max-time"
+                    break
+            if stopped is not None and epoch_steps < args.steps_per_epoch:
+                save(score())  # reported, not a row of the history: the epoch goes on
+                break
             record = {
                 "epoch": epoch,
                 "steps": done,
                 "train_loss": sum(losses) / len(losses),
-                "held_out_loss": held_out,
-                "seconds": time.perf_counter() - started,
+                "held_out_loss": score(),
+                "seconds": elapsed(),
             }
             history.append(record)
             if not args.quiet:
@@ -145,14 +243,9 @@ def _train(args, text, source, split, fmt, files, tqdm) -> dict:
                     f"held-out loss {record['held_out_loss']:.3f}",
                     file=sys.stderr,
                 )
-            state = {"format": fmt, "config": cfg.to_dict(), "vocab": vocab,
-                     "model": model.state_dict(), "history": history, "source": source}  # fmt: skip
-            atomic_save(path, state)
-            summary = {"source": source, "chars": len(text), "vocab_size": len(vocab),
-                       "pack": packed}  # fmt: skip
-            atomic_write_json(hist_path, {**summary, "history": history})
-            if done == total:
-                break
+            save()
+            if done < total and stopped is None:
+                epoch, epoch_steps, losses = epoch + 1, 0, []
     return {
         "command": "lm train",
         "files": [str(path), str(hist_path)],
@@ -163,6 +256,8 @@ def _train(args, text, source, split, fmt, files, tqdm) -> dict:
         "pack": packed,
         "epochs": len(history),
         "steps": done,
-        "held_out_loss": history[-1]["held_out_loss"],
-        "seconds": time.perf_counter() - started,
+        "total_steps": total,
+        "stopped": stopped,
+        "held_out_loss": last[0],
+        "seconds": elapsed(),
     }

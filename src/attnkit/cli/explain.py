@@ -31,6 +31,7 @@ from attnkit.cli._common import (
     prepare_out,
 )
 from attnkit.cli._errors import FileError, UsageError
+from attnkit.cli._threads import add_threads, torch_threads
 
 if TYPE_CHECKING:
     import torch
@@ -45,12 +46,21 @@ CHECKPOINT_HINT = (
 )
 
 
+EPILOG = """\
+examples:
+  attnkit explain
+  attnkit explain "The cat sat on the mat." --focus cat --layers 4-5 --out runs/cat
+  attnkit explain "Who is she?" --pair "She is my sister." --json --out runs/pair"""
+
+
 def register(subparsers) -> None:
     """Add the ``explain`` subcommand to `subparsers` (``set_defaults(run=run)``)."""
     p = subparsers.add_parser(
         "explain",
         help="show where a token of a sentence attends, in a pretrained BERT",
         description=__doc__.split("\n\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "text",
@@ -95,6 +105,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--top", type=positive_int, default=3, metavar="K", help="tokens per row (default 3)"
     )
+    add_threads(p)
     p.set_defaults(run=run)
 
 
@@ -374,7 +385,8 @@ def run(args: argparse.Namespace) -> int:
     if kind == "vision":
         from attnkit.cli import _explain_vit
 
-        return _explain_vit.run(args, FILES)
+        with torch_threads(args.threads):
+            return _explain_vit.run(args, FILES)
     prep = _explain_hf.prepare(args, _step) if kind == "hf" else _prepare_bert(args)
     layers = _indices("--layers", args.layers, prep.num_layers, "layers")
     heads = _indices("--heads", args.heads, prep.num_heads, "heads")
@@ -385,7 +397,8 @@ def run(args: argparse.Namespace) -> int:
     from attnkit.analysis.heads import head_stats
     from attnkit.cli import _render
 
-    maps = prep.compute()[layers][:, heads]  # (L, H, N, N) -> (L', H', N, N)
+    with torch_threads(args.threads):
+        maps = prep.compute()[layers][:, heads]  # (L, H, N, N) -> (L', H', N, N)
     tokens, focus = prep.tokens, prep.focus
     layer_names = [f"layer {i}" for i in layers]
 

@@ -15,6 +15,7 @@ from attnkit.cli._common import (
     progress,
 )
 from attnkit.cli._errors import UsageError
+from attnkit.cli._threads import add_threads, torch_threads
 from attnkit.cli.train import cli_errors, load_run
 
 __all__ = ["register"]
@@ -71,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "0 <= R < 1 (default 0: keep all)",
     )
     add_report_options(p)
+    add_threads(p)
     p.set_defaults(run=run_explain_image)
 
 
@@ -96,17 +98,18 @@ def run_explain_image(args: argparse.Namespace) -> int:
         images, labels = data.test[: args.images]  # (B, 1, 8, 8), (B,)
         bar.update()
         bar.set_postfix_str("attention maps", refresh=False)
-        expl = explain_images(
-            model,
-            images,
-            grid=model.grid,
-            class_token=model.class_token,
-            head_fusion=args.head_fusion,
-            discard_ratio=args.discard_ratio,
-        )
-        bar.update()
-        bar.set_postfix_str("head statistics", refresh=False)
-        stats = _head_stats(model, data.test.tensors[0])
+        with torch_threads(args.threads):
+            expl = explain_images(
+                model,
+                images,
+                grid=model.grid,
+                class_token=model.class_token,
+                head_fusion=args.head_fusion,
+                discard_ratio=args.discard_ratio,
+            )
+            bar.update()
+            bar.set_postfix_str("head statistics", refresh=False)
+            stats = _head_stats(model, data.test.tensors[0])
         bar.update()
         bar.set_postfix_str("drawing", refresh=False)
         # Both pictures are drawn only now that everything is computed; each is written

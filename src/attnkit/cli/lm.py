@@ -20,19 +20,23 @@ is padded (benchmarks/bench_packing.py measures it against padding one paragraph
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from attnkit.cli._common import (
+    EXIT_INTERRUPTED,
     add_command_group,
     add_max_steps,
+    add_max_time,
     add_out_options,
     add_report_options,
     positive_int,
     prepare_out,
+    remove_results,
     seed_number,
-    thread_count,
 )
 from attnkit.cli._errors import UsageError
+from attnkit.cli._threads import add_threads, torch_threads
 
 __all__ = ["load_lm", "read_corpus", "register"]
 
@@ -51,14 +55,42 @@ TRAIN_DEFAULTS = {
     "seed": 0,
 }
 HELD_OUT = 0.1  # fraction of the text, at its end
+TRAIN_DOC = """\
+Train a character-level GPT. The checkpoint is written at the end of every epoch, at
+--max-steps and when --max-time runs out; --resume continues it step for step (give the same
+options, --epochs and --max-steps included: they set where the learning rate ends)."""
+TRAIN_EPILOG = """\
+examples:
+  attnkit lm train
+  attnkit lm train --epochs 40 --max-time 600 --out runs/long
+  attnkit lm train --epochs 40 --resume --out runs/long
+
+Ctrl-C keeps the last checkpoint and says which (path, step, epoch); exit codes: 0 done (or
+stopped by --max-time), 1 failed, 2 bad usage, 130 interrupted."""
+SAMPLE_DOC = "Continue --prompt with the GPT that `attnkit lm train` wrote into --checkpoint."
+SAMPLE_EPILOG = """\
+examples:
+  attnkit lm sample --checkpoint attnkit-out/lm --prompt "def " --temperature 0.8
+  attnkit lm sample --checkpoint attnkit-out/lm --prompt "import " --temperature 0 --json"""
 
 
 def register(subparsers) -> None:
     _, sub = add_command_group(
         subparsers, "lm", "train a character-level GPT, sample from it", __doc__, "lm_command"
     )
-    _add_train(sub.add_parser("train", help="train a character-level GPT"))
-    _add_sample(sub.add_parser("sample", help="continue a prompt with a trained GPT"))
+    raw = argparse.RawDescriptionHelpFormatter  # the examples keep their lines
+    _add_train(
+        sub.add_parser(
+            "train",
+            help="train a character-level GPT",
+            epilog=TRAIN_EPILOG,
+            description=TRAIN_DOC,
+            formatter_class=raw,
+        )
+    )
+    _add_sample(sub.add_parser("sample", help="continue a prompt with a trained GPT",
+                               epilog=SAMPLE_EPILOG, formatter_class=raw,
+                               description=SAMPLE_DOC))  # fmt: skip
 
 
 def _positive_float(text: str) -> float:
@@ -108,6 +140,13 @@ def _add_train(p: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         p.add_argument(flag, type=kind, default=d[name], help=f"{what} (default {d[name]})")
     add_max_steps(p)
+    add_max_time(p)
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its checkpoint (weights, optimizer, step, random "
+        "state) until --epochs are done; the other options must be the run's own",
+    )
     p.add_argument(
         "--seed", type=seed_number, default=d["seed"], help="model init and window order"
     )
@@ -123,13 +162,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="rotary positions (RoPE) on queries and keys instead of a learned position table",
     )
-    p.add_argument(
-        "--threads",
-        type=thread_count,
-        default=1,
-        help="torch CPU threads (default 1: a small model; on a shared CPU more threads mostly "
-        "wait on each other)",
-    )
+    add_threads(p)
     p.set_defaults(run=run_train)
 
 
@@ -145,6 +178,8 @@ def _add_sample(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=_probability, default=None, help="nucleus sampling mass")
     p.add_argument("--seed", type=seed_number, default=0, help="the sampling generator's seed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_threads(p, why="one character at a time is a loop of small matrix products: a second "
+                "thread gains little and waits on a busy core")  # fmt: skip
     p.set_defaults(run=run_sample)
 
 
@@ -187,6 +222,10 @@ def run_train(args: argparse.Namespace) -> int:
 
     if args.d_model % args.heads:
         raise UsageError(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
+    if args.resume and args.force:
+        raise UsageError("--resume continues the run in --out, --force replaces it: pick one")
+    if args.resume and not (args.out / FILES[0]).is_file():
+        raise UsageError(f"--resume: no checkpoint at {args.out / FILES[0]}: train without it")
     text, source = read_corpus(args.text, args.max_chars)
     split = int(len(text) * (1 - HELD_OUT))
     if min(split, len(text) - split) < args.context + 1:
@@ -194,19 +233,43 @@ def run_train(args: argparse.Namespace) -> int:
             f"--text has {len(text)} characters: too few for --context {args.context} "
             f"(need {10 * (args.context + 1)}: 90% to train, 10% held out)"
         )
-    prepare_out(args.out, FILES, force=args.force)
+    prepare_out(args.out, () if args.resume else FILES, force=args.force)
+    if args.force:
+        remove_results(args.out, FILES)  # an interrupted run must not leave the old ones
     from attnkit.cli._lm_train import train
 
-    summary = train(args, text, source, split, FORMAT, FILES)
+    kept: dict = {}
+    try:
+        summary = train(args, text, source, split, FORMAT, FILES, kept)
+    except KeyboardInterrupt:
+        print(f"attnkit lm train: interrupted; {_kept(kept)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if args.json:
         print(json.dumps(summary))
+        return 0
+    files = f"wrote {args.out / FILES[0]} and {args.out / FILES[1]}"
+    loss = f"held-out loss {summary['held_out_loss']:.3f}"
+    if summary["stopped"]:
+        print(
+            f"attnkit lm train: stopped by --max-time at step {summary['steps']} of "
+            f"{summary['total_steps']}, {loss}; {files} (--resume continues)"
+        )
     else:
         print(
-            f"attnkit lm train: held-out loss {summary['held_out_loss']:.3f} after "
-            f"{summary['epochs']} epochs in {summary['seconds']:.0f}s; wrote "
-            f"{args.out / FILES[0]} and {args.out / FILES[1]}"
+            f"attnkit lm train: {loss} after {summary['epochs']} epochs in "
+            f"{summary['seconds']:.0f}s; {files}"
         )
     return 0
+
+
+def _kept(kept: dict) -> str:
+    """Which checkpoint an interrupted run leaves: path, step and how far into its epoch."""
+    if not kept:
+        return "no checkpoint was written yet (the first is at the end of epoch 1)"
+    where = f"step {kept['step']}, epoch {kept['epoch']}"
+    if kept["epoch_steps"] < kept["per"]:  # --max-steps or --max-time ended it inside an epoch
+        where += f" after {kept['epoch_steps']} of its {kept['per']} steps"
+    return f"kept {kept['path']} ({where}); --resume continues from it"
 
 
 def load_lm(directory: Path):
@@ -257,14 +320,15 @@ def run_sample(args: argparse.Namespace) -> int:
         shown = "".join(unknown)[:20]
         raise UsageError(f"--prompt has characters the model never saw: {shown!r}")
     ids = torch.tensor([[index[ch] for ch in args.prompt]])  # (1, P)
-    out = model.generate(
-        ids,
-        args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        generator=torch.Generator().manual_seed(args.seed),
-    )
+    with torch_threads(args.threads):
+        out = model.generate(
+            ids,
+            args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            generator=torch.Generator().manual_seed(args.seed),
+        )
     text = "".join(vocab[i] for i in out[0].tolist())
     print(json.dumps({"command": "lm sample", "text": text}) if args.json else text)
     return 0

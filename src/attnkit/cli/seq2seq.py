@@ -35,11 +35,26 @@ from attnkit.cli._common import (
     positive_int,
     prepare_out,
     seed_number,
-    thread_count,
 )
 from attnkit.cli._errors import UsageError
+from attnkit.cli._threads import add_threads
 
 __all__ = ["add_seq2seq_parser", "register", "run_decode", "run_eval", "run_train"]
+
+TRAIN_EPILOG = """\
+examples:
+  attnkit seq2seq train --task reverse --out runs/reverse
+  attnkit seq2seq train --model rnn --attention additive --out runs/rnn --json
+
+exit codes: 0 done, 1 diverged, 2 bad usage, 130 interrupted (the last checkpoint is kept)."""
+DECODE_EPILOG = """\
+examples:
+  attnkit seq2seq decode runs/reverse abcdef hgfe
+  attnkit seq2seq decode runs/reverse abcdef --beam 4 --json"""
+EVAL_EPILOG = """\
+examples:
+  attnkit seq2seq eval runs/reverse
+  attnkit seq2seq eval runs/rnn --by-length --json"""
 
 
 def register(subparsers) -> None:
@@ -51,9 +66,13 @@ def register(subparsers) -> None:
         __doc__,
         "seq2seq_command",
     )
-    _add_train(sub.add_parser("train", help="train on a synthetic task"))
-    _add_decode(sub.add_parser("decode", help="decode sequences with a trained checkpoint"))
-    _add_eval(sub.add_parser("eval", help="held-out exact match of a trained checkpoint"))
+    raw = argparse.RawDescriptionHelpFormatter  # the examples keep their lines
+    for name, add, help, epilog in (
+        ("train", _add_train, "train on a synthetic task", TRAIN_EPILOG),
+        ("decode", _add_decode, "decode sequences with a trained checkpoint", DECODE_EPILOG),
+        ("eval", _add_eval, "held-out exact match of a trained checkpoint", EVAL_EPILOG),
+    ):
+        add(sub.add_parser(name, help=help, description=help, epilog=epilog, formatter_class=raw))
 
 
 def add_seq2seq_parser(train_subparsers) -> argparse.ArgumentParser:
@@ -165,11 +184,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
 
 
 def _add_threads(p: argparse.ArgumentParser) -> None:
-    # Small models run fastest on one thread; on a shared, loaded CPU two intra-op
-    # threads made a training step ~10x slower (0.67 s vs 0.06 s, d_model 64).
-    p.add_argument(
-        "--threads", type=thread_count, default=1, help="torch intra-op threads (default 1)"
-    )
+    # Small models run fastest on one thread; on a shared, loaded CPU two intra-op threads
+    # made training and decoding 8-20x slower (benchmarks/results/threads.md).
+    add_threads(p)
 
 
 def _add_decode(p: argparse.ArgumentParser) -> None:

@@ -26,6 +26,7 @@ from attnkit.cli._common import (
     thread_count,
 )
 from attnkit.cli._errors import UsageError
+from attnkit.cli._threads import add_threads, torch_threads
 
 if TYPE_CHECKING:
     import torch
@@ -166,6 +167,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_out_options(e, "eval", "eval.json")
     add_report_options(e)
+    add_threads(e)
     e.set_defaults(run=run_eval)
 
 
@@ -320,7 +322,8 @@ def run_eval(args: argparse.Namespace) -> int:
     model, info = load_run(args.checkpoint)  # checks the checkpoint before --out is touched
     prepare_out(args.out, EVAL_FILES, force=args.force)
     test = load_digits().test
-    metrics = evaluate_classifier(model, test)
+    with torch_threads(args.threads):
+        metrics = evaluate_classifier(model, test)
     params = sum(p.numel() for p in model.parameters())
     summary = {
         "model": info["preset"],

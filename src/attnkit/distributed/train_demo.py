@@ -136,7 +136,9 @@ def _fail(message: str) -> None:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m attnkit.distributed.train_demo", description=__doc__
+        prog="python -m attnkit.distributed.train_demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the example keeps its lines
     )
     p.add_argument("--out", type=Path, required=True, help="run directory (checkpoint, metrics)")
     p.add_argument("--seq-len", type=int, default=4096, help="N, tokens per sequence")
