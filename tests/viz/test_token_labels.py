@@ -8,9 +8,8 @@ import json
 import pytest
 import torch
 
-from attnkit.viz import AttentionMaps, head_view, show
+from attnkit.viz import AttentionMaps, head_view, show, token_labels
 from attnkit.viz.head_view import _encode
-from attnkit.viz.labels import token_labels
 from attnkit.viz.raster import pool_tokens
 
 # GPT-2's tokens of "<|endoftext|>The unbelievable cat sat.\n\n  café" (as its tokenizer

@@ -6,9 +6,11 @@ example; :func:`head_view` turns it into a self-contained HTML page,
 :func:`show` into the same view inside a Jupyter notebook (recordings and maps also
 display themselves there) and :func:`model_view` into a matplotlib figure (layers × heads
 heatmaps). :func:`plot_block_map` draws which blocks a structured mask lets a kernel skip.
+The views label tokens with :func:`token_labels` ("Ġcat" is shown as "cat").
 """
 
 from attnkit.viz.head_view import head_view, write_html
+from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps
 from attnkit.viz.notebook import HeadViewHTML, show
 from attnkit.viz.record import AttentionRecord, record_attention
@@ -23,6 +25,7 @@ __all__ = [
     "record_attention",
     "save_model_view",
     "show",
+    "token_labels",
     "write_html",
 ]
 
