@@ -130,6 +130,9 @@ def test_pairs_under_every_truncation(pair, truncation, max_length):
     kwargs = {"truncation": truncation, "max_length": max_length, "padding": True}
     a, b = _both(ours, theirs, *batch, **kwargs, return_tensors="pt")
     assert _same(a, b) and (a is not Exception or truncation not in (True, "longest_first"))
+    tuples = list(zip(*batch, strict=True))  # [(text, pair), ...], transformers' other form
+    a, b = _both(ours, theirs, tuples, **kwargs, return_tensors="pt")
+    assert _same(a, b) and _same(a, _both(ours, theirs, *batch, **kwargs, return_tensors="pt")[0])
 
 
 def test_the_result_is_a_batch_encoding_for_the_model(pair):

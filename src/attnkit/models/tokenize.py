@@ -265,7 +265,8 @@ class Tokenizer:
     ) -> BatchEncoding:
         """Tokenize as transformers' tokenizer does, with its arguments and ids.
 
-        `text` one string or B strings (`text_pair` likewise: segment 1). `padding`: False,
+        `text` one string or B strings (`text_pair` likewise: segment 1), or B (text, pair)
+        tuples. `padding`: False,
         True / "longest" (to the longest text), "max_length". `truncation`: False, True /
         "longest_first" (cut the longer of a pair first), "only_first", "only_second";
         None cuts "longest_first" when `max_length` is given without padding, as
@@ -274,6 +275,9 @@ class Tokenizer:
         A text longer than `model_max_length` and not cut is kept whole, with a warning.
         """
         single = isinstance(text, str)
+        tuples = isinstance(text, (list, tuple)) and text and text_pair is None
+        if tuples and all(isinstance(t, (list, tuple)) and len(t) == 2 for t in text):
+            text, text_pair = [t[0] for t in text], [t[1] for t in text]  # [(a, b), ...]
         texts = _strings("text", text)
         if single and text_pair == "":
             text_pair = None  # transformers tests `if text_pair`: one empty pair is no pair
