@@ -176,3 +176,6 @@ def test_export_gives_a_plain_tensor():
     assert type(got) is torch.Tensor
     with torch.no_grad():
         assert torch.allclose(got, model(batch["input_ids"], batch["attention_mask"]), atol=1e-6)
+    labels = torch.tensor([0, 1, 2, 1])
+    with pytest.raises(ValueError, match="labels: an exported or traced BertClassifier"):
+        torch.export.export(model, (batch["input_ids"],), {"labels": labels})

@@ -48,8 +48,15 @@ class SequenceClassifierOutput(Tensor):
 
     @classmethod
     def wrap(cls, logits: Tensor, loss: Tensor | None) -> Tensor:
+        """`logits` with `loss` on them; the plain logits inside torch.export / jit.trace
+        (exported programs return plain tensors), where `loss` would be lost: refused."""
         if torch.compiler.is_exporting() or torch.jit.is_tracing():
-            return logits  # exported programs return plain tensors
+            if loss is not None:
+                raise ValueError(
+                    "labels: an exported or traced BertClassifier returns the logits only; "
+                    "export it without labels and compute clf.loss(logits, labels) outside"
+                )
+            return logits
         out = logits.as_subclass(cls)
         out.loss = loss
         return out
