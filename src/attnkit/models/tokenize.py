@@ -266,9 +266,9 @@ class Tokenizer:
         """Tokenize as transformers' tokenizer does, with its arguments and ids.
 
         `text` one string or B strings (`text_pair` likewise: segment 1), or B (text, pair)
-        tuples. `padding`: False,
-        True / "longest" (to the longest text), "max_length". `truncation`: False, True /
-        "longest_first" (cut the longer of a pair first), "only_first", "only_second";
+        tuples. `padding`: False, True / "longest" (to the longest text), "max_length".
+        `truncation`: False, True / "longest_first" (cut the longer of a pair first),
+        "only_first", "only_second";
         None cuts "longest_first" when `max_length` is given without padding, as
         transformers does. `max_length` counts [CLS]/[SEP] and defaults to
         `model_max_length`. `return_tensors`: None (lists) or "pt" ((B, N) int64 tensors).
@@ -312,7 +312,7 @@ class Tokenizer:
         if cut is None and self.model_max_length is not None and longest > self.model_max_length:
             warnings.warn(
                 f"a text has {longest} tokens, more than model_max_length="
-                f"{self.model_max_length}: the model cannot take it; pass truncation=True",
+                f"{self.model_max_length}; pass truncation=True to cut it there",
                 stacklevel=2,
             )
         keys = ["input_ids"]
