@@ -114,6 +114,7 @@ def test_batches(pair, kwargs):
         assert a is not Exception and _same(a, b), (start, kwargs)
 
 
+@pytest.mark.slow  # about 40 s in all: 199 pairs per case, each through both libraries
 @pytest.mark.parametrize("truncation", [True, "longest_first", "only_first", "only_second"])
 @pytest.mark.parametrize("max_length", [12, 40, None])
 def test_pairs_under_every_truncation(pair, truncation, max_length):
