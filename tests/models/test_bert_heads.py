@@ -104,10 +104,16 @@ def test_ignored_labels_and_bad_labels():
     assert torch.equal(logits.grad, torch.zeros(2, 3))
     with pytest.raises(ValueError, match=r"logits must have shape \(B, 3\), got \(2, 4\)"):
         model.loss(torch.randn(2, 4), torch.tensor([0, 1]))
+    logits = torch.randn(2, 3)
+    # transformers flattens the labels (labels.view(-1)): (B, 1) class ids are (B,)
+    assert torch.equal(
+        model.loss(logits, torch.tensor([[0], [1]])), model.loss(logits, torch.tensor([0, 1]))
+    )
+    assert model.problem_type == "single_label_classification"  # chosen by the first loss, kept
     with pytest.raises(ValueError, match=r"labels must be \(2,\) class ids"):
-        model.loss(torch.randn(2, 3), torch.tensor([[0], [1]]))
+        model.loss(logits, torch.tensor([0.0, 1.0]))
     with pytest.raises(ValueError, match="shape of logits"):
-        model.loss(torch.randn(2, 3), torch.rand(2, 2))
+        BertClassifier(BertConfig(**TINY), 3).loss(logits, torch.rand(2, 2))
     with pytest.raises(ValueError, match="problem_type 'ranking' is unknown"):
         BertClassifier(BertConfig(**TINY), 3, problem_type="ranking")
     with pytest.raises(ValueError, match="num_labels must be a positive integer"):

@@ -229,7 +229,9 @@ def prepare(args, step: Callable[[str], Any]) -> Prepared:
             f"{what} has {len(enc.tokens)} tokens but the model takes at most {limit} "
             "(max_position_embeddings): shorten it"
         )
-    tokens = [_shown(tokenizer, t, s) for t, s in zip(enc.tokens, enc.special, strict=True)]
+    from attnkit.viz.labels import token_labels
+
+    tokens = token_labels(enc.tokens, enc.special)  # "Ġcat" -> "cat", as pictures show it
     if args.focus is None:
         focus, why = pick_focus(enc.words)
     else:
@@ -262,15 +264,3 @@ def prepare(args, step: Callable[[str], Any]) -> Prepared:
         unknown=enc.unknown,
         decoder=hf.is_decoder(config),
     )
-
-
-def _shown(tokenizer, token: str, special: bool) -> str:
-    """A token as a reader wants it: WordPiece pieces stay ("##ing"); byte-level BPE and
-    SentencePiece pieces are decoded ("Ġcat" -> "cat", bytes -> characters, "Ġ" -> "␣")."""
-    if special or token.startswith("##"):
-        return token
-    try:
-        text = tokenizer.convert_tokens_to_string([token])
-    except (KeyError, TypeError, ValueError):  # a tokenizer without a decoder
-        return token
-    return text.strip() or ("␣" if text else token)  # a piece that is only a space: visible

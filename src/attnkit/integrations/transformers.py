@@ -47,6 +47,7 @@ from transformers.masking_utils import (
 from attnkit.functional.attention import attention
 from attnkit.integrations import _hf_checkpoint
 from attnkit.viz import record as _record
+from attnkit.viz.labels import CONTINUATION, WORD_START
 
 __all__ = [
     "NAME",
@@ -189,7 +190,7 @@ def _claims(model: nn.Module) -> bool:
 
 # Word-start / continuation marks of the sub-word families: WordPiece continues a word with
 # "##", byte-level BPE (GPT-2, RoBERTa) starts one with "Ġ", SentencePiece (Llama) with "▁".
-_MARKS = ("##", "Ġ", "▁")
+_MARKS = (CONTINUATION, *WORD_START)
 
 
 def piece_text(token: str) -> str:

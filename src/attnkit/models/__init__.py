@@ -6,7 +6,7 @@ Transformer, and ViT / T2T-ViT / a small CNN with CBAM for images (presets in
 `attnkit.models.vit.PRESETS`)."""
 
 from attnkit.models.bert import BertConfig, BertEncoder, BertOutput
-from attnkit.models.bert_heads import BertClassifier
+from attnkit.models.bert_heads import BertClassifier, SequenceClassifierOutput
 from attnkit.models.checkpoint import default_checkpoint
 from attnkit.models.decoding import CachedMultiHeadAttention, KVCache, beam_search, greedy
 from attnkit.models.detr import DetrDecoder, DetrEncoder, DetrTransformer
@@ -14,6 +14,7 @@ from attnkit.models.generate import generate
 from attnkit.models.gpt import GPT, GPTBlock, GPTConfig
 from attnkit.models.rnn import RNNConfig, RNNSeq2Seq
 from attnkit.models.tokenize import (
+    BatchEncoding,
     Encoding,
     TextTooLong,
     Tokenizer,
@@ -35,6 +36,7 @@ from attnkit.models.vit import CNNConfig, PatchEmbed, SmallCNN, T2TEmbed, ViT, V
 __all__ = [
     "GPT",
     "PRESETS",
+    "BatchEncoding",
     "BertClassifier",
     "BertConfig",
     "BertEncoder",
@@ -53,6 +55,7 @@ __all__ = [
     "PatchEmbed",
     "RNNConfig",
     "RNNSeq2Seq",
+    "SequenceClassifierOutput",
     "SmallCNN",
     "T2TEmbed",
     "TextTooLong",

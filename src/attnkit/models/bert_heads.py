@@ -22,10 +22,66 @@ from attnkit.models import checkpoint as ckpt
 from attnkit.models.bert import BertConfig, BertEncoder, load_encoder
 from attnkit.modules._checks import positive_int
 
-__all__ = ["PROBLEM_TYPES", "BertClassifier"]
+__all__ = ["PROBLEM_TYPES", "BertClassifier", "SequenceClassifierOutput"]
 
 # transformers' config.problem_type values, and the loss each one means
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+
+class SequenceClassifierOutput(Tensor):
+    """What `BertClassifier.forward` returns: the logits (B, K) themselves, with transformers'
+    ``.logits`` and ``.loss`` on them.
+
+    It is a tensor so that code written for the logits keeps working (``clf(ids).argmax(-1)``,
+    ``torch.equal(clf(a), clf(b))``); ``.logits`` is the same values as a plain tensor;
+    ``.loss`` the mean loss when `forward` had ``labels``, else None. Every operation on it
+    returns a plain tensor (the loss does not travel along).
+    """
+
+    loss: Tensor | None = None
+    # operations run as on a plain tensor and return plain tensors
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def logits(self) -> Tensor:
+        return self.as_subclass(Tensor)
+
+    @classmethod
+    def wrap(cls, logits: Tensor, loss: Tensor | None) -> Tensor:
+        """`logits` with `loss` on them; the plain logits inside torch.export / jit.trace
+        (exported programs return plain tensors), where `loss` would be lost: refused."""
+        if torch.compiler.is_exporting() or torch.jit.is_tracing():
+            if loss is not None:
+                raise ValueError(
+                    "labels: an exported or traced BertClassifier returns the logits only; "
+                    "export it without labels and compute clf.loss(logits, labels) outside"
+                )
+            return logits
+        out = logits.as_subclass(cls)
+        out.loss = loss
+        return out
+
+    def __reduce_ex__(self, protocol):
+        return self.logits.__reduce_ex__(protocol)  # pickles (torch.save) as the plain logits
+
+
+def _label_names(num_labels: int, id2label, label2id) -> dict[int, str]:
+    """id -> name from either or both of transformers' ``id2label`` / ``label2id`` (keys may
+    be strings, as in config.json); ValueError unless they name exactly 0..K-1 and agree."""
+    names = None
+    if id2label is not None:
+        names = {int(i): str(n) for i, n in id2label.items()}
+    if label2id is not None:
+        inverse = {int(i): str(n) for n, i in label2id.items()}
+        if names is not None and inverse != names:
+            raise ValueError(f"label2id {dict(label2id)} is not the inverse of id2label "
+                             f"{dict(id2label)}")  # fmt: skip
+        names = inverse
+    if names is None:
+        return {i: f"LABEL_{i}" for i in range(num_labels)}
+    if sorted(names) != list(range(num_labels)):
+        raise ValueError(f"id2label must name labels 0..{num_labels - 1}, got keys {sorted(names)}")
+    return dict(sorted(names.items()))
 
 
 class ClassifierHead(nn.Linear):
@@ -46,9 +102,10 @@ class ClassifierHead(nn.Linear):
 class BertClassifier(nn.Module):
     """BERT encoder + pooler + dropout + linear classifier: ids (B, N) -> logits (B, K).
 
-    `num_labels` K (1 = regression); `problem_type` one of `PROBLEM_TYPES`, or None to
-    choose per call of `loss` as transformers does. `id2label`: names of the labels
-    (default ``LABEL_i``), saved in config.json. Dropout before the classifier is
+    `num_labels` K (1 = regression); `problem_type` one of `PROBLEM_TYPES`, or None: the
+    first `loss` chooses it from the labels and keeps it, as transformers does (and
+    `save_pretrained` writes it). `id2label` / `label2id`: names of the labels (either, or
+    both if they agree; default ``LABEL_i``), saved in config.json. Dropout before the classifier is
     ``config.classifier_dropout``, else ``config.hidden_dropout_prob``. The classifier
     starts as transformers' does: weights N(0, initializer_range^2), bias 0.
     """
@@ -60,6 +117,7 @@ class BertClassifier(nn.Module):
         *,
         problem_type: str | None = None,
         id2label: dict[int, str] | None = None,
+        label2id: dict[str, int] | None = None,
         gradient_checkpointing: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -68,10 +126,7 @@ class BertClassifier(nn.Module):
         positive_int("num_labels", num_labels)
         if problem_type is not None and problem_type not in PROBLEM_TYPES:
             raise ValueError(f"problem_type {problem_type!r} is unknown: wanted {PROBLEM_TYPES}")
-        if id2label is not None and sorted(id2label) != list(range(num_labels)):
-            raise ValueError(
-                f"id2label must name labels 0..{num_labels - 1}, got keys {sorted(id2label)}"
-            )
+        names = _label_names(num_labels, id2label, label2id)
         fk = {"device": device, "dtype": dtype}
         self.bert = BertEncoder(config, gradient_checkpointing=gradient_checkpointing, **fk)
         p = config.classifier_dropout
@@ -80,7 +135,11 @@ class BertClassifier(nn.Module):
         self.classifier = ClassifierHead(c, num_labels, std, **fk)  # (B, C) -> (B, K)
         self.num_labels = num_labels
         self.problem_type = problem_type
-        self.id2label = id2label or {i: f"LABEL_{i}" for i in range(num_labels)}
+        self.id2label = names
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        return {n: i for i, n in self.id2label.items()}
 
     @property
     def config(self) -> BertConfig:
@@ -92,38 +151,45 @@ class BertClassifier(nn.Module):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         *,
+        labels: Tensor | None = None,
         position_ids: Tensor | None = None,
         document_ids: Tensor | None = None,
-    ) -> Tensor:
-        """Logits (B, K); arguments as for `BertEncoder.forward` (mask 1 = real token). With
-        `document_ids` (a packed batch): (D, K), one row per document in the order they start
-        (row by row), each what that document gets alone; `loss` takes labels (D,)."""
+    ) -> SequenceClassifierOutput:
+        """Logits (B, K), as a `SequenceClassifierOutput` (a tensor with ``.logits`` and
+        ``.loss``); arguments as for `BertEncoder.forward` (mask 1 = real token). With
+        `labels`, ``.loss`` is `loss(logits, labels)`. With `document_ids` (a packed batch):
+        (D, K), one row per document in the order they start (row by row), each what that
+        document gets alone; labels then (D,)."""
         out = self.bert(
             input_ids, attention_mask, token_type_ids,
             position_ids=position_ids, document_ids=document_ids,
         )  # fmt: skip
-        return self.classifier(self.drop(out.pooler_output))  # (B, K) or (D, K)
+        logits = self.classifier(self.drop(out.pooler_output))  # (B, K) or (D, K)
+        loss = None if labels is None else self.loss(logits, labels)
+        return SequenceClassifierOutput.wrap(logits, loss)
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         """The mean loss of `logits` (B, K) against `labels`, by transformers' rules.
 
-        The problem type is `problem_type`, else: K == 1 -> regression (mean squared
-        error, labels (B,) or (B, 1) floats); integer labels -> single-label
-        classification (cross-entropy, labels (B,) class ids, -100 = ignore; a batch
-        with every label ignored gives 0, not NaN); float labels with K > 1 ->
-        multi-label (binary cross-entropy with logits, labels (B, K) in [0, 1]).
+        The problem type is `problem_type`, else (chosen here and kept, as
+        transformers' ``BertForSequenceClassification`` does): K == 1 -> regression (mean
+        squared error, labels (B,) or (B, 1) floats); int64/int32 labels -> single-label
+        classification (cross-entropy, labels B class ids, -100 = ignore; a batch with
+        every label ignored gives 0, not NaN); other labels -> multi-label (binary
+        cross-entropy with logits, labels (B, K) in [0, 1]).
         """
+        logits = logits.as_subclass(Tensor)  # a SequenceClassifierOutput too
         if logits.dim() != 2 or logits.shape[1] != self.num_labels:
             raise ValueError(f"logits must have shape (B, {self.num_labels}), got "
                              f"{tuple(logits.shape)}")  # fmt: skip
-        kind = self.problem_type
-        if kind is None:
+        if self.problem_type is None:
             if self.num_labels == 1:
-                kind = "regression"
-            elif not labels.is_floating_point():
-                kind = "single_label_classification"
+                self.problem_type = "regression"
+            elif labels.dtype in (torch.long, torch.int):
+                self.problem_type = "single_label_classification"
             else:
-                kind = "multi_label_classification"
+                self.problem_type = "multi_label_classification"
+        kind = self.problem_type
         b, k = logits.shape
         if kind == "regression":
             if labels.numel() != b * k:
@@ -131,9 +197,10 @@ class BertClassifier(nn.Module):
                                  f"logits {(b, k)}, got shape {tuple(labels.shape)}")  # fmt: skip
             return F.mse_loss(logits.reshape(-1), labels.reshape(-1).to(logits.dtype))
         if kind == "single_label_classification":
-            if labels.shape != (b,) or labels.is_floating_point():
+            if labels.numel() != b or labels.is_floating_point():
                 raise ValueError(f"labels must be ({b},) class ids, got "
                                  f"{tuple(labels.shape)} {labels.dtype}")  # fmt: skip
+            labels = labels.reshape(-1).long()
             total = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
             return total / (labels != -100).sum().clamp(min=1)
         if labels.shape != logits.shape:
@@ -151,6 +218,8 @@ class BertClassifier(nn.Module):
         directory: str | Path,
         *,
         num_labels: int | None = None,
+        id2label: dict[int, str] | None = None,
+        label2id: dict[str, int] | None = None,
         problem_type: str | None = None,
         gradient_checkpointing: bool = False,
         device: torch.device | str | None = None,
@@ -160,8 +229,11 @@ class BertClassifier(nn.Module):
         """Load a transformers ``BertForSequenceClassification`` folder, or a ``BertModel``
         folder with a new head (a UserWarning says so: train it before use).
 
-        `num_labels` defaults to the checkpoint's (classifier rows, else ``id2label``,
-        else 2); `problem_type` to the config's. `overrides` as for
+        As transformers' ``AutoModelForSequenceClassification.from_pretrained(folder,
+        num_labels=, id2label=, label2id=, problem_type=)``: `num_labels` defaults to the
+        checkpoint's (classifier rows, else the labels named, else 2); `id2label` /
+        `label2id` (either or both) name the labels, else the config's names are kept when
+        they fit; `problem_type` defaults to the config's. `overrides` as for
         `BertEncoder.from_pretrained`. The encoder needs a pooler in the checkpoint.
         Returned in eval mode.
         """
@@ -170,13 +242,16 @@ class BertClassifier(nn.Module):
         config = BertConfig.from_dict(data, str(config_path)).with_overrides(**overrides)
         raw = ckpt.load_weights(weights_path)
         head = raw.get("classifier.weight")
+        given = id2label or label2id
         names = {int(i): n for i, n in (data.get("id2label") or {}).items()}
         if num_labels is None:
-            num_labels = head.shape[0] if head is not None else (len(names) or 2)
-        kept_names = names if sorted(names) == list(range(num_labels)) else None
+            named = len(given) if given else len(names)
+            num_labels = head.shape[0] if head is not None else (named or 2)
+        if not given:  # the config's names, when they fit
+            id2label = names if sorted(names) == list(range(num_labels)) else None
         fk = {"device": device, "dtype": dtype}
         model = cls(config, num_labels, problem_type=problem_type or data.get("problem_type"),
-                    id2label=kept_names, **fk)  # fmt: skip
+                    id2label=id2label, label2id=label2id, **fk)  # fmt: skip
         source = str(weights_path)
         state = ckpt.strip_prefix(raw)
         model.bert = load_encoder(BertEncoder, config, state, source, True, device, dtype)
@@ -208,7 +283,7 @@ class BertClassifier(nn.Module):
         dtype = self.classifier.weight.dtype
         config = bert_save.config_dict(self.config, "BertForSequenceClassification", dtype)
         config["id2label"] = {str(i): n for i, n in self.id2label.items()}
-        config["label2id"] = {n: i for i, n in self.id2label.items()}
+        config["label2id"] = self.label2id
         if self.problem_type is not None:
             config["problem_type"] = self.problem_type
         files = bert_save.tokenizer_files(self.bert, tokenizer)

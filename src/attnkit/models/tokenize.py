@@ -16,11 +16,18 @@ file and field it came from, and the option) unless the tokenizer was made with
 ``truncation=True``, which keeps the first tokens as transformers' ``longest_first`` does.
 Pass ``max_length=`` to use another limit (e.g. up to ``max_position_embeddings`` for
 attention maps of a text longer than sentence-transformers would embed).
+
+Called like transformers' tokenizer, ``tok(texts, padding=True, truncation=True,
+return_tensors="pt")`` gives the ids ``transformers.AutoTokenizer`` gives for the same
+folder, with transformers' rules instead: its default limit is ``model_max_length`` (in
+``tokenizer_config.json``; 512 for all-MiniLM-L6-v2, not sentence-transformers' 256), and
+without truncation a longer text is kept whole, with a warning.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +38,11 @@ from torch import Tensor
 
 from attnkit._optional import require
 from attnkit.models import checkpoint as ckpt
+from attnkit.models.batch_encoding import PADDING, TRUNCATION, BatchEncoding, assemble, option
 from attnkit.modules._checks import positive_int
 
-__all__ = ["Encoding", "TextTooLong", "Tokenizer", "checkpoint_max_length", "mean_pool",
-           "sentence_embedding"]  # fmt: skip
+__all__ = ["BatchEncoding", "Encoding", "TextTooLong", "Tokenizer", "checkpoint_max_length",
+           "mean_pool", "sentence_embedding"]  # fmt: skip
 
 SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[PAD]")
 
@@ -58,6 +66,16 @@ class TextTooLong(ValueError):
         )
 
 
+def _limit(folder: Path, file: str, key: str) -> int | None:
+    """`key` of the JSON `file` in `folder` when it is a real limit, else None."""
+    if not (folder / file).is_file():
+        return None
+    value = ckpt.read_config_json(folder / file).get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < NO_LIMIT:
+        return value
+    return None
+
+
 def checkpoint_max_length(directory: str | Path) -> tuple[int, str] | None:
     """(limit, where it came from) for a checkpoint folder: the strictest of the limits in
     the module docstring, or None if the folder states none."""
@@ -68,10 +86,9 @@ def checkpoint_max_length(directory: str | Path) -> tuple[int, str] | None:
         ("tokenizer_config.json", "model_max_length"),
         ("config.json", "max_position_embeddings"),
     ):
-        if (folder / file).is_file():
-            value = ckpt.read_config_json(folder / file).get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and 0 < value < NO_LIMIT:
-                found.append((value, f"{key} in {file}"))
+        value = _limit(folder, file, key)
+        if value is not None:
+            found.append((value, f"{key} in {file}"))
     return min(found, key=lambda f: f[0]) if found else None
 
 
@@ -106,7 +123,8 @@ class Tokenizer:
     Use `Tokenizer.from_pretrained(folder)`; it reads ``tokenizer.json``, or
     falls back to ``vocab.txt`` (lower-casing per ``tokenizer_config.json``), and
     takes its limit from the folder (module docstring). `limit_source` names where
-    `max_length` came from, for error messages.
+    `max_length` came from, for error messages. `model_max_length` (default `max_length`) is
+    the limit of transformers' rules, which calling the tokenizer follows (`__call__`).
     """
 
     def __init__(
@@ -116,24 +134,33 @@ class Tokenizer:
         max_length: int | None = None,
         truncation: bool = False,
         limit_source: str = "the max_length argument",
+        model_max_length: int | None = None,
     ) -> None:
         if max_length is not None:
             positive_int("max_length", max_length)
         if truncation and max_length is None:
             raise ValueError("truncation=True needs a max_length to cut to, got None")
-        backend.no_padding()
-        if truncation:
-            # transformers' default strategy: drop tokens from the longer of a pair first
-            backend.enable_truncation(max_length, strategy="longest_first")
-        else:
-            backend.no_truncation()  # too long is an error here, never silently cut
         self._backend = backend
         self.max_length = max_length
         self.truncation = bool(truncation)
+        self._configure()
         self.limit_source = limit_source
+        self.model_max_length = max_length if model_max_length is None else model_max_length
         self.source_folder: Path | None = None  # set by from_pretrained; files() copies from it
         pad = backend.token_to_id("[PAD]")
         self.pad_id = 0 if pad is None else pad
+
+    def _configure(self, cut: str | None = None, limit: int | None = None) -> None:
+        """Set the backend's truncation: `cut` (a strategy) at `limit` for one call, else
+        this tokenizer's own (no padding: the batch is padded here)."""
+        self._backend.no_padding()
+        if cut is not None:
+            self._backend.enable_truncation(limit, strategy=cut)
+        elif self.truncation:
+            # transformers' default strategy: drop tokens from the longer of a pair first
+            self._backend.enable_truncation(self.max_length, strategy="longest_first")
+        else:
+            self._backend.no_truncation()  # too long is an error here, never silently cut
 
     @classmethod
     def from_pretrained(
@@ -145,9 +172,12 @@ class Tokenizer:
         if not folder.is_dir():
             raise FileNotFoundError(f"tokenizer folder {str(folder)!r} does not exist")
         source = "the max_length argument"
+        model_max = max_length
         if max_length is None:
             max_length, source = checkpoint_max_length(folder) or (None, source)
-        options = {"max_length": max_length, "truncation": truncation, "limit_source": source}
+            model_max = _limit(folder, "tokenizer_config.json", "model_max_length") or max_length
+        options = {"max_length": max_length, "truncation": truncation, "limit_source": source,
+                   "model_max_length": model_max}  # fmt: skip
         tokenizer = cls._load(folder, options)
         tokenizer.source_folder = folder
         return tokenizer
@@ -220,6 +250,79 @@ class Tokenizer:
             tokens.append(list(e.tokens) + ["[PAD]"] * (n - m))
         return Encoding(ids, keep, types, tokens)
 
+    def __call__(
+        self,
+        text: str | Sequence[str],
+        text_pair: str | Sequence[str] | None = None,
+        *,
+        padding: bool | str = False,
+        truncation: bool | str | None = None,
+        max_length: int | None = None,
+        return_tensors: str | None = None,
+        return_token_type_ids: bool | None = None,
+        return_attention_mask: bool | None = None,
+        add_special_tokens: bool = True,
+    ) -> BatchEncoding:
+        """Tokenize as transformers' tokenizer does, with its arguments and ids.
+
+        `text` one string or B strings (`text_pair` likewise: segment 1), or B (text, pair)
+        tuples. `padding`: False, True / "longest" (to the longest text), "max_length".
+        `truncation`: False, True / "longest_first" (cut the longer of a pair first),
+        "only_first", "only_second";
+        None cuts "longest_first" when `max_length` is given without padding, as
+        transformers does. `max_length` counts [CLS]/[SEP] and defaults to
+        `model_max_length`. `return_tensors`: None (lists) or "pt" ((B, N) int64 tensors).
+        A text longer than `model_max_length` and not cut is kept whole, with a warning.
+        """
+        single = isinstance(text, str)
+        tuples = isinstance(text, (list, tuple)) and text and text_pair is None
+        if tuples and all(isinstance(t, (list, tuple)) and len(t) == 2 for t in text):
+            text, text_pair = [t[0] for t in text], [t[1] for t in text]  # [(a, b), ...]
+        texts = _strings("text", text)
+        if single and text_pair == "":
+            text_pair = None  # transformers tests `if text_pair`: one empty pair is no pair
+        pairs = None if text_pair is None else _strings("text_pair", text_pair)
+        if pairs is not None and (isinstance(text_pair, str) != single or len(pairs) != len(texts)):
+            raise ValueError(f"text_pair must be like text: one string for a string, one per text "
+                             f"for a list ({len(texts)}), got {text_pair!r:.60}")  # fmt: skip
+        if return_tensors not in (None, "pt"):
+            raise ValueError(f"return_tensors={return_tensors!r} is not supported: wanted "
+                             "None (lists) or 'pt' (torch tensors)")  # fmt: skip
+        if max_length is not None:
+            positive_int("max_length", max_length)
+        pad = option("padding", padding, PADDING)
+        if truncation is None:
+            cut = "longest_first" if max_length is not None and pad is None else None
+        else:
+            cut = option("truncation", truncation, TRUNCATION)
+        limit = self.model_max_length if max_length is None else max_length
+        if (cut is not None or pad == "max_length") and limit is None:
+            raise ValueError("truncation and padding='max_length' need max_length: this "
+                             "tokenizer has no model_max_length")  # fmt: skip
+        inputs = texts if pairs is None else list(zip(texts, pairs, strict=True))
+        self._configure(cut, limit)
+        try:
+            encoded = self._backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        except Exception as e:  # tokenizers raises plain Exception, e.g. a pair it cannot cut
+            raise ValueError(f"cannot tokenize with truncation={cut!r}, max_length={limit}: "
+                             f"{e}") from e  # fmt: skip
+        finally:
+            self._configure()
+        longest = max((len(e.ids) for e in encoded), default=0)
+        if cut is None and self.model_max_length is not None and longest > self.model_max_length:
+            warnings.warn(
+                f"a text has {longest} tokens, more than model_max_length="
+                f"{self.model_max_length}; pass truncation=True to cut it there",
+                stacklevel=2,
+            )
+        keys = ["input_ids"]
+        keys += ["token_type_ids"] if return_token_type_ids in (None, True) else []
+        keys += ["attention_mask"] if return_attention_mask in (None, True) else []
+        pad_to = {None: None, "longest": longest, "max_length": limit}[pad]
+        return assemble(encoded, single=single, pad_to=pad_to, pad_id=self.pad_id,
+                        pad_token=self._backend.id_to_token(self.pad_id) or "[PAD]",
+                        keys=tuple(keys), tensors=return_tensors == "pt")  # fmt: skip
+
     def files(self) -> dict[str, bytes]:
         """The files of a transformers tokenizer folder (name -> bytes): tokenizer.json
         from this tokenizer, vocab.txt and special_tokens_map.json copied from the folder
@@ -245,6 +348,16 @@ class Tokenizer:
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write `files` into `directory`, all or nothing (`checkpoint.write_folder`)."""
         return ckpt.write_folder(directory, self.files())
+
+
+def _strings(name: str, value) -> list[str]:
+    """One string or a list of strings as a list; ValueError otherwise."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(t, str) for t in items):
+        raise ValueError(f"{name} must be a string or a list of strings, got {value!r:.60}")
+    if not items:
+        raise ValueError(f"{name} is an empty list: wanted at least one text")
+    return list(items)
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:

@@ -13,9 +13,11 @@ The teaching figures of the tutorials draw a page's own numbers:
 (one query's scores, weights and weighted sum), :func:`multi_head_figure` (split, attend per
 head, concatenate, project), :func:`soft_split_figure` (patches / T2T's soft split) and
 :func:`channel_spatial_figure` (channel and spatial gates next to self-attention weights).
+The views label tokens with :func:`token_labels` ("Ġcat" is shown as "cat").
 """
 
 from attnkit.viz.head_view import head_view, write_html
+from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps
 from attnkit.viz.notebook import HeadViewHTML, show
 from attnkit.viz.record import AttentionRecord, record_attention
@@ -45,6 +47,7 @@ __all__ = [
     "save_model_view",
     "show",
     "soft_split_figure",
+    "token_labels",
     "write_html",
 ]
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from attnkit._io import atomic_write_text
+from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps
 
 __all__ = ["head_view", "write_html"]
@@ -158,8 +159,8 @@ def _encode(maps: AttentionMaps, *, max_tokens: int, top_k: int, threshold: floa
         f"“Mean of heads” averages the full maps of all {H} heads before anything is dropped."
     )
     return {
-        "tokens": maps.tokens[:n],
-        "keyTokens": (maps.key_tokens or maps.tokens)[:s],
+        "tokens": token_labels(maps.tokens)[:n],
+        "keyTokens": token_labels(maps.key_tokens or maps.tokens)[:s],
         "layerNames": maps.names,
         "numHeads": H,
         "shape": [L, H, N, S],

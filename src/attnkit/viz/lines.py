@@ -20,6 +20,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
+from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps
 
 __all__ = ["draw_head_lines", "layer_view"]
@@ -79,14 +80,13 @@ def draw_head_lines(
                 segments.append([(_LEFT + 0.02, ys_q[i]), (_RIGHT - 0.02, ys_k[j])])
                 colors.append((r, g, b, w))
     ax.add_collection(LineCollection(segments, colors=colors, linewidths=2.0))
-    for i, token in enumerate(maps.tokens):
+    for i, token in enumerate(token_labels(maps.tokens)):
         chosen = query is not None and i == query % N
         ax.text(
             _LEFT, ys_q[i], token, ha="right", va="center", fontsize=fontsize,
             fontweight="bold" if chosen else "normal",
         )  # fmt: skip
-    key_tokens = maps.key_tokens or maps.tokens
-    for j, token in enumerate(key_tokens):
+    for j, token in enumerate(token_labels(maps.key_tokens or maps.tokens)):
         shade = None
         if query is not None:
             shade = {"facecolor": (r, g, b, 0.6 * weights[query % N, j]), "edgecolor": "none"}
@@ -143,7 +143,7 @@ def layer_view(
         top=1 - top / fig_h, wspace=0.06, hspace=0.16,
     )  # fmt: skip
     font = min(9.0, 0.8 * panel_inches * 72 / max(N, S, 1))
-    keys = maps.key_tokens or maps.tokens
+    queries, keys = token_labels(maps.tokens), token_labels(maps.key_tokens or maps.tokens)
     image = None
     for h in range(H):
         ax = fig.add_subplot(grid[h // columns, h % columns])
@@ -153,7 +153,7 @@ def layer_view(
         ax.set_xticks([])
         ax.set_yticks([])
         if h % columns == 0:
-            ax.set_yticks(range(N), maps.tokens, fontsize=font)
+            ax.set_yticks(range(N), queries, fontsize=font)
         if h + columns >= H:  # nothing below it
             ax.set_xticks(range(S), keys, fontsize=font, rotation=90)
     cax = fig.add_axes(

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 from torch import Tensor
 
+from attnkit.viz.labels import token_labels
+
 __all__ = ["head_distance_png", "model_view_png", "pool_tokens", "viridis"]
 
 # matplotlib's viridis at 33 evenly spaced points (0, 1/32, ..., 1), 0-255; `viridis`
@@ -231,13 +233,14 @@ def pool_tokens(
     data: Tensor, labels: list[str], *, dim: int, max_blocks: int, op: str
 ) -> tuple[Tensor, list[str], int]:
     """Pool ``data`` (L, H, N, S) along ``dim`` into at most ``max_blocks`` blocks of
-    consecutive tokens ("mean" or "sum"); returns the pooled tensor, block labels and
-    block size (1: unchanged)."""
+    consecutive tokens ("mean" or "sum"); returns the pooled tensor, block labels (tokens
+    shown by `attnkit.viz.labels.token_labels`) and block size (1: unchanged)."""
     import torch
 
+    labels = token_labels(labels)  # "Ġcat" -> "cat", as every picture shows tokens
     size = data.shape[dim]
     if size <= max_blocks:
-        return data, list(labels), 1
+        return data, labels, 1
     block = math.ceil(size / max_blocks)
     pad = block * math.ceil(size / block) - size
     padded = torch.nn.functional.pad(data.movedim(dim, -1), (0, pad))  # (..., blocks * block)
