@@ -5,7 +5,10 @@ probabilities from any model; :class:`AttentionMaps` holds (L, H, N, S) for one
 example; :func:`head_view` turns it into a self-contained HTML page,
 :func:`show` into the same view inside a Jupyter notebook (recordings and maps also
 display themselves there) and :func:`model_view` into a matplotlib figure (layers × heads
-heatmaps). :func:`plot_block_map` draws which blocks a structured mask lets a kernel skip.
+heatmaps). :func:`plot_block_map` draws which blocks a structured mask lets a kernel skip;
+:func:`plot_masks`, :func:`plot_positional_encoding` and :func:`plot_transformer` draw the
+tutorials' teaching figures (masks beside their weights, the position table, the
+encoder-decoder data flow with its shapes).
 """
 
 from attnkit.viz.head_view import head_view, write_html
@@ -20,6 +23,9 @@ __all__ = [
     "head_view",
     "model_view",
     "plot_block_map",
+    "plot_masks",
+    "plot_positional_encoding",
+    "plot_transformer",
     "record_attention",
     "save_model_view",
     "show",
@@ -37,4 +43,8 @@ def __getattr__(name: str):
         from attnkit.viz.block_map import plot_block_map
 
         return plot_block_map
+    if name in {"plot_masks", "plot_positional_encoding", "plot_transformer"}:
+        from attnkit.viz import diagrams
+
+        return getattr(diagrams, name)
     raise AttributeError(f"module 'attnkit.viz' has no attribute {name!r}")
