@@ -222,7 +222,7 @@ fig.savefig("masks.png", dpi=100)
 # ## A query that may attend to nothing
 #
 # If every key of a row is blocked (a sentence that is all padding, or the first
-# queries of a causal mask with N > S), the softmax has nothing to normalise. In
+# queries of a causal mask with $N > S$), the softmax has nothing to normalise. In
 # attnkit such a row gets attention output exactly 0 and gradient 0, on every
 # backend. `torch.nn.MultiheadAttention` returns NaN there, and the NaN spreads
 # into everything computed from it.
@@ -308,7 +308,7 @@ print("SDPA with the same mask:", torch.allclose(sdpa, ours_out, atol=1e-6))
 # ```
 #
 # Two more rules keep masks honest. A float tensor is never a mask in attnkit: it is
-# an additive `bias=`. And masks are applied with `where`, not by adding −1e9 to the
+# an additive `bias=`. And masks are applied with `where`, not by adding $-10^9$ to the
 # scores, which overflows in float16.
 #
 # ## Structured masks: packed documents, sliding windows, prefix-LM
