@@ -419,11 +419,12 @@ import matplotlib.pyplot as plt
 
 from attnkit.viz import plot_block_map
 
-fig, axes = plt.subplots(1, 4, figsize=(14, 3.8))
-for ax, m in zip(axes, [local, packed, prefix_lm, packed & local], strict=True):
-    plot_block_map(m, 256, ax=ax)
-fig.tight_layout()
-fig.savefig("block-maps.png", dpi=80)
+fig, axes = plt.subplots(2, 2, figsize=(8.5, 9))
+shown = [local, packed, prefix_lm, packed & local]
+for i, (ax, m) in enumerate(zip(axes.flat, shown, strict=True)):
+    plot_block_map(m, 256, ax=ax, legend=i >= 2)  # the legend under the bottom row only
+fig.tight_layout(h_pad=2)
+fig.savefig("block-maps.png", dpi=100)
 
 # %% [markdown]
 # ![Block maps of a sliding window, four packed documents, a prefix-LM and documents & window: the kernel computes 18 %, 17 %, 55 % and 14 % of the blocks](../../assets/tutorials/04-masks/block-maps.png)
