@@ -465,8 +465,8 @@ print("same as its dense mask:", torch.allclose(
 #
 # ## Exercises
 #
-# 1. Build the causal sliding window of 3 keys over 6 tokens by hand, from `torch.arange`, and
-#    compare it with `masks.window(6, 3, causal=True).dense()`.
+# **1.** Build the causal sliding window of 3 keys over 6 tokens by hand, from `torch.arange`, and
+# compare it with `masks.window(6, 3, causal=True).dense()`.
 #
 # /// details | Answer
 # %%
@@ -488,8 +488,8 @@ show(by_hand)
 # ```
 # ///
 #
-# 2. A prefix-LM is "causal, except that the prefix is bidirectional". Write
-#    `masks.prefix(6, 2)` as a causal mask OR-ed with one more condition on the key.
+# **2.** A prefix-LM is "causal, except that the prefix is bidirectional". Write
+# `masks.prefix(6, 2)` as a causal mask OR-ed with one more condition on the key.
 #
 # /// details | Answer
 # Queries inside the prefix must also see the later prefix keys; queries after the prefix
@@ -506,8 +506,8 @@ print("same as masks.prefix:", torch.equal(prefix_by_hand, masks.prefix(6, 2).de
 # ```
 # ///
 #
-# 3. `masks.causal(5, 3)` has more queries than keys. Which queries may attend to nothing, and
-#    what does `attnkit.attention` give them?
+# **3.** `masks.causal(5, 3)` has more queries than keys. Which queries may attend to nothing, and
+# what does `attnkit.attention` give them?
 #
 # /// details | Answer
 # Bottom-right alignment lets query $i$ see keys $j \le i + S - N = i - 2$, so queries 0 and 1
@@ -533,8 +533,8 @@ print("any NaN:", bool(out5.isnan().any()))
 # ```
 # ///
 #
-# 4. The padded queries of sentence 2 still attend to its two real keys. Mask them as queries
-#    too (a (B, 1, N, 1) mask, combined with the key padding): what does the module output there?
+# **4.** The padded queries of sentence 2 still attend to its two real keys. Mask them as queries
+# too (a (B, 1, N, 1) mask, combined with the key padding): what does the module output there?
 #
 # /// details | Answer
 # `pad.transpose(-1, -2)` is the same padding along the queries. Combined, the padded rows

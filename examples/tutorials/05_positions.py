@@ -331,8 +331,8 @@ print("memory_pos:", tuple(memory_pos.shape), " out:", tuple(out.shape))
 #
 # ## Exercises
 #
-# 1. Check the closed form $PE_p \cdot PE_{p+k} = \sum_i \cos(k\,\omega_i)$ against the table for
-#    every distance $k$ from 0 to 20.
+# **1.** Check the closed form $PE_p \cdot PE_{p+k} = \sum_i \cos(k\,\omega_i)$ against the table for
+# every distance $k$ from 0 to 20.
 #
 # /// details | Answer
 # %%
@@ -347,9 +347,9 @@ print("closed form == table:", torch.allclose(closed, from_table))
 # ```
 # ///
 #
-# 2. Moving $k$ positions ahead rotates every (sin, cos) pair by the angle $k\,\omega_i$, the
-#    same rotation wherever you start. Build that rotation for $k = 5$ and check that it maps
-#    position 3 to 8 and position 20 to 25.
+# **2.** Moving $k$ positions ahead rotates every (sin, cos) pair by the angle $k\,\omega_i$, the
+# same rotation wherever you start. Build that rotation for $k = 5$ and check that it maps
+# position 3 to 8 and position 20 to 25.
 #
 # /// details | Answer
 # For one pair, $(\sin(a + b), \cos(a + b))$ is $(\sin a, \cos a)$ times a 2 × 2 matrix that
@@ -379,8 +379,8 @@ print("20 -> 25:", torch.allclose(shift(pe64[20]), pe64[25]))
 # that RoPE (`attnkit.RotaryEmbedding`) applies to the queries and keys directly.
 # ///
 #
-# 3. Repeat the permutation test of the first section with `SinusoidalPositionalEncoding`
-#    applied before the attention. Is the layer still permutation-equivariant?
+# **3.** Repeat the permutation test of the first section with `SinusoidalPositionalEncoding`
+# applied before the attention. Is the layer still permutation-equivariant?
 #
 # /// details | Answer
 # No: a token that moves gets another position vector, so its output changes, not just its

@@ -525,9 +525,9 @@ save_alignment_png(
 #
 # ## Exercises
 #
-# 1. Draw the paper's base model instead: post-norm, 6 + 6 blocks, $C = 512$, $F = 2048$,
-#    8 heads, a 37,000-token vocabulary, a batch of 2 sentences of 20 source and 18 target
-#    tokens. How many "Add & Norm" boxes does the picture have, and why that many?
+# **1.** Draw the paper's base model instead: post-norm, 6 + 6 blocks, $C = 512$, $F = 2048$,
+# 8 heads, a 37,000-token vocabulary, a batch of 2 sentences of 20 source and 18 target
+# tokens. How many "Add & Norm" boxes does the picture have, and why that many?
 #
 # /// details | Answer
 # Five: two per encoder block (self-attention, feed-forward) and three per decoder block
@@ -548,9 +548,9 @@ print("logits:", [t for t in texts if t.startswith("(B, T, V)")])
 # ```
 # ///
 #
-# 2. BatchNorm normalises each feature over the batch; LayerNorm each token over its
-#    features. Show that LayerNorm's output for sentence 0 does not change when sentence 1
-#    changes, and that a training-mode `torch.nn.BatchNorm1d` over the same features does.
+# **2.** BatchNorm normalises each feature over the batch; LayerNorm each token over its
+# features. Show that LayerNorm's output for sentence 0 does not change when sentence 1
+# changes, and that a training-mode `torch.nn.BatchNorm1d` over the same features does.
 #
 # /// details | Answer
 # %%
@@ -581,9 +581,9 @@ print("BatchNorm, sentence 0 unchanged:", same_bn)
 # test time, and for a batch of one token in a decoding loop.
 # ///
 #
-# 3. Count the parameters of one encoder block of this page by formula: self-attention
-#    ($4C^2 + 4C$: the Q, K, V and output projections with biases), the feed-forward layer
-#    ($2CF + F + C$) and two LayerNorms ($2C$ each). Which part is bigger?
+# **3.** Count the parameters of one encoder block of this page by formula: self-attention
+# ($4C^2 + 4C$: the Q, K, V and output projections with biases), the feed-forward layer
+# ($2CF + F + C$) and two LayerNorms ($2C$ each). Which part is bigger?
 #
 # /// details | Answer
 # %%
@@ -607,9 +607,9 @@ print("formula == the block's parameters:",
 # $8C^2$ against the attention's $4C^2$: two thirds of a block's parameters.
 # ///
 #
-# 4. The decoder's masked self-attention must keep position $t$ from seeing later target
-#    tokens. Check it on the trained model: change the last decoder input token and compare
-#    the logits of the earlier positions.
+# **4.** The decoder's masked self-attention must keep position $t$ from seeing later target
+# tokens. Check it on the trained model: change the last decoder input token and compare
+# the logits of the earlier positions.
 #
 # /// details | Answer
 # %%
