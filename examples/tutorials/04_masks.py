@@ -10,13 +10,23 @@
 # You will learn:
 #
 # - attnkit's one convention: a boolean mask, **True = may attend**, broadcast to (B, H, N, S);
-# - padding masks, causal masks, and both at once;
-# - masks in cross-attention between a decoder and an encoder (and causal masks when N ≠ S);
+# - padding masks, causal masks, and both at once, each drawn beside the attention weights it yields;
+# - masks in cross-attention between a decoder and an encoder (and causal masks when $N \ne S$);
 # - what happens to a query that may attend to nothing (0 in attnkit, NaN in `torch.nn.MultiheadAttention`);
 # - the polarities of PyTorch, Keras and Hugging Face, and attnkit's converters.
 #
 # ## The convention, and a padding mask
 #
+# A mask enters attention before the softmax. Blocked pairs get $-\infty$ added to their
+# scores, so their weights come out exactly 0 and the others are renormalised among themselves:
+#
+# $$
+# \mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k}} + M\right) V,
+# \qquad
+# M_{ij} = \begin{cases} 0 & \text{query } i \text{ may attend to key } j \\ -\infty & \text{otherwise} \end{cases}
+# $$
+#
+# (attnkit does this with `where` on the boolean mask, not by adding a large negative number.)
 # Two sentences padded to 5 tokens: the first has 5 real tokens, the second 2. A
 # mask is boolean, True where the query may attend to the key, and its shape
 # broadcasts to (B, H, N, S): batch, heads, queries, keys. `masks.padding` gives
@@ -83,8 +93,8 @@ print("real tokens unchanged:", torch.allclose(y[1, :2], y_other[1, :2]))
 #
 # ## Causal masks
 #
-# A language model predicts token i + 1 from tokens 0..i, so query i may attend to
-# keys 0..i only: the lower triangle. `causal=True` builds it inside the call;
+# A language model predicts token $i + 1$ from tokens $0, \dots, i$, so query $i$ may attend
+# to keys $j \le i$ only: the lower triangle. `causal=True` builds it inside the call;
 # `masks.causal(n)` gives it as a tensor (1, 1, N, N).
 
 # %%
@@ -161,8 +171,8 @@ for row in rec["attend"][1, 0]:
 #    [0.4912, 0.5088, 0.0, 0.0, 0.0]
 # ```
 #
-# When N ≠ S, a causal mask is aligned **bottom-right**: query i sees keys
-# j ≤ i + S − N. That is what decoding with a key/value cache needs: the 3 newest
+# When $N \ne S$, a causal mask is aligned **bottom-right**: query $i$ sees keys
+# $j \le i + S - N$. That is what decoding with a key/value cache needs: the 3 newest
 # queries come after 2 cached tokens, so the last query sees every key.
 
 # %%
@@ -175,35 +185,44 @@ show(masks.causal(3, 5)[0, 0])  # 3 new queries, 5 keys (2 of them cached)
 #   ■ ■ ■ ■ ■
 # ```
 #
-# All four kinds in one picture (■ = white, may attend):
+# All four kinds in one picture, each over the weights it yields (sentence 2, head 0).
+# `attnkit.viz.plot_masks` draws a mask dark where the query may attend; below it, the
+# weights are white where they are 0, and every blocked pair is white:
 
 # %%
-import matplotlib.pyplot as plt
+from attnkit.viz import plot_masks
 
+with attnkit.record_attention(mha) as rec_self, attnkit.record_attention(cross) as rec_cross:
+    mha(x, mask=pad)
+    mha(x, causal=True)
+    mha(x, mask=both)
+    cross(target, memory, mask=pad)
 panels = {
     "padding (sentence 2)": pad[1, 0].expand(5, 5),
     "causal": causal[0, 0],
     "causal + padding": both[1, 0],
     "cross: 3 queries, 5 keys": pad[1, 0].expand(3, 5),
 }
-fig, axes = plt.subplots(1, 4, figsize=(11, 3))
-for ax, (title, m) in zip(axes, panels.items(), strict=True):
-    ax.imshow(m.float().numpy(), cmap="gray", vmin=0, vmax=1)
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel("key j")
-    ax.set_ylabel("query i")
-    ax.set_xticks(range(m.shape[1]))
-    ax.set_yticks(range(m.shape[0]))
-fig.tight_layout()
-fig.savefig("masks.png", dpi=80)
+weights = [w[1, 0] for w in rec_self.calls["attend"]] + [rec_cross["attend"][1, 0]]
+for (title, m), w in zip(panels.items(), weights, strict=True):
+    print(f"{title:25} blocked weights all 0: {bool((w[~m] == 0).all())}")
+fig = plot_masks(panels, dict(zip(panels, weights, strict=True)))
+fig.savefig("masks.png", dpi=100)
 
 # %% [markdown]
-# ![Four masks: padding, causal, causal plus padding, cross-attention](../../assets/tutorials/04-masks/masks.png)
+# ```text
+# padding (sentence 2)      blocked weights all 0: True
+# causal                    blocked weights all 0: True
+# causal + padding          blocked weights all 0: True
+# cross: 3 queries, 5 keys  blocked weights all 0: True
+# ```
+#
+# ![Four masks (padding, causal, causal plus padding, cross-attention with 3 queries and 5 keys), each above the attention weights it yields: the blocked pairs have weight 0](../../assets/tutorials/04-masks/masks.png)
 #
 # ## A query that may attend to nothing
 #
 # If every key of a row is blocked (a sentence that is all padding, or the first
-# queries of a causal mask with N > S), the softmax has nothing to normalise. In
+# queries of a causal mask with $N > S$), the softmax has nothing to normalise. In
 # attnkit such a row gets attention output exactly 0 and gradient 0, on every
 # backend. `torch.nn.MultiheadAttention` returns NaN there, and the NaN spreads
 # into everything computed from it.
@@ -240,7 +259,7 @@ print("attnkit, same weights: sentence 2 is the output bias:", torch.allclose(mi
 # attnkit, same weights: sentence 2 is the output bias: True
 # ```
 #
-# A module's output for such a row is W_O·0 + b_O, the output bias.
+# A module's output for such a row is $W_O \cdot 0 + b_O = b_O$, the output bias.
 #
 # ## Polarity: True means opposite things in different libraries
 #
@@ -289,7 +308,7 @@ print("SDPA with the same mask:", torch.allclose(sdpa, ours_out, atol=1e-6))
 # ```
 #
 # Two more rules keep masks honest. A float tensor is never a mask in attnkit: it is
-# an additive `bias=`. And masks are applied with `where`, not by adding −1e9 to the
+# an additive `bias=`. And masks are applied with `where`, not by adding $-10^9$ to the
 # scores, which overflows in float16.
 #
 # ## Structured masks: packed documents, sliding windows, prefix-LM
@@ -297,7 +316,7 @@ print("SDPA with the same mask:", torch.allclose(sdpa, ours_out, atol=1e-6))
 # The masks real training uses have structure. Several documents are **packed** into one row
 # with no padding, and each one sees only itself; Mistral and Gemma use a **sliding window**
 # of recent keys; T5 and PaLM train **prefix-LMs**, whose prefix is bidirectional and the rest
-# causal. As an (N, S) tensor such a mask costs N·S booleans (4 GiB at N = 65536), and a
+# causal. As an (N, S) tensor such a mask costs $N \cdot S$ booleans (4 GiB at $N = 65536$), and a
 # kernel that is handed a tensor must score every entry before it throws most of them away.
 #
 # `attnkit.masks` describes these masks instead. A description means exactly its `.dense()`
@@ -335,6 +354,42 @@ print(masks.window(16, 4, causal=True))  # the text repr draws the block map
 # (blocks of 1×1)
 # ```
 #
+# The same kinds at $N = 16$, element by element, each over the weights it yields: three
+# packed documents of 5, 4 and 7 tokens, a causal window of 4 keys, a prefix-LM whose first
+# 6 positions see each other, and documents & window.
+
+# %%
+n_small = 16
+ids_small = masks.document_ids([5, 4, 7])
+small = {
+    "documents (5, 4, 7)": masks.document(ids_small, causal=True),
+    "window (4, causal)": masks.window(n_small, 4, causal=True),
+    "prefix-LM (6)": masks.prefix(n_small, 6),
+}
+small["documents & window"] = small["documents (5, 4, 7)"] & small["window (4, causal)"]
+q16, k16, v16 = torch.randn(3, 1, 1, n_small, 8).unbind(0)  # (B, H, N, D)
+dense_small = {title: m.dense()[0, 0] for title, m in small.items()}  # (N, S) booleans
+weights_small = {
+    title: attnkit.attention(q16, k16, v16, mask=m, need_weights=True).weights[0, 0]
+    for title, m in small.items()
+}
+for title, m in dense_small.items():
+    w = weights_small[title]
+    print(f"{title:20} blocked weights all 0: {bool((w[~m] == 0).all())}, "
+          f"rows sum to 1: {torch.allclose(w.sum(-1), torch.ones(n_small))}")  # fmt: skip
+fig = plot_masks(dense_small, weights_small)
+fig.savefig("structured-masks.png", dpi=100)
+
+# %% [markdown]
+# ```text
+# documents (5, 4, 7)  blocked weights all 0: True, rows sum to 1: True
+# window (4, causal)   blocked weights all 0: True, rows sum to 1: True
+# prefix-LM (6)        blocked weights all 0: True, rows sum to 1: True
+# documents & window   blocked weights all 0: True, rows sum to 1: True
+# ```
+#
+# ![Packed documents, a causal sliding window, a prefix-LM and documents & window at 16 tokens, each above its attention weights: each document is a causal triangle of its own, the window a band of 4, the prefix a full square followed by a triangle](../../assets/tutorials/04-masks/structured-masks.png)
+#
 # They combine with `&` and `|`, with each other and with boolean tensors (a padding mask, say),
 # and every function that takes a mask takes them, with the meaning of `.dense()`:
 
@@ -360,13 +415,16 @@ for name, m in described.items():
 # are never computed, light ones are masked inside, dark ones need no mask at all.
 
 # %%
+import matplotlib.pyplot as plt
+
 from attnkit.viz import plot_block_map
 
-fig, axes = plt.subplots(1, 4, figsize=(14, 3.8))
-for ax, m in zip(axes, [local, packed, prefix_lm, packed & local], strict=True):
-    plot_block_map(m, 256, ax=ax)
-fig.tight_layout()
-fig.savefig("block-maps.png", dpi=80)
+fig, axes = plt.subplots(2, 2, figsize=(8.5, 9))
+shown = [local, packed, prefix_lm, packed & local]
+for i, (ax, m) in enumerate(zip(axes.flat, shown, strict=True)):
+    plot_block_map(m, 256, ax=ax, legend=i >= 2)  # the legend under the bottom row only
+fig.tight_layout(h_pad=2)
+fig.savefig("block-maps.png", dpi=100)
 
 # %% [markdown]
 # ![Block maps of a sliding window, four packed documents, a prefix-LM and documents & window: the kernel computes 18 %, 17 %, 55 % and 14 % of the blocks](../../assets/tutorials/04-masks/block-maps.png)
@@ -404,6 +462,104 @@ print("same as its dense mask:", torch.allclose(
 # attend; a causal or prefix-LM mask, half the grid, still runs about twice as fast.
 #
 # --8<-- "benchmarks/results/structured.md"
+#
+# ## Exercises
+#
+# **1.** Build the causal sliding window of 3 keys over 6 tokens by hand, from `torch.arange`, and
+# compare it with `masks.window(6, 3, causal=True).dense()`.
+#
+# /// details | Answer
+# %%
+i = torch.arange(6)[:, None]  # query positions, a column
+j = torch.arange(6)[None, :]  # key positions, a row
+by_hand = (j <= i) & (i - j < 3)  # the past only, and at most 2 steps back
+print("same as masks.window:", torch.equal(by_hand, masks.window(6, 3, causal=True).dense()[0, 0]))
+show(by_hand)
+
+# %% [markdown]
+# ```text
+# same as masks.window: True
+#   ■ · · · · ·
+#   ■ ■ · · · ·
+#   ■ ■ ■ · · ·
+#   · ■ ■ ■ · ·
+#   · · ■ ■ ■ ·
+#   · · · ■ ■ ■
+# ```
+# ///
+#
+# **2.** A prefix-LM is "causal, except that the prefix is bidirectional". Write
+# `masks.prefix(6, 2)` as a causal mask OR-ed with one more condition on the key.
+#
+# /// details | Answer
+# Queries inside the prefix must also see the later prefix keys; queries after the prefix
+# already see every prefix key through the causal part. So the extra condition is "the key is
+# in the prefix", $j < p$, for every query:
+
+# %%
+prefix_by_hand = masks.causal(6)[0, 0] | (torch.arange(6) < 2)[None, :]  # (N, S)
+print("same as masks.prefix:", torch.equal(prefix_by_hand, masks.prefix(6, 2).dense()[0, 0]))
+
+# %% [markdown]
+# ```text
+# same as masks.prefix: True
+# ```
+# ///
+#
+# **3.** `masks.causal(5, 3)` has more queries than keys. Which queries may attend to nothing, and
+# what does `attnkit.attention` give them?
+#
+# /// details | Answer
+# Bottom-right alignment lets query $i$ see keys $j \le i + S - N = i - 2$, so queries 0 and 1
+# see no key at all. Their rows are fully masked: output 0, never NaN.
+
+# %%
+more_queries = masks.causal(5, 3)
+show(more_queries[0, 0])
+q5, k3, v3 = torch.randn(1, 1, 5, 8), torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8)
+out5 = attnkit.attention(q5, k3, v3, mask=more_queries).out  # (B, H, N, D)
+print("queries 0 and 1 give 0:", bool((out5[0, 0, :2] == 0).all()))
+print("any NaN:", bool(out5.isnan().any()))
+
+# %% [markdown]
+# ```text
+#   · · ·
+#   · · ·
+#   ■ · ·
+#   ■ ■ ·
+#   ■ ■ ■
+# queries 0 and 1 give 0: True
+# any NaN: False
+# ```
+# ///
+#
+# **4.** The padded queries of sentence 2 still attend to its two real keys. Mask them as queries
+# too (a (B, 1, N, 1) mask, combined with the key padding): what does the module output there?
+#
+# /// details | Answer
+# `pad.transpose(-1, -2)` is the same padding along the queries. Combined, the padded rows
+# are fully masked, so their attention output is 0 and the module writes the output bias
+# $b_O$ there; the real tokens do not change.
+
+# %%
+both_ways = masks.combine(pad, pad.transpose(-1, -2))  # (B, 1, N, S)
+show(both_ways[1, 0])
+y_both_ways = mha(x, mask=both_ways)
+print("padded queries give the output bias:",
+      torch.allclose(y_both_ways[1, 2:], mha.proj.bias.expand(3, 16)))  # fmt: skip
+print("real tokens unchanged:", torch.allclose(y_both_ways[1, :2], y[1, :2]))
+
+# %% [markdown]
+# ```text
+#   ■ ■ · · ·
+#   ■ ■ · · ·
+#   · · · · ·
+#   · · · · ·
+#   · · · · ·
+# padded queries give the output bias: True
+# real tokens unchanged: True
+# ```
+# ///
 #
 # ## Try next
 #

@@ -10,8 +10,10 @@
 # You will learn:
 #
 # - why attention alone ignores word order (a permutation test, "dog bites man" against "man bites dog");
-# - the sinusoidal encoding of the Transformer, a learned table as in BERT and ViT, and
-#   the 2-D sin-cos encoding for image patches;
+# - the sinusoidal encoding of the Transformer (drawn as a heat map, with the dot products that
+#   depend on distance only), a learned table as in BERT and ViT, and the 2-D sin-cos encoding
+#   for image patches;
+# - why concatenating a one-hot position and adding a learned position embedding are the same thing;
 # - DETR's way: positions added to the queries and keys only, never to the values.
 #
 # ## Attention alone ignores order
@@ -71,15 +73,17 @@ print("mha(x[:, perm]) == mha(x)[:, perm]:", torch.allclose(mha(x[:, perm]), y[:
 #
 # ## Sinusoidal positions (the Transformer)
 #
-# Vaswani et al. (2017, §3.5) add a fixed table PE of shape (N, C):
+# Vaswani et al. (2017, §3.5) add a fixed table $PE$ of shape (N, C):
 #
-#     PE[pos, 2i]   = sin(pos / 10000^(2i/C))
-#     PE[pos, 2i+1] = cos(pos / 10000^(2i/C))
+# $$
+# PE_{(pos,\,2i)} = \sin\!\left(\frac{pos}{10000^{2i/C}}\right), \qquad
+# PE_{(pos,\,2i+1)} = \cos\!\left(\frac{pos}{10000^{2i/C}}\right)
+# $$
 #
-# Each pair of channels is a sine and a cosine at one frequency, from one turn per
-# 2π positions (channels 0 and 1) down to almost one turn per 10000·2π positions (the
-# last pair).
-# Nothing is learned, and it exists for any position.
+# Each pair of dimensions is a sine and a cosine at one frequency
+# $\omega_i = 10000^{-2i/C}$, from one turn per $2\pi$ positions (dimensions 0 and 1) down
+# to almost one turn per $10000 \cdot 2\pi$ positions (the last pair). Nothing is learned,
+# and it exists for any position.
 
 # %%
 pe = positional.sinusoidal(50, C)  # (N, C)
@@ -117,11 +121,31 @@ for p in (0, 10, 30):
 # PE[30]·PE[31] = 15.3136   PE[30]·PE[40] = 10.0589
 # ```
 #
+# The reason is $\sin a \sin b + \cos a \cos b = \cos(a - b)$: each pair of dimensions
+# contributes the cosine of its angle difference, so
+#
+# $$
+# PE_{p} \cdot PE_{p+k} = \sum_{i=0}^{C/2-1} \cos(k\,\omega_i),
+# $$
+#
+# which has no $p$ in it. The picture: the table as a heat map (positions down, dimensions
+# across: fast stripes on the left, slow ones on the right) and $PE_p \cdot PE_{p+k}$ against
+# the distance $k$ for three starting positions, whose curves lie on top of each other.
+
+# %%
+from attnkit.viz import plot_positional_encoding
+
+fig = plot_positional_encoding(pe, starts=(0, 10, 30), max_offset=16)
+fig.savefig("sinusoidal.png", dpi=100)
+
+# %% [markdown]
+# ![The sinusoidal table, 50 positions by 32 dimensions, and the dot product of two positions against their distance: the curves for positions 0, 10 and 30 coincide](../../assets/tutorials/05-positions/sinusoidal.png)
+#
 # ## Learned positions (BERT, GPT-2, ViT)
 #
-# BERT, GPT-2 and ViT instead learn a table of shape (max_len, C), trained with the
-# rest of the model. It costs max_len · C parameters and knows nothing beyond
-# max_len: a longer input is refused.
+# BERT, GPT-2 and ViT instead learn a table of shape (`max_len`, C), trained with the
+# rest of the model. It costs `max_len` $\cdot\, C$ parameters and knows nothing beyond
+# `max_len`: a longer input is refused.
 
 # %%
 learned = attnkit.LearnedPositionalEmbedding(max_len=8, dim=C)  # BERT: 512 × 768
@@ -141,10 +165,50 @@ print("sinusoidal at position 10,000:", tuple(positional.sinusoidal(1, C, offset
 # sinusoidal at position 10,000: (1, 32)
 # ```
 #
+# ## Concatenating a one-hot position is adding a learned embedding
+#
+# Why *add* a position vector to the token, rather than append the position to it? Append
+# it, and the two end up the same. Write position $n$ of at most $L$ as the one-hot vector
+# $p_n \in \{0, 1\}^L$ and concatenate it to the token vector $x$. The first thing a
+# Transformer does with its input is a linear map (the query, key and value projections), and
+# a linear map of a concatenation splits into two:
+#
+# $$
+# W \begin{bmatrix} x \\ p_n \end{bmatrix} = W_x\, x + W_p\, p_n = W_x\, x + (W_p)_{:,n}
+# $$
+#
+# $W_p\, p_n$ picks column $n$ of $W_p$: one trained vector per position, added to the
+# projected token. That is a learned position table, $P = W_p^\top$ of shape ($L$, C). Check it
+# with tensors:
+
+# %%
+L = 8  # positions the one-hot vector can name
+tokens = embed(torch.tensor([[0, 1, 2, 1]])).detach()  # (1, N, C): "dog bites man bites"
+one_hot = torch.eye(L)[:4][None]  # (1, N, L): row n is the one-hot vector of position n
+first = torch.nn.Linear(C + L, C, bias=False)  # the first layer reads [x; p]
+concatenated = first(torch.cat([tokens, one_hot], dim=-1))  # W [x; p]
+W_x, W_p = first.weight.split([C, L], dim=1)  # (C, C) and (C, L)
+print("W [x; p] == W_x x + W_p p:", torch.allclose(concatenated, tokens @ W_x.T + one_hot @ W_p.T))
+
+table = attnkit.LearnedPositionalEmbedding(max_len=L, dim=C)
+with torch.no_grad():
+    table.weight.copy_(W_p.T)  # the position table is W_p's columns, (L, C)
+same = torch.allclose(concatenated, table(tokens @ W_x.T))
+print("== W_x x plus a learned position table:", same)
+
+# %% [markdown]
+# ```text
+# W [x; p] == W_x x + W_p p: True
+# == W_x x plus a learned position table: True
+# ```
+#
+# So adding a learned table loses nothing against concatenating one-hot positions, and it
+# keeps the width at C instead of $C + L$.
+#
 # ## 2-D positions for image patches
 #
 # Image patches sit on a grid. The 2-D sin-cos encoding (MAE, "simple ViT") spends
-# the first C/2 channels on the row and the last C/2 on the column, each a 1-D sin-cos
+# the first $C/2$ dimensions on the row and the last $C/2$ on the column, each a 1-D sin-cos
 # code. Patches in the same row share the first half; patches in the same column
 # share the second half.
 
@@ -162,26 +226,24 @@ print("same row shares the first half:", same_row, " same column the second:", s
 # same row shares the first half: True  same column the second: True
 # ```
 #
-# The picture: the sinusoidal table, the similarity PE·PEᵀ of every position with
-# every other (a band along the diagonal: near positions are similar), and the
-# similarity of the 2-D encoding of patch (2, 3) with every patch of the grid.
+# The picture: the similarity $PE\,PE^\top$ of every position with every other (a band
+# along the diagonal: near positions are similar), and the similarity of the 2-D encoding of
+# patch (2, 3) with every patch of the grid.
 
 # %%
 import matplotlib.pyplot as plt
 
-fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
-axes[0].imshow(pe.T.numpy(), cmap="RdBu", aspect="auto")
-axes[0].set(title="sinusoidal PE (C × N)", xlabel="position", ylabel="channel")
-axes[1].imshow((pe @ pe.T).numpy(), cmap="viridis")
-axes[1].set(title="PE·PEᵀ", xlabel="position", ylabel="position")
+fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), width_ratios=(1, 1.3))
+axes[0].imshow((pe @ pe.T).numpy(), cmap="viridis")
+axes[0].set(title="PE·PEᵀ", xlabel="position", ylabel="position")
 sim = (pe2d @ pe2d[2 * w + 3]).reshape(h, w)  # patch (2, 3) against all
-axes[2].imshow(sim.numpy(), cmap="viridis")
-axes[2].set(title="2-D: patch (2, 3) · every patch", xlabel="column", ylabel="row")
+axes[1].imshow(sim.numpy(), cmap="viridis")
+axes[1].set(title="2-D: patch (2, 3) · every patch", xlabel="column", ylabel="row")
 fig.tight_layout()
-fig.savefig("positions.png", dpi=80)
+fig.savefig("positions.png", dpi=100)
 
 # %% [markdown]
-# ![The sinusoidal table, its similarity matrix, and 2-D similarities on a grid](../../assets/tutorials/05-positions/positions.png)
+# ![The similarity matrix of the sinusoidal table, and 2-D similarities on a grid](../../assets/tutorials/05-positions/positions.png)
 #
 # ## DETR: positions on the queries and keys only
 #
@@ -189,7 +251,9 @@ fig.savefig("positions.png", dpi=80)
 # **values**, so the content each token carries is mixed with where it was. DETR
 # (Carion et al. 2020) adds them only where they decide *who attends to whom*:
 #
-#     q = (x + pos)·W^Q    k = (x + pos)·W^K    v = x·W^V
+# $$
+# q = (x + \mathrm{pos})\,W^Q, \qquad k = (x + \mathrm{pos})\,W^K, \qquad v = x\,W^V
+# $$
 #
 # `MultiHeadAttention(..., pos=)` does exactly that. Check it against the formula:
 
@@ -237,7 +301,7 @@ print(f"positions on q and k:     outputs differ by up to {spread(detr):.4f}")
 
 # %% [markdown]
 # ```text
-# positions added to x:     outputs differ by up to 0.0065
+# positions added to x:     outputs differ by up to 0.0062
 # positions on q and k:     outputs differ by up to 0.0000
 # ```
 #
@@ -264,6 +328,76 @@ print("memory_pos:", tuple(memory_pos.shape), " out:", tuple(out.shape))
 # ```text
 # memory_pos: (2, 48, 32)  out: (2, 5, 32)
 # ```
+#
+# ## Exercises
+#
+# **1.** Check the closed form $PE_p \cdot PE_{p+k} = \sum_i \cos(k\,\omega_i)$ against the table for
+# every distance $k$ from 0 to 20.
+#
+# /// details | Answer
+# %%
+omega = 10000.0 ** (-torch.arange(0, C, 2, dtype=torch.float64) / C)  # (C/2,) frequencies
+closed = torch.stack([torch.cos(k * omega).sum() for k in range(21)])
+from_table = torch.stack([pe64[7] @ pe64[7 + k] for k in range(21)])  # any start: here 7
+print("closed form == table:", torch.allclose(closed, from_table))
+
+# %% [markdown]
+# ```text
+# closed form == table: True
+# ```
+# ///
+#
+# **2.** Moving $k$ positions ahead rotates every (sin, cos) pair by the angle $k\,\omega_i$, the
+# same rotation wherever you start. Build that rotation for $k = 5$ and check that it maps
+# position 3 to 8 and position 20 to 25.
+#
+# /// details | Answer
+# For one pair, $(\sin(a + b), \cos(a + b))$ is $(\sin a, \cos a)$ times a 2 × 2 matrix that
+# depends on $b$ only:
+
+# %%
+k = 5  # positions ahead
+cos_k, sin_k = torch.cos(k * omega), torch.sin(k * omega)  # one angle per pair, (C/2,)
+
+
+def shift(row):
+    s, c = row[0::2], row[1::2]  # the sines and the cosines, (C/2,) each
+    return torch.stack([s * cos_k + c * sin_k, c * cos_k - s * sin_k], -1).flatten()
+
+
+print("3 -> 8:", torch.allclose(shift(pe64[3]), pe64[8]))
+print("20 -> 25:", torch.allclose(shift(pe64[20]), pe64[25]))
+
+# %% [markdown]
+# ```text
+# 3 -> 8: True
+# 20 -> 25: True
+# ```
+#
+# A linear map that depends on $k$ alone takes any position to the one $k$ further: this is
+# the property Vaswani et al. hoped would let attention learn relative offsets, and the idea
+# that RoPE (`attnkit.RotaryEmbedding`) applies to the queries and keys directly.
+# ///
+#
+# **3.** Repeat the permutation test of the first section with `SinusoidalPositionalEncoding`
+# applied before the attention. Is the layer still permutation-equivariant?
+#
+# /// details | Answer
+# No: a token that moves gets another position vector, so its output changes, not just its
+# place.
+
+# %%
+with_positions = torch.nn.Sequential(sinus, mha)
+x = torch.randn(2, 10, C)
+perm = torch.randperm(10)
+equivariant = torch.allclose(with_positions(x[:, perm]), with_positions(x)[:, perm], atol=1e-6)
+print("still permutation-equivariant:", equivariant)
+
+# %% [markdown]
+# ```text
+# still permutation-equivariant: False
+# ```
+# ///
 #
 # ## Try next
 #

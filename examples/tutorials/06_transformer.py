@@ -9,7 +9,11 @@
 #
 # You will learn:
 #
-# - what the encoder and the decoder each do, and which attention lives where;
+# - what the encoder and the decoder each do, and which attention lives where (a diagram with
+#   the shapes of this page's tensors);
+# - what "Add & Norm" is: residual connections, LayerNorm, post-norm against pre-norm, and why
+#   residuals let gradients reach the first layer of a deep stack;
+# - what the position-wise feed-forward layer computes;
 # - what "teacher forcing" means in the training loop;
 # - why a key/value cache makes decoding cheap, and how to check that it changes nothing;
 # - how to read a cross-attention alignment map.
@@ -18,7 +22,7 @@
 #
 # The reverse task turns `abcd` into `dcba`. It is small enough to train in seconds on
 # a CPU, and it has a known answer for the attention: to write output letter *t* of a
-# sequence of *n* letters, the decoder must look at source letter *n − 1 − t*. So a
+# sequence of $n$ letters, the decoder must look at source letter $n - 1 - t$. So a
 # trained model's cross-attention should draw an anti-diagonal.
 #
 # `attnkit.seq2seq` generates the data. Token ids 0, 1, 2 are `<pad>`, `<bos>`, `<eos>`;
@@ -62,7 +66,7 @@ print(task.decode(src[0].tolist()), "->", task.decode(tgt[0].tolist()))
 # token looks at every other source token. The decoder is a stack of blocks with
 # three sublayers:
 #
-# 1. **masked self-attention** over the target: position *t* sees positions ≤ *t* only
+# 1. **masked self-attention** over the target: position $t$ sees positions $\le t$ only
 #    (a causal mask), so the model cannot peek at the letter it must predict;
 # 2. **cross-attention**: the queries come from the decoder, the keys and values from
 #    the encoder output (the "memory"). This is where the decoder reads the source;
@@ -106,6 +110,218 @@ print("logits", tuple(logits.shape), "= (B, T - 1, V)")
 # `logits[:, t]` predicts `tgt[:, t + 1]`. All positions are trained in one pass; the
 # causal mask keeps each position from seeing its own answer. `model.loss` computes
 # exactly this cross-entropy (and skips padding).
+#
+# The whole model as a picture, drawn with this page's configuration and the shapes of the
+# batch above (`src` is (3, 8), the decoder reads `tgt[:, :-1]`, (3, 8)). The `tiny` preset
+# is pre-norm, so each sublayer is LayerNorm, then the sublayer, then the residual add; the
+# next section explains the difference from the paper's "Add & Norm".
+
+# %%
+from attnkit.viz import plot_transformer
+
+fig = plot_transformer(
+    src_shape=tuple(src.shape),
+    tgt_shape=tuple(tgt[:, :-1].shape),
+    d_model=cfg.d_model,
+    d_ff=cfg.d_ff,
+    vocab=len(task.vocab),
+    num_heads=cfg.num_heads,
+    layers=(cfg.encoder_layers, cfg.decoder_layers),
+    pre_norm=cfg.norm_first,
+)
+fig.savefig("transformer.png", dpi=100)
+
+# %% [markdown]
+# ![The encoder-decoder Transformer of this page: on the left the encoder (embedding and positions, then 2 blocks of LayerNorm, self-attention, add, LayerNorm, feed-forward, add), whose output, the memory, gives the keys and values of the decoder's cross-attention; on the right the decoder (masked self-attention, cross-attention, feed-forward, each with LayerNorm and a residual add), a linear layer and a softmax; every arrow carries its shape, such as (B, S, C) = (3, 8, 32)](../../assets/tutorials/06-transformer/transformer.png)
+#
+# ## Inside a block: Add & Norm and the feed-forward layer
+#
+# Every sublayer of the picture (self-attention, cross-attention, feed-forward) sits inside
+# the same wrapper: a **residual connection** adds the sublayer's input to its output, and a
+# **LayerNorm** keeps the numbers of every token at a steady scale. The paper puts the norm
+# after the add ("Add & Norm", *post-norm*); GPT-2, ViT and most recent models put it before
+# the sublayer (*pre-norm*):
+#
+# $$
+# \text{post-norm: } x \leftarrow \mathrm{LayerNorm}\big(x + \mathrm{Sublayer}(x)\big),
+# \qquad
+# \text{pre-norm: } x \leftarrow x + \mathrm{Sublayer}\big(\mathrm{LayerNorm}(x)\big)
+# $$
+#
+# ### LayerNorm: every token on its own
+#
+# LayerNorm normalises each token over its $C$ features, with no look at the other tokens
+# or the other sequences of the batch, then scales and shifts each feature by trained
+# $\gamma$ and $\beta$ (1 and 0 at the start):
+#
+# $$
+# \mathrm{LayerNorm}(x) = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta,
+# \qquad \mu = \frac{1}{C} \sum_{c=1}^{C} x_c, \quad \sigma^2 = \frac{1}{C} \sum_{c=1}^{C} (x_c - \mu)^2
+# $$
+
+# %%
+import torch.nn.functional as F
+
+enc_block = model.encoder[0]
+print("encoder block:", [name for name, _ in enc_block.named_children()])
+print("each sublayer:", type(enc_block.attn).__name__,
+      "with", [name for name, _ in enc_block.attn.named_children()])  # fmt: skip
+ln = enc_block.attn.norm  # the LayerNorm in front of the self-attention, (C,) γ and β
+h = 3 * torch.randn(3, 8, cfg.d_model) + 1  # (B, N, C): far from mean 0 and std 1
+mu = h.mean(-1, keepdim=True)  # (B, N, 1): one mean per token, over its C features
+var = h.var(-1, unbiased=False, keepdim=True)  # (B, N, 1)
+z = (h - mu) / torch.sqrt(var + ln.eps)  # (B, N, C)
+print("every token has mean 0:", torch.allclose(z.mean(-1), torch.zeros(3, 8), atol=1e-5))
+print("and std 1:", torch.allclose(z.std(-1, unbiased=False), torch.ones(3, 8), atol=1e-3))
+with torch.no_grad():
+    by_hand = ln.weight * z + ln.bias  # γ ⊙ z + β
+    print("by hand == the block's LayerNorm:", torch.allclose(by_hand, ln(h), atol=1e-5))
+    reference = F.layer_norm(h, (cfg.d_model,), ln.weight, ln.bias, ln.eps)
+    print("== torch.nn.functional.layer_norm:", torch.allclose(reference, ln(h), atol=1e-6))
+
+# %% [markdown]
+# ```text
+# encoder block: ['attn', 'ff']
+# each sublayer: PreNormResidual with ['fn', 'norm', 'drop']
+# every token has mean 0: True
+# and std 1: True
+# by hand == the block's LayerNorm: True
+# == torch.nn.functional.layer_norm: True
+# ```
+#
+# ### The feed-forward layer: the same MLP at every position
+#
+# The second sublayer of every block is a two-layer perceptron, widening $C$ to $F$ and back
+# (the paper: 512 → 2048 → 512, with ReLU):
+#
+# $$
+# \mathrm{FFN}(x) = W_2\, \mathrm{ReLU}(W_1 x + b_1) + b_2, \qquad
+# W_1 \in \mathbb{R}^{F \times C},\ W_2 \in \mathbb{R}^{C \times F}
+# $$
+#
+# It is **position-wise**: the same weights applied to each token separately. Attention is the
+# only place where tokens exchange information; the feed-forward layer then works on each
+# token alone. So permuting the tokens permutes its output, and a token's output depends on
+# that token only:
+
+# %%
+ff = enc_block.ff.fn  # attnkit.FeedForward inside the second residual sublayer
+print("W1:", tuple(ff.fc1.weight.shape), " W2:", tuple(ff.fc2.weight.shape),
+      " activation:", type(ff.act).__name__)  # fmt: skip
+perm = torch.randperm(8)
+with torch.no_grad():
+    out_ff = ff(h)  # (B, N, C)
+    print("permuting tokens permutes the output:",
+          torch.allclose(ff(h[:, perm]), out_ff[:, perm], atol=1e-5))  # fmt: skip
+    print("token 5 alone gives the same output:",
+          torch.allclose(ff(h[:, 5:6]), out_ff[:, 5:6], atol=1e-5))  # fmt: skip
+
+# %% [markdown]
+# ```text
+# W1: (64, 32)  W2: (32, 64)  activation: ReLU
+# permuting tokens permutes the output: True
+# token 5 alone gives the same output: True
+# ```
+#
+# ### Residual connections: post-norm and pre-norm
+#
+# Both orders wrap the same sublayer and the same LayerNorm; only where the norm sits differs.
+# `attnkit.PostNormResidual` and `attnkit.PreNormResidual` are the two wrappers:
+
+# %%
+import attnkit
+
+x_in = torch.randn(3, 8, cfg.d_model)
+norm = enc_block.ff.norm
+post = attnkit.PostNormResidual(ff, norm)  # the paper's order, the same two modules
+with torch.no_grad():
+    print("pre-norm == x + FFN(LayerNorm(x)):",
+          torch.allclose(enc_block.ff(x_in), x_in + ff(norm(x_in)), atol=1e-6))  # fmt: skip
+    print("post-norm == LayerNorm(x + FFN(x)):",
+          torch.allclose(post(x_in), norm(x_in + ff(x_in)), atol=1e-6))  # fmt: skip
+print("pre-norm models end each stack with one more LayerNorm:",
+      type(model.encoder_norm).__name__, type(model.decoder_norm).__name__)  # fmt: skip
+
+# %% [markdown]
+# ```text
+# pre-norm == x + FFN(LayerNorm(x)): True
+# post-norm == LayerNorm(x + FFN(x)): True
+# pre-norm models end each stack with one more LayerNorm: LayerNorm LayerNorm
+# ```
+#
+# In pre-norm, the input $x$ travels through the whole stack by additions only: nothing
+# rescales it on the way, which is why pre-norm stacks need the final LayerNorm, and why they
+# train deep without the learning-rate warm-up that post-norm needs (Xiong et al. 2020).
+#
+# Why the addition matters: with $x_{l+1} = x_l + F_l(x_l)$ the derivative of a layer's
+# output with respect to its input is $I + \partial F_l / \partial x_l$, so the gradient that
+# reaches the first layer always has a path that goes through no layer at all. Without the
+# addition it is the product of 32 Jacobians, and in an untrained stack each of them shrinks
+# it. The demonstration: 32 feed-forward layers (attnkit's `FeedForward`, $C = 64$,
+# $F = 256$, GELU, float64), stacked without residuals and in the three residual forms, and the
+# norm of the gradient that reaches each layer's first weight matrix:
+
+# %%
+x_deep = torch.randn(8, 16, 64, dtype=torch.float64)  # (B, N, C)
+target = torch.randn(8, 16, 64, dtype=torch.float64)
+
+
+def stack(kind, depth=32, width=64):
+    """`depth` feed-forward layers, plain or inside a residual wrapper of the given kind."""
+    torch.manual_seed(1)  # the same weights for every kind
+    layers = []
+    for _ in range(depth):
+        f = attnkit.FeedForward(width, 4 * width, dtype=torch.float64)
+        norm = torch.nn.LayerNorm(width, dtype=torch.float64)
+        if kind == "no residual":
+            layers.append(f)
+        elif kind == "residual x + F(x)":
+            layers.append(attnkit.PreNormResidual(f, torch.nn.Identity()))  # no norm at all
+        else:
+            wrapper = attnkit.PreNormResidual if kind == "pre-norm" else attnkit.PostNormResidual
+            layers.append(wrapper(f, norm))
+    return torch.nn.Sequential(*layers)
+
+
+grad_norms = {}
+for kind in ("no residual", "residual x + F(x)", "pre-norm", "post-norm"):
+    net = stack(kind)
+    (net(x_deep) * target).sum().backward()
+    ffs = [m for m in net.modules() if isinstance(m, attnkit.FeedForward)]
+    grad_norms[kind] = [f.fc1.weight.grad.norm().item() for f in ffs]  # layer 1 .. 32
+    ratio = grad_norms[kind][0] / grad_norms[kind][-1]
+    band = ratio < 1e-15 if kind == "no residual" else 1 / 3 < ratio < 3
+    claim = "below 1e-15" if kind == "no residual" else "between 1/3 and 3"
+    print(f"{kind:18} gradient at layer 1 / at layer 32 {claim}: {band}")
+
+# %% [markdown]
+# ```text
+# no residual        gradient at layer 1 / at layer 32 below 1e-15: True
+# residual x + F(x)  gradient at layer 1 / at layer 32 between 1/3 and 3: True
+# pre-norm           gradient at layer 1 / at layer 32 between 1/3 and 3: True
+# post-norm          gradient at layer 1 / at layer 32 between 1/3 and 3: True
+# ```
+#
+# Without residuals the first layer gets around $10^{-23}$ of the last one's gradient
+# ($1$ to $5 \cdot 10^{-23}$ over five seeds): it cannot learn. Every residual form keeps the
+# gradient within a factor of 2 from the last layer to the first. The picture, on a log
+# scale:
+
+# %%
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(8, 3.6))
+for (kind, norms), style in zip(grad_norms.items(), ("-", "-", "--", ":"), strict=True):
+    ax.semilogy(range(1, 33), norms, style, marker="o", markersize=3, label=kind)
+ax.set(xlabel="layer (1 = closest to the input)", ylabel="gradient norm of W1",
+       title="32 feed-forward layers: the gradient each layer receives")  # fmt: skip
+ax.legend(fontsize=10)
+ax.grid(alpha=0.3)
+fig.tight_layout()
+fig.savefig("gradients.png", dpi=100)
+
+# %% [markdown]
+# ![Gradient norm per layer of a 32-layer stack on a log scale: without residuals it falls from about 10 at the last layer to about 10^-22 at the first; with a residual, pre-norm or post-norm it stays between about 100 and 1000 at every layer](../../assets/tutorials/06-transformer/gradients.png)
 #
 # ## Training
 #
@@ -306,6 +522,110 @@ save_alignment_png(
 # found the letter yet, it gathers context (for example, how long the source is) that the
 # second layer uses to find it. Nothing forces every layer or head to align; the model only needs *one* place
 # where the right letter is read.
+#
+# ## Exercises
+#
+# **1.** Draw the paper's base model instead: post-norm, 6 + 6 blocks, $C = 512$, $F = 2048$,
+# 8 heads, a 37,000-token vocabulary, a batch of 2 sentences of 20 source and 18 target
+# tokens. How many "Add & Norm" boxes does the picture have, and why that many?
+#
+# /// details | Answer
+# Five: two per encoder block (self-attention, feed-forward) and three per decoder block
+# (masked self-attention, cross-attention, feed-forward); the picture draws one block of each
+# stack, with "6×" beside it.
+
+# %%
+paper = plot_transformer(src_shape=(2, 20), tgt_shape=(2, 18), d_model=512, d_ff=2048,
+                         vocab=37000, num_heads=8, layers=(6, 6), pre_norm=False)  # fmt: skip
+texts = [t.get_text() for t in paper.axes[0].texts]
+print("Add & Norm boxes:", texts.count("Add & Norm"))
+print("logits:", [t for t in texts if t.startswith("(B, T, V)")])
+
+# %% [markdown]
+# ```text
+# Add & Norm boxes: 5
+# logits: ['(B, T, V) = (2, 18, 37000)']
+# ```
+# ///
+#
+# **2.** BatchNorm normalises each feature over the batch; LayerNorm each token over its
+# features. Show that LayerNorm's output for sentence 0 does not change when sentence 1
+# changes, and that a training-mode `torch.nn.BatchNorm1d` over the same features does.
+#
+# /// details | Answer
+# %%
+batch_a = torch.randn(2, 8, cfg.d_model)
+batch_b = batch_a.clone()
+batch_b[1] = 5 * torch.randn(8, cfg.d_model)  # only sentence 1 changes
+layer_norm = torch.nn.LayerNorm(cfg.d_model)
+batch_norm = torch.nn.BatchNorm1d(cfg.d_model)  # reads (B, C, N): features in dim 1
+
+
+def bn(t):
+    return batch_norm(t.transpose(1, 2)).transpose(1, 2)  # over batch and positions
+
+
+with torch.no_grad():
+    same_ln = torch.allclose(layer_norm(batch_a)[0], layer_norm(batch_b)[0])
+    same_bn = torch.allclose(bn(batch_a)[0], bn(batch_b)[0])
+print("LayerNorm, sentence 0 unchanged:", same_ln)
+print("BatchNorm, sentence 0 unchanged:", same_bn)
+
+# %% [markdown]
+# ```text
+# LayerNorm, sentence 0 unchanged: True
+# BatchNorm, sentence 0 unchanged: False
+# ```
+#
+# So LayerNorm gives the same result for a sentence alone or in any batch, at training and at
+# test time, and for a batch of one token in a decoding loop.
+# ///
+#
+# **3.** Count the parameters of one encoder block of this page by formula: self-attention
+# ($4C^2 + 4C$: the Q, K, V and output projections with biases), the feed-forward layer
+# ($2CF + F + C$) and two LayerNorms ($2C$ each). Which part is bigger?
+#
+# /// details | Answer
+# %%
+C, F_ = cfg.d_model, cfg.d_ff
+counts = {
+    "self-attention": 4 * C * C + 4 * C,
+    "feed-forward": 2 * C * F_ + F_ + C,
+    "two LayerNorms": 2 * 2 * C,
+}
+print(counts)
+print("formula == the block's parameters:",
+      sum(counts.values()) == sum(p.numel() for p in enc_block.parameters()))  # fmt: skip
+
+# %% [markdown]
+# ```text
+# {'self-attention': 4224, 'feed-forward': 4192, 'two LayerNorms': 128}
+# formula == the block's parameters: True
+# ```
+#
+# With $F = 2C$ they are about equal. With the paper's $F = 4C$ the feed-forward layer holds
+# $8C^2$ against the attention's $4C^2$: two thirds of a block's parameters.
+# ///
+#
+# **4.** The decoder's masked self-attention must keep position $t$ from seeing later target
+# tokens. Check it on the trained model: change the last decoder input token and compare
+# the logits of the earlier positions.
+#
+# /// details | Answer
+# %%
+changed = decoder_in.clone()
+changed[0, -1] = (changed[0, -1] + 1 - 3) % (len(task.vocab) - 3) + 3  # another letter
+with torch.no_grad():
+    before, after = model(src1, decoder_in), model(src1, changed)  # (1, T, V)
+print("earlier positions unchanged:", torch.allclose(before[:, :-1], after[:, :-1], atol=1e-6))
+print("the last position changed:", not torch.allclose(before[:, -1], after[:, -1]))
+
+# %% [markdown]
+# ```text
+# earlier positions unchanged: True
+# the last position changed: True
+# ```
+# ///
 #
 # ## Try next
 #

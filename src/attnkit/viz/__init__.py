@@ -13,6 +13,8 @@ The teaching figures of the tutorials draw a page's own numbers:
 (one query's scores, weights and weighted sum), :func:`multi_head_figure` (split, attend per
 head, concatenate, project), :func:`soft_split_figure` (patches / T2T's soft split) and
 :func:`channel_spatial_figure` (channel and spatial gates next to self-attention weights).
+:func:`plot_masks` (masks beside their weights), :func:`plot_positional_encoding` (the
+position table) and :func:`plot_transformer` (the encoder-decoder data flow with its shapes).
 The views label tokens with :func:`token_labels` ("Ġcat" is shown as "cat").
 """
 
@@ -43,6 +45,9 @@ __all__ = [
     "model_view",
     "multi_head_figure",
     "plot_block_map",
+    "plot_masks",
+    "plot_positional_encoding",
+    "plot_transformer",
     "record_attention",
     "save_model_view",
     "show",
@@ -70,4 +75,8 @@ def __getattr__(name: str):
         from attnkit.viz import lessons
 
         return getattr(lessons, name)
+    if name in {"plot_masks", "plot_positional_encoding", "plot_transformer"}:
+        from attnkit.viz import diagrams
+
+        return getattr(diagrams, name)
     raise AttributeError(f"module 'attnkit.viz' has no attribute {name!r}")
