@@ -23,6 +23,7 @@ from attnkit.models import (
     mean_pool,
     sentence_embedding,
 )
+from tests.models.tiny import TINY
 
 transformers = pytest.importorskip("transformers")
 
@@ -179,17 +180,6 @@ def test_loading_does_not_import_transformers(ckpt):
 
 
 # ----------------------------------------------------------------- tiny random checkpoints
-
-TINY = {
-    "model_type": "bert",
-    "vocab_size": 99,
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "intermediate_size": 37,
-    "max_position_embeddings": 64,
-    "hidden_act": "gelu",
-}
 
 
 @pytest.fixture

@@ -8,19 +8,11 @@ import pytest
 import torch
 
 from attnkit.models import BertClassifier, BertConfig, BertEncoder
+from tests.models.tiny import TINY
 
 transformers = pytest.importorskip("transformers")
 
 LOGIT_TOL = 1e-5  # float32, issue 21
-TINY = {
-    "model_type": "bert",
-    "vocab_size": 99,
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "intermediate_size": 37,
-    "max_position_embeddings": 64,
-}
 
 
 def _batch():

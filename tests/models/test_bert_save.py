@@ -13,21 +13,13 @@ import torch
 
 from attnkit.models import BertConfig, BertEncoder, Tokenizer, default_checkpoint
 from attnkit.models import checkpoint as ckpt_module
+from tests.models.tiny import TINY
 
 transformers = pytest.importorskip("transformers")
 
 SAVE_TOL = 1e-6  # issue 21: both loaders give equal outputs to 1e-6 (float64 here)
 # float32, two implementations (SDPA vs eager): 6-layer MiniLM measured 1.9e-6
 F32_TOL = 1e-5
-TINY = {
-    "model_type": "bert",
-    "vocab_size": 99,
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "intermediate_size": 37,
-    "max_position_embeddings": 64,
-}
 
 
 def _batch(vocab: int = TINY["vocab_size"]):

@@ -13,18 +13,11 @@ import torch
 
 from attnkit.models import BertClassifier, BertConfig, BertEncoder
 from attnkit.models.bert_heads import SequenceClassifierOutput
+from tests.models.tiny import TINY
 
 transformers = pytest.importorskip("transformers")
 
-TINY = {
-    "model_type": "bert",
-    "vocab_size": 99,
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "intermediate_size": 37,
-    "max_position_embeddings": 64,
-}
+
 NAMES = {0: "negative", 1: "neutral", 2: "positive"}
 
 
