@@ -4,7 +4,7 @@
     python3 dev.py explain [ARGS...]   # the main job: `attnkit explain` on the embedded model
     python3 dev.py test [PYTEST ARGS]  # ruff (lint + format check), then the whole test suite
     python3 dev.py attnkit ARGS...     # any other attnkit subcommand inside the project venv
-    python3 dev.py docs                # serve the docs site on http://127.0.0.1:8000 (live reload)
+    python3 dev.py docs                # serve the docs site on http://127.0.0.1:8000/attnkit/ (live reload)
     python3 dev.py docs --build DIR    # build the site (mkdocs build --strict) into DIR
 
 On first use it creates `.venv/` next to this file, installs the CPU build of
@@ -122,7 +122,7 @@ def docs(python: Path, rest: list[str]) -> int:
     if rest:
         print("usage: python3 dev.py docs [--build DIR]", file=sys.stderr)
         return 2
-    _say("serving the docs on http://127.0.0.1:8000 (Ctrl-C to stop)")
+    _say("serving the docs on http://127.0.0.1:8000/attnkit/ (Ctrl-C to stop)")
     # mkdocs.yml and the snippets it includes (CHANGELOG.md, benchmarks/results) sit in ROOT
     return subprocess.call(
         [str(python), "-m", "mkdocs", "serve", "-a", "127.0.0.1:8000"], cwd=ROOT, env=env

@@ -12,7 +12,11 @@ separator. Here, once the whole site is built:
 - the head's `<link rel="alternate" hreflang>` tags are dropped: Material fetches
   `sitemap.xml` next to every such link (the i18n plugin points them at the page's own
   twin, so every page asked for two missing /…/page/sitemap.xml), and relative hreflang links
-  mean nothing to a search engine anyway. The language selector keeps its page-level links.
+  mean nothing to a search engine anyway. The language selector keeps its page-level links;
+  on the two home pages the i18n plugin writes them from the server root (`/attnkit/zh/`),
+  and they are made relative, so the site works wherever it is served (or opened from disk);
+- the sitemap (mkdocs writes one for both languages, each page with its `hreflang`
+  alternates) gets a Chinese twin, zh/sitemap.xml, with the Chinese pages alone.
 
 Chinese text is segmented into words by Material's search plugin when jieba is installed
 (the docs extra); TERMS adds the words of our glossary that jieba's dictionary lacks.
@@ -24,6 +28,7 @@ import json
 import posixpath
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from mkdocs.plugins import event_priority
 
@@ -43,6 +48,8 @@ SEARCH = {
 }
 _CONFIG = re.compile(r'(<script id="__config" type="application/json">)(.*?)(</script>)', re.S)
 _ALTERNATE = re.compile(r'[ \t]*<link rel="alternate" href="[^"]*" hreflang="[^"]*">\n?')
+_SELECT = re.compile(r'(<a href=")(/[^"]*)(" hreflang="[^"]*" class="md-select__link")')
+_URL = re.compile(r"[ \t]*<url>.*?</url>\n?", re.S)
 
 
 def on_config(config):
@@ -60,8 +67,24 @@ def _language(url: str) -> str:
     return next((lang for lang in SEARCH if url.startswith(f"{lang}/")), DEFAULT)
 
 
+def _relative_selector(output: str, page, config) -> str:
+    """The language selector's links written from the server root (`/attnkit/zh/`, on the home
+    pages), relative to the page instead."""
+    root = urlsplit(config.site_url or "/").path or "/"
+
+    def relative(match: re.Match) -> str:
+        target = match.group(2)
+        if not target.startswith(root):
+            return match.group(0)
+        page_dir = posixpath.join(root, page.url)
+        link = posixpath.relpath(target, page_dir) if target != page_dir else "."
+        return match.group(1) + link.rstrip("/") + "/" + match.group(3)
+
+    return _SELECT.sub(relative, output)
+
+
 def on_post_page(output: str, page, config) -> str:
-    output = _ALTERNATE.sub("", output)
+    output = _relative_selector(_ALTERNATE.sub("", output), page, config)
     lang = _language(page.url)
     if lang == DEFAULT:
         return output
@@ -93,3 +116,21 @@ def on_post_build(config) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         data = {"config": {**index["config"], **settings}, "docs": docs}
         out.write_text(json.dumps(data, separators=(",", ":")), encoding="utf-8")
+
+    _language_sitemaps(site, config.site_url)
+
+
+def _language_sitemaps(site: Path, site_url: str | None) -> None:
+    """zh/sitemap.xml: the <url> entries of sitemap.xml whose page is Chinese."""
+    sitemap = site / "sitemap.xml"
+    if not site_url or not sitemap.is_file():
+        return
+    text = sitemap.read_text(encoding="utf-8")
+    entries = _URL.findall(text)
+    head, tail = text[: text.index(entries[0])], text[text.rindex(entries[-1]) + len(entries[-1]) :]
+    for lang in SEARCH:
+        if lang == DEFAULT:
+            continue
+        base = f"<loc>{site_url.rstrip('/')}/{lang}/"
+        mine = [entry for entry in entries if base in entry]
+        (site / lang / "sitemap.xml").write_text(head + "".join(mine) + tail, encoding="utf-8")

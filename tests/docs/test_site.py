@@ -173,6 +173,30 @@ def test_pages_request_no_sitemap_next_to_them(site):
             assert '<link rel="alternate"' not in html, f"{lang}: {page}"
 
 
+def test_sitemaps_list_every_page_of_both_languages(site):
+    """sitemap.xml lists every page of both languages at the site's URL, each with its
+    hreflang alternates; zh/sitemap.xml the Chinese pages alone (docs/hooks/i18n_site.py)."""
+    base = re.search(r"^site_url: (\S+)$", CONFIG.read_text(), re.M).group(1).rstrip("/")
+    everything = re.findall(r"<loc>([^<]+)</loc>", (site / "sitemap.xml").read_text())
+    chinese = re.findall(r"<loc>([^<]+)</loc>", (site / "zh" / "sitemap.xml").read_text())
+    pages = english_pages()
+    assert len(everything) == 2 * len(pages) and len(chinese) == len(pages)
+    assert all(url.startswith(f"{base}/zh/") for url in chinese)
+    assert sorted(chinese) == sorted(u for u in everything if u.startswith(f"{base}/zh/"))
+    assert f"{base}/tutorials/04-masks/" in everything
+    assert f"{base}/zh/tutorials/04-masks/" in chinese
+
+
+def test_the_home_pages_switch_language_by_relative_links(site):
+    """The i18n plugin writes the home pages' selector links from the server root
+    (/attnkit/zh/): made relative, they work wherever the site is served or opened."""
+    for lang, wanted in (("en", ['"./" hreflang="en"', '"zh/" hreflang="zh"']),
+                         ("zh", ['"../" hreflang="en"', '"./" hreflang="zh"'])):  # fmt: skip
+        home = built_html(site, Path("index.md"), lang).read_text()
+        links = re.findall(r'<a href="[^"]*" hreflang="[a-z]+"', home)
+        assert all(f"<a href={w}" in "".join(links) for w in wanted), (lang, links)
+
+
 def test_each_language_searches_its_own_index(site):
     """Material loads search/search_index.json relative to the page's `base`: the Chinese
     pages' base is zh/, where the Chinese index lies (tests/docs/test_search.py reads it)."""
