@@ -10,13 +10,8 @@ from matplotlib.text import Text
 
 import attnkit
 from attnkit.viz import lessons
-from attnkit.viz.lessons import (
-    attention_row_figure,
-    attention_steps_figure,
-    channel_spatial_figure,
-    multi_head_figure,
-    soft_split_figure,
-)
+from attnkit.viz.lessons import attention_row_figure, attention_steps_figure, multi_head_figure
+from attnkit.viz.lessons_vision import channel_spatial_figure, soft_split_figure
 
 
 def _axes(fig, label):

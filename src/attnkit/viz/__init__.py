@@ -24,12 +24,13 @@ from attnkit.viz.maps import AttentionMaps
 from attnkit.viz.notebook import HeadViewHTML, show
 from attnkit.viz.record import AttentionRecord, record_attention
 
+# the teaching figures, by the module that draws them (matplotlib loads on first use)
 _LESSONS = {
-    "attention_row_figure",
-    "attention_steps_figure",
-    "channel_spatial_figure",
-    "multi_head_figure",
-    "soft_split_figure",
+    "attention_row_figure": "lessons",
+    "attention_steps_figure": "lessons",
+    "multi_head_figure": "lessons",
+    "channel_spatial_figure": "lessons_vision",
+    "soft_split_figure": "lessons_vision",
 }
 
 __all__ = [
@@ -72,9 +73,9 @@ def __getattr__(name: str):
 
         return plot_block_map
     if name in _LESSONS:
-        from attnkit.viz import lessons
+        import importlib
 
-        return getattr(lessons, name)
+        return getattr(importlib.import_module(f"attnkit.viz.{_LESSONS[name]}"), name)
     if name in {"plot_masks", "plot_positional_encoding", "plot_transformer"}:
         from attnkit.viz import diagrams
 
