@@ -4,7 +4,7 @@
     python3 dev.py explain [ARGS...]   # the main job: `attnkit explain` on the embedded model
     python3 dev.py test [PYTEST ARGS]  # ruff (lint + format check), then the whole test suite
     python3 dev.py attnkit ARGS...     # any other attnkit subcommand inside the project venv
-    python3 dev.py docs                # serve the docs site on http://127.0.0.1:8000/attnkit/ (live reload)
+    python3 dev.py docs                # serve the site on http://127.0.0.1:8000/attnkit/
     python3 dev.py docs --build DIR    # build the site (mkdocs build --strict) into DIR
 
 On first use it creates `.venv/` next to this file, installs the CPU build of
