@@ -9,11 +9,21 @@ file + `os.replace`, so Ctrl-C or a crash leaves the last good version):
                      parameter count, world size
 
 Resuming (`resume=True`) restarts at the epoch after the last checkpoint, or inside the
-last epoch where `max_steps` cut it short (its remaining batches, in the same order; their
-random draws are not the ones an uninterrupted run makes), and runs until the steps asked
+last epoch where `max_steps` or `max_time` cut it short (its remaining batches, in the same
+order, with the random state every rank had at the cut), and runs until the steps asked
 for are done: ``min(epochs x batches per epoch, max_steps)``.
 The global RNG is reseeded at the start of every epoch from (seed, epoch, rank),
 so a resumed run draws the same shuffles and augmentations as an uninterrupted one.
+
+`max_time` (seconds of this invocation's training) ends a run after the step during
+which the time ran out, with a checkpoint there; it does not change the schedule, whose
+end stays where the epochs and `max_steps` put it, so that a run stopped and resumed
+takes the steps of one that never stopped. Cut inside an epoch, the run adds no history
+row (the epoch's row comes when a resumed run finishes it: its train metrics so far are
+in the checkpoint); metrics.json then holds the state at the stop, evaluated, at top
+level, with ``"stopped": "max-time"``. Under DDP rank 0's clock decides, and one
+one-element broadcast per step (only when `max_time` is set) makes every rank stop at
+the same step: cheap beside the gradients' all-reduce, and a rank cannot run past it.
 A `train_set` with a `set_epoch(epoch)` method is told the epoch before each
 pass (as DistributedSampler is), so a dataset generated from a seed can give
 fresh examples every epoch.
@@ -116,6 +126,7 @@ class TrainConfig:
     grad_clip: float | None = 1.0  # max global gradient norm, None = no clipping
     seed: int = 0  # data order and augmentation; the caller seeds model init
     max_steps: int | None = None  # at most this many optimizer steps; the schedule ends there
+    max_time: float | None = None  # seconds of training, then stop after the step (and save)
 
 
 class StepResult(NamedTuple):
@@ -134,6 +145,13 @@ class FitResult:
     history: list[dict[str, float]]  # one dict per epoch: train_loss, train_acc, eval metrics, ...
     params: int  # trainable parameters
     seconds: float  # wall-clock training time of this process (this invocation)
+    # the latest metrics when `max_time` ended the run with steps left (an epoch cut short:
+    # the state at the stop, not in `history`), else None
+    stopped: dict[str, float] | None = None
+    total_steps: int = 0  # the steps the run asked for (the schedule's length)
+
+
+_clock = time.perf_counter  # the time source of `max_time` (a test may replace it)
 
 
 # --------------------------------------------------------------------------- atomic files
@@ -235,7 +253,7 @@ def fit(
     else:
         opt = optimizer(list(model.parameters()))
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, _warmup_cosine(total, config.warmup))
-    start_epoch, skip, done_steps, history = 0, 0, 0, []
+    start_epoch, skip, done_steps, history, carried = 0, 0, 0, [], None
     if resume:
         state = _load(ckpt_path, model, opt, scheduler, run_info)
         start_epoch, done_steps, history = state["epoch"], state["step"], state["history"]
@@ -245,12 +263,12 @@ def fit(
                 f"steps) of the {config.epochs} epochs ({total} steps) asked for: ask for more "
                 "epochs or steps to continue training"
             )
-        # An epoch cut short by max_steps is finished first (its batches come in the same
-        # order again: the sampler's is fixed by seed and epoch), so that the epochs and
-        # evaluations stay where an uninterrupted run has them.
+        # An epoch cut short by max_steps or max_time is finished first (its batches come in
+        # the same order again: the sampler's is fixed by seed and epoch), so that the epochs
+        # and evaluations stay where an uninterrupted run has them.
         cut = state.get("epoch_steps", per_epoch)
         if state.get("epoch_length") == per_epoch and 0 < cut < per_epoch:
-            start_epoch, skip = start_epoch - 1, cut
+            start_epoch, skip, carried = start_epoch - 1, cut, state
     elif ckpt_path is not None and ckpt_path.exists():
         raise ValueError(
             f"out_dir {out} already holds {CHECKPOINT}; pass resume=True (--resume) to continue "
@@ -260,14 +278,20 @@ def fit(
         atomic_write_json(out / CONFIG, {"run": run_info, "train": dataclasses.asdict(config)})
     net = _wrap(model, device, world)
     show = progress and rank == 0
-    started = time.perf_counter()
+    started = _clock()
+    deadline = None if config.max_time is None else started + config.max_time
+
+    def time_up() -> bool:  # rank 0's clock decides for every rank
+        return deadline is not None and _agree(_clock() >= deadline, device)
+
+    stopped = None
     # One bar over all the run's steps, so that its ETA is the time to the end of training.
     with _progress_bar(total, done_steps, show) as bar:
         # Until the steps asked for are done (every epoch takes at least one), not until
         # `config.epochs`: a run resumed from a checkpoint of other settings (another
         # max_steps or batch size) may need one epoch more than the count says.
         for epoch in itertools.count(start_epoch):
-            if done_steps >= total:
+            if done_steps >= total or stopped is not None:
                 break
             torch.manual_seed(_epoch_seed(config.seed, epoch, rank))
             sampler.set_epoch(epoch)
@@ -275,35 +299,85 @@ def fit(
                 train_set.set_epoch(epoch)
             bar.set_description(f"epoch {epoch + 1}/{config.epochs}", refresh=False)
             before = done_steps - skip
-            batches = itertools.islice(loader, skip, None)  # skip: already trained on
-            stats, done_steps = _train_epoch(
-                net, step, batches, opt, scheduler, config, device, done_steps, total, bar
-            )
-            skip = 0
-            row = {
-                "epoch": epoch + 1,
-                "step": done_steps,
-                "lr": scheduler.get_last_lr()[0],
-                **stats,
-            }
+            batches = iter(loader)
+            for _ in range(skip):  # already trained on
+                next(batches)
+            sums = _carry_over(carried, rank, world, device)  # {} if none
+            skip, carried = 0, None
+            sums, done_steps, out_of_time = _train_epoch(
+                net, step, batches, opt, scheduler, config, device, done_steps, total, bar,
+                sums, time_up,
+            )  # fmt: skip
+            where = {"epoch": epoch + 1, "step": done_steps, "epoch_steps":
+                     done_steps - before, "epoch_length": per_epoch}  # fmt: skip
+            cut = where["epoch_steps"] < per_epoch
+            if cut:  # what finishing this epoch exactly needs (before evaluation draws any)
+                where.update(_cut_state(sums, world, device))
+            row = {"epoch": epoch + 1, "step": done_steps, "lr": scheduler.get_last_lr()[0]}
+            row.update(_train_stats(sums))
+            # out of time inside the epoch: no history row, the epoch goes on after --resume
+            partial = out_of_time and cut
             stop = False
             if rank == 0:
                 if evaluate is not None:
                     row.update(_evaluate(model, evaluate))
-                row["seconds"] = round(time.perf_counter() - started, 3)
-                history.append(row)
+                row["seconds"] = round(_clock() - started, 3)
+                if partial:
+                    row["epoch_steps"] = where["epoch_steps"]
+                else:
+                    history.append(row)
                 if out is not None:
-                    where = {"epoch": epoch + 1, "step": done_steps, "epoch_steps":
-                             done_steps - before, "epoch_length": per_epoch}  # fmt: skip
                     _save(ckpt_path, model, opt, scheduler, where, history, run_info)
-                    metrics = {**row, "history": history, "params": params, "world_size": world}
+                    why = "max-time" if out_of_time else None
+                    metrics = {**row, "stopped": why, "history": history, "params": params,
+                               "world_size": world}  # fmt: skip
                     atomic_write_json(out / METRICS, _json_safe(metrics))
                 if show:
-                    _print_row(row)
-                stop = stop_when is not None and bool(stop_when(row))
-            if stop_when is not None and _agree(stop, device):
+                    _print_row(row, total if out_of_time else None)
+                stop = stop_when is not None and not partial and bool(stop_when(row))
+            if out_of_time:
+                stopped = row
+            elif stop_when is not None and _agree(stop, device):
                 break
-    return FitResult(history, params, time.perf_counter() - started)
+    seconds = _clock() - started
+    return FitResult(history, params, seconds, stopped, total)
+
+
+def _train_stats(sums: Tensor) -> dict[str, float]:
+    """Mean train loss (and accuracy, if the steps count correct items) from the sums."""
+    stats = {"train_loss": (sums[0] / sums[1]).item()}
+    if sums[3] > 0:
+        stats["train_acc"] = (sums[2] / sums[1]).item()
+    return stats
+
+
+def _cut_state(sums: Tensor, world: int, device) -> dict:
+    """The checkpoint's part that finishes an epoch cut short step for step: the train sums
+    so far (over all ranks) and every rank's random state at the cut (a collective)."""
+    mine = {"cpu": torch.get_rng_state()}
+    if torch.device(device).type == "cuda":
+        mine["cuda"] = torch.cuda.get_rng_state(device)
+    rng = [mine]
+    if world > 1:
+        rng = [None] * world
+        dist.all_gather_object(rng, mine)
+    return {"epoch_sums": sums.tolist(), "rng": rng}
+
+
+def _carry_over(state: dict | None, rank: int, world: int, device) -> Tensor:
+    """The train sums an epoch resumed inside starts from (rank 0 holds those of all ranks,
+    since they are summed over ranks once more), with each rank's random state restored."""
+    sums = torch.zeros(4, dtype=torch.float64)
+    if state is None:
+        return sums
+    if "epoch_sums" in state and rank == 0:
+        sums += torch.tensor(state["epoch_sums"], dtype=torch.float64)
+    rng = state.get("rng") or []
+    if len(rng) == world:  # else another world size: the epoch's seed stands
+        torch.set_rng_state(rng[rank]["cpu"])
+        if "cuda" in rng[rank] and torch.device(device).type == "cuda":
+            torch.cuda.set_rng_state(rng[rank]["cuda"], device)
+    return sums
 
 
 def _progress_bar(total: int, done: int, show: bool):
@@ -315,12 +389,14 @@ def _progress_bar(total: int, done: int, show: bool):
     )
 
 
-def _train_epoch(net, step, loader, optimizer, scheduler, config, device, done, total, bar):
-    """One pass over this rank's shard; returns (mean train metrics over all ranks, steps)."""
+def _train_epoch(net, step, batches, optimizer, scheduler, config, device, done, total, bar,
+                 sums, time_up):  # fmt: skip
+    """One pass over this rank's shard (or its rest); returns (train sums over all ranks:
+    loss·count, count, correct, 1 if accuracy counts; the steps done; whether `time_up()`
+    said to stop, asked after every step but the run's last)."""
     net.train()
-    sums = torch.zeros(3, dtype=torch.float64)  # loss·count, count, correct
-    has_acc = False
-    for batch in loader:
+    out_of_time = False
+    for batch in batches:
         if done >= total:
             break
         result = step(net, _to_device(batch, device))
@@ -339,20 +415,22 @@ def _train_epoch(net, step, loader, optimizer, scheduler, config, device, done, 
         done += 1
         has_acc = result.correct is not None
         sums += torch.tensor(
-            [loss * result.count, result.count, result.correct or 0],
+            [loss * result.count, result.count, result.correct or 0, 0],
             dtype=torch.float64,
         )
+        sums[3] = float(has_acc)
         postfix = {"loss": f"{sums[0] / sums[1]:.4f}"}
         if has_acc:
             postfix["acc"] = f"{sums[2] / sums[1]:.2%}"
         bar.set_postfix(postfix, refresh=False)
         bar.update()
+        if done < total and time_up():
+            out_of_time = True
+            break
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(sums)
-    stats = {"train_loss": (sums[0] / sums[1]).item()}
-    if has_acc:
-        stats["train_acc"] = (sums[2] / sums[1]).item()
-    return stats, done
+    sums[3] = float(sums[3] > 0)
+    return sums, done, out_of_time
 
 
 def _agree(flag: bool, device: torch.device | str) -> bool:
@@ -374,12 +452,15 @@ def _evaluate(model: nn.Module, evaluate) -> dict[str, float]:
         model.train(was)
 
 
-def _print_row(row: dict) -> None:
+def _print_row(row: dict, total: int | None = None) -> None:
+    """One line on stderr; `total`: the run's steps, when max_time stopped it at this row."""
     from tqdm.auto import tqdm
 
     parts = [f"epoch {row['epoch']}"]
+    if total is not None:
+        parts.insert(0, f"out of time (max_time) at step {row['step']} of {total}:")
     for key, value in row.items():
-        if key in ("epoch", "step"):
+        if key in ("epoch", "step", "epoch_steps"):
             continue
         pct = key.endswith("acc")
         parts.append(f"{key} {value:.2%}" if pct else f"{key} {value:.4g}")
@@ -423,7 +504,8 @@ def _to_device(batch, device):
 
 def _save(path, model, optimizer, scheduler, where: dict, history, run_info) -> None:
     """`where`: epoch (epochs begun), step (optimizer steps done), epoch_steps (steps of
-    the last epoch done, of its epoch_length: fewer when max_steps cut it short)."""
+    the last epoch done, of its epoch_length: fewer when max_steps or max_time cut it
+    short, and then epoch_sums and rng, see `_cut_state`)."""
     state = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
