@@ -35,7 +35,7 @@ def steps(monkeypatch):
     return taken
 
 
-def _run(out, digits, steps, max_time=None, resume=False):
+def _run(out, digits, steps, max_time=None, resume=False, stop_when=None):
     train, test = digits
     torch.manual_seed(0)
     model = ViT(TINY)
@@ -55,6 +55,7 @@ def _run(out, digits, steps, max_time=None, resume=False):
         resume=resume,
         run_info={"model": "tiny"},
         progress=False,
+        stop_when=stop_when,
     )
     return model, result
 
@@ -123,3 +124,9 @@ def test_time_out_at_the_last_step_is_no_stop(tmp_path, digits, steps):
     assert json.loads((tmp_path / "metrics.json").read_text())["stopped"] is None
     with pytest.raises(ValueError, match="already done 3 epochs"):
         _run(tmp_path, digits, steps, resume=True)
+
+
+def test_a_run_that_reached_its_goal_as_time_ran_out_is_done(tmp_path, digits, steps):
+    _, result = _run(tmp_path, digits, steps, max_time=3.5, stop_when=lambda r: r["epoch"] == 1)
+    assert len(steps) == 4 and result.stopped is None
+    assert json.loads((tmp_path / "metrics.json").read_text())["stopped"] is None

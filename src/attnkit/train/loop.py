@@ -57,7 +57,16 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from attnkit._io import atomic_save, atomic_write_json
+from attnkit._io import atomic_write_json
+from attnkit.train._checkpoint import (
+    FORMAT,
+    carry_over,
+    cut_state,
+    json_safe,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
 
 __all__ = [
     "FORMAT",
@@ -71,47 +80,10 @@ __all__ = [
 ]
 
 CHECKPOINT, METRICS, CONFIG = "checkpoint.pt", "metrics.json", "config.json"
-# Written into every checkpoint, so that a file that is not one of ours (or is damaged) is
-# told apart from an attnkit checkpoint before anything is loaded into a model.
-FORMAT = "attnkit-checkpoint/1"
 
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; training stopped (the files written so far stay)."""
-
-
-def read_checkpoint(path: str | Path, legacy_keys: tuple[str, ...] = ()) -> dict:
-    """The dict `fit` saved at `path`, read with weights_only=True; ValueError naming the file
-    if it cannot be read or carries no attnkit format marker (a dict holding all of
-    `legacy_keys`, the layout of an older writer, is accepted without one)."""
-    import pickle
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError) as e:
-        reason = " ".join(str(e).split())[:120]
-        raise ValueError(
-            f"{path} is not a readable attnkit checkpoint ({type(e).__name__}: {reason}); "
-            "point at the folder of an `attnkit train` run"
-        ) from None
-    legacy = isinstance(state, dict) and bool(legacy_keys) and all(k in state for k in legacy_keys)
-    if not legacy and (not isinstance(state, dict) or state.get("format") != FORMAT):
-        raise ValueError(
-            f"{path} is not an attnkit checkpoint (no {FORMAT!r} marker); "
-            "point at the folder of an `attnkit train` run"
-        )
-    return state
-
-
-def _json_safe(obj):
-    """`obj` with NaN and infinities as None, so that the JSON written is valid JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 @dataclass(frozen=True)
@@ -255,7 +227,7 @@ def fit(
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, _warmup_cosine(total, config.warmup))
     start_epoch, skip, done_steps, history, carried = 0, 0, 0, [], None
     if resume:
-        state = _load(ckpt_path, model, opt, scheduler, run_info)
+        state = load_checkpoint(ckpt_path, model, opt, scheduler, run_info)
         start_epoch, done_steps, history = state["epoch"], state["step"], state["history"]
         if done_steps >= total:
             raise ValueError(
@@ -302,7 +274,7 @@ def fit(
             batches = iter(loader)
             for _ in range(skip):  # already trained on
                 next(batches)
-            sums = _carry_over(carried, rank, world, device)  # {} if none
+            sums = carry_over(carried, rank, world, device)  # zeros if none
             skip, carried = 0, None
             sums, done_steps, out_of_time = _train_epoch(
                 net, step, batches, opt, scheduler, config, device, done_steps, total, bar,
@@ -312,7 +284,7 @@ def fit(
                      done_steps - before, "epoch_length": per_epoch}  # fmt: skip
             cut = where["epoch_steps"] < per_epoch
             if cut:  # what finishing this epoch exactly needs (before evaluation draws any)
-                where.update(_cut_state(sums, world, device))
+                where.update(cut_state(sums, world, device))
             row = {"epoch": epoch + 1, "step": done_steps, "lr": scheduler.get_last_lr()[0]}
             row.update(_train_stats(sums))
             # out of time inside the epoch: no history row, the epoch goes on after --resume
@@ -327,18 +299,20 @@ def fit(
                 else:
                     history.append(row)
                 if out is not None:
-                    _save(ckpt_path, model, opt, scheduler, where, history, run_info)
-                    why = "max-time" if out_of_time else None
+                    save_checkpoint(ckpt_path, model, opt, scheduler, where, history, run_info)
+                stop = stop_when is not None and not partial and bool(stop_when(row))
+                timed = out_of_time and not stop  # a run that reached its goal is done
+                if out is not None:
+                    why = "max-time" if timed else None
                     metrics = {**row, "stopped": why, "history": history, "params": params,
                                "world_size": world}  # fmt: skip
-                    atomic_write_json(out / METRICS, _json_safe(metrics))
+                    atomic_write_json(out / METRICS, json_safe(metrics))
                 if show:
-                    _print_row(row, total if out_of_time else None)
-                stop = stop_when is not None and not partial and bool(stop_when(row))
+                    _print_row(row, total if timed else None)
+            if stop_when is not None and not partial and _agree(stop, device):
+                break
             if out_of_time:
                 stopped = row
-            elif stop_when is not None and _agree(stop, device):
-                break
     seconds = _clock() - started
     return FitResult(history, params, seconds, stopped, total)
 
@@ -349,35 +323,6 @@ def _train_stats(sums: Tensor) -> dict[str, float]:
     if sums[3] > 0:
         stats["train_acc"] = (sums[2] / sums[1]).item()
     return stats
-
-
-def _cut_state(sums: Tensor, world: int, device) -> dict:
-    """The checkpoint's part that finishes an epoch cut short step for step: the train sums
-    so far (over all ranks) and every rank's random state at the cut (a collective)."""
-    mine = {"cpu": torch.get_rng_state()}
-    if torch.device(device).type == "cuda":
-        mine["cuda"] = torch.cuda.get_rng_state(device)
-    rng = [mine]
-    if world > 1:
-        rng = [None] * world
-        dist.all_gather_object(rng, mine)
-    return {"epoch_sums": sums.tolist(), "rng": rng}
-
-
-def _carry_over(state: dict | None, rank: int, world: int, device) -> Tensor:
-    """The train sums an epoch resumed inside starts from (rank 0 holds those of all ranks,
-    since they are summed over ranks once more), with each rank's random state restored."""
-    sums = torch.zeros(4, dtype=torch.float64)
-    if state is None:
-        return sums
-    if "epoch_sums" in state and rank == 0:
-        sums += torch.tensor(state["epoch_sums"], dtype=torch.float64)
-    rng = state.get("rng") or []
-    if len(rng) == world:  # else another world size: the epoch's seed stands
-        torch.set_rng_state(rng[rank]["cpu"])
-        if "cuda" in rng[rank] and torch.device(device).type == "cuda":
-            torch.cuda.set_rng_state(rng[rank]["cuda"], device)
-    return sums
 
 
 def _progress_bar(total: int, done: int, show: bool):
@@ -500,33 +445,3 @@ def _to_device(batch, device):
     if isinstance(batch, dict):
         return {k: _to_device(v, device) for k, v in batch.items()}
     return batch
-
-
-def _save(path, model, optimizer, scheduler, where: dict, history, run_info) -> None:
-    """`where`: epoch (epochs begun), step (optimizer steps done), epoch_steps (steps of
-    the last epoch done, of its epoch_length: fewer when max_steps or max_time cut it
-    short, and then epoch_sums and rng, see `_cut_state`)."""
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        **where,
-        "history": history,
-        "run_info": run_info,
-        "format": FORMAT,
-    }
-    atomic_save(path, state)
-
-
-def _load(path, model, optimizer, scheduler, run_info) -> dict:
-    if path is None or not path.exists():
-        raise ValueError(f"resume: no checkpoint at {path}; train without --resume first")
-    state = read_checkpoint(path)
-    if state.get("run_info") != run_info:
-        saved = state.get("run_info") or {}
-        keys = sorted(k for k in set(saved) | set(run_info) if saved.get(k) != run_info.get(k))
-        raise ValueError(f"resume: {path} was trained with different settings for {keys}")
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    return state
