@@ -130,3 +130,10 @@ def test_a_run_that_reached_its_goal_as_time_ran_out_is_done(tmp_path, digits, s
     _, result = _run(tmp_path, digits, steps, max_time=3.5, stop_when=lambda r: r["epoch"] == 1)
     assert len(steps) == 4 and result.stopped is None
     assert json.loads((tmp_path / "metrics.json").read_text())["stopped"] is None
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("inf"), float("nan")])
+def test_max_time_must_be_a_finite_positive_number(seconds, digits, steps):
+    with pytest.raises(ValueError, match="max_time must be a finite number of seconds > 0"):
+        _run(None, digits, steps, max_time=seconds)
+    assert steps == []

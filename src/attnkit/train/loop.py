@@ -203,6 +203,8 @@ def fit(
             ends training there on every rank, e.g. `lambda r: r["exact_match"] >= 1`.
     """
     rank, world = _rank_world()
+    if config.max_time is not None and not 0 < config.max_time < math.inf:
+        raise ValueError(f"max_time must be a finite number of seconds > 0, got {config.max_time}")
     if config.batch_size % world:
         raise ValueError(
             f"batch_size must be a multiple of the {world} processes, got {config.batch_size}"
