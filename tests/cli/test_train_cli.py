@@ -112,3 +112,52 @@ def test_existing_run_is_refused_then_replaced_with_force(tmp_path, capsys):
     assert config["run"]["init_seed"] == 1  # the new run, not a resumed old one
     history = json.loads((out / "metrics.json").read_text())["history"]
     assert [row["epoch"] for row in history] == [1]
+
+
+def test_max_time_stops_inside_the_epoch_and_resume_ends_as_a_straight_run(
+    tmp_path, capsys, monkeypatch
+):
+    """A fake clock (one second per call: the start, then once after every step) runs out
+    during step 2 of --max-time 2; the run says so, exits 0, and --resume ends where a run
+    that never stopped ends, weights and history alike."""
+    import itertools
+
+    import torch
+
+    from attnkit.train import loop
+
+    argv = ["train", "vit", "--epochs", "1", "--max-steps", "4", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "straight"), "--quiet"]) == 0
+    monkeypatch.setattr(loop, "_clock", itertools.count().__next__)
+    capsys.readouterr()
+    cut = tmp_path / "cut"
+    assert main([*argv, "--out", str(cut), "--max-time", "2"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("attnkit train: stopped by --max-time at step 2 of 4: test accuracy ")
+    assert line.endswith(f"to {cut}/ (--resume continues)")
+    state = torch.load(cut / "checkpoint.pt", weights_only=True)
+    assert (state["step"], state["epoch_steps"], state["epoch_length"]) == (2, 2, 45)
+    metrics = json.loads((cut / "metrics.json").read_text())
+    assert metrics["stopped"] == "max-time" and metrics["history"] == []
+    assert main([*argv, "--out", str(cut), "--resume", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["stopped"] is None and summary["steps"] == summary["total_steps"] == 4
+    a, b = (
+        torch.load(d / "checkpoint.pt", weights_only=True) for d in (tmp_path / "straight", cut)
+    )
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    rows = [
+        json.loads((d / "metrics.json").read_text())["history"]
+        for d in (tmp_path / "straight", cut)
+    ]
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in rows[0]] == [
+        {k: v for k, v in r.items() if k != "seconds"} for r in rows[1]
+    ]
+
+
+def test_max_time_must_be_a_positive_number(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "vit", "--max-time", "0", "--out", str(tmp_path / "x")])
+    assert e.value.code == 2
+    assert "--max-time: must be a finite number of seconds > 0" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

@@ -136,3 +136,34 @@ def test_checkpoint_round_trip(tmp_path, reverse_model):
     src = torch.tensor([[*task.encode("abcd"), EOS]])
     a = loaded(src, torch.tensor([[BOS, 3]]))
     torch.testing.assert_close(a, model(src, torch.tensor([[BOS, 3]])))
+
+
+def test_cli_max_time_stops_inside_an_interval_and_resume_ends_as_a_straight_run(
+    tmp_path, capsys, monkeypatch
+):
+    """A fake clock (one second per call: the start, then once after every step) runs out
+    during step 3 of --max-time 3, inside the first evaluation interval; --resume ends where
+    a run that never stopped ends (dropout draws included)."""
+    import itertools
+
+    from attnkit.train import loop
+
+    argv = ["seq2seq", "train", "--task", "reverse", "--steps", "10", *SMOKE]
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    assert main([*argv, "--out", str(straight), "--quiet"]) == 0
+    monkeypatch.setattr(loop, "_clock", itertools.count().__next__)
+    capsys.readouterr()
+    assert main([*argv, "--out", str(cut), "--max-time", "3"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("attnkit seq2seq train: stopped by --max-time at step 3 of 10: ")
+    assert line.endswith(f"(20 held-out); wrote {cut}/ (--resume continues)")
+    metrics = json.loads((cut / "metrics.json").read_text())
+    assert metrics["stopped"] == "max-time" and metrics["step"] == 3 and metrics["history"] == []
+    assert main([*argv, "--out", str(cut), "--resume", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["stopped"] is None and summary["step"] == summary["steps"] == 10
+    a, b = (torch.load(d / "checkpoint.pt", weights_only=True)["model"] for d in (straight, cut))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rows = [json.loads((d / "metrics.json").read_text())["history"] for d in (straight, cut)]
+    kept = [[(r["step"], r["exact_match"], r["train_loss"]) for r in h] for h in rows]
+    assert kept[0] == kept[1] and [r["step"] for r in rows[1]] == [5, 10]

@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -112,3 +113,48 @@ def test_torchrun_cli_two_processes(tmp_path):
     import json
 
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["world_size"] == 2
+
+
+def _max_time_worker(rank: int, world: int, port: int, out: str) -> None:
+    from attnkit.train import loop
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    # ranks that disagreed on the stop would wait on each other: fail in a minute instead
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    try:
+        steps = []
+        # fake clocks: rank 0's runs out during step 3; rank 1's would stop it after step 1
+        loop._clock = lambda: float(len(steps) * (1 if rank == 0 else 1000))
+        noisy = classify_step(augment=lambda x: x + 0.1 * torch.randn_like(x))  # per-rank draws
+
+        def counting(model, batch):
+            steps.append(1)
+            return noisy(model, batch)
+
+        def run(folder, max_time=None, resume=False):
+            torch.manual_seed(0)
+            model = ViT(TINY)
+            config = TrainConfig(epochs=3, batch_size=8, lr=0.01, max_time=max_time)  # 6 steps
+            fit(model, counting, _data(), config=config, progress=False, out_dir=Path(out, folder),
+                resume=resume, evaluate=lambda m: {"score": 0.5})  # fmt: skip
+            return model
+
+        straight = run("straight")
+        steps.clear()
+        run("cut", max_time=2.5)
+        (Path(out) / f"rank{rank}.steps").write_text(str(len(steps)))
+        dist.barrier()  # rank 0 has written the checkpoint before rank 1 reads it
+        resumed = run("cut", resume=True)
+        pairs = zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True)
+        same = all(torch.equal(a, b) for a, b in pairs)
+        (Path(out) / f"rank{rank}.same").write_text(str(same))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_max_time_stops_every_rank_at_rank_0s_step_and_resumes_exactly(tmp_path):
+    mp.spawn(_max_time_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    assert [(tmp_path / f"rank{r}.steps").read_text() for r in (0, 1)] == ["3", "3"]
+    assert [(tmp_path / f"rank{r}.same").read_text() for r in (0, 1)] == ["True", "True"]

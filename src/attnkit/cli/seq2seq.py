@@ -16,7 +16,9 @@ kind, so `decode` and `eval` need only the folder.
 Under torchrun the run is data-parallel (gloo on CPU, nccl on GPU; --batch-size is the
 global batch); rank 0 evaluates, writes the files and prints. Progress goes to stderr;
 the last stdout line says what was reached and where it was written (`--json`: one JSON
-summary instead). Exit codes: 0 done, 1 diverged, 2 bad usage, 130 interrupted.
+summary instead). `--max-time SECONDS` stops a run after the step during which that much
+time has passed and saves the checkpoint there; `--resume` continues it. Exit codes: 0 done
+(or stopped by --max-time), 1 diverged, 2 bad usage, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from attnkit.cli._common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     add_command_group,
+    add_max_time,
     add_out_options,
     add_report_options,
     positive_int,
@@ -45,8 +48,11 @@ TRAIN_EPILOG = """\
 examples:
   attnkit seq2seq train --task reverse --out runs/reverse
   attnkit seq2seq train --model rnn --attention additive --out runs/rnn --json
+  attnkit seq2seq train --steps 5000 --max-time 600 --out runs/long
+  attnkit seq2seq train --steps 5000 --resume --out runs/long
 
-exit codes: 0 done, 1 diverged, 2 bad usage, 130 interrupted (the last checkpoint is kept)."""
+exit codes: 0 done (or stopped by --max-time), 1 diverged, 2 bad usage, 130 interrupted
+(the last checkpoint is kept)."""
 DECODE_EPILOG = """\
 examples:
   attnkit seq2seq decode runs/reverse abcdef hgfe
@@ -165,6 +171,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
         default=d.steps,
         help="training budget in optimizer steps (default 1500)",
     )
+    add_max_time(p)
     p.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="global batch")
     p.add_argument("--lr", type=_finite_positive, default=d.lr)
     p.add_argument("--warmup", type=int, default=d.warmup)
@@ -299,9 +306,16 @@ def run_train(args: argparse.Namespace) -> int:
         print(json.dumps({**info, **summary, "out": str(args.out)}))
         return 0
     match = "-" if summary["exact_match"] is None else f"{summary['exact_match']:.1%}"
+    what = f"{_describe(args.model, model_cfg)} on {task.name}: exact match {match}"
+    held = f"({summary['eval_size']} held-out)"
+    if summary["stopped"]:
+        print(
+            f"attnkit seq2seq train: stopped by --max-time at step {summary['step']} of "
+            f"{summary['steps']}: {what} {held}; wrote {args.out}/ (--resume continues)"
+        )
+        return 0
     print(
-        f"attnkit seq2seq train: {_describe(args.model, model_cfg)} on {task.name}: exact match "
-        f"{match} ({summary['eval_size']} held-out) at step {summary['step']}, "
+        f"attnkit seq2seq train: {what} {held} at step {summary['step']}, "
         f"{summary['seconds']:.1f} s, {summary['params']:,} params; wrote {args.out}/"
     )
     return 0

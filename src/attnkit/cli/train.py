@@ -15,6 +15,7 @@ from attnkit.cli._common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     add_max_steps,
+    add_max_time,
     add_out_options,
     add_report_options,
     default_out,
@@ -50,11 +51,15 @@ examples:
   attnkit train cnn
   attnkit train vit --out runs/vit --epochs 20
   attnkit train vit --out runs/vit --epochs 30 --resume
+  attnkit train vit --out runs/long --max-time 600
+  attnkit train vit --out runs/long --resume
   attnkit train t2t --out runs/t2t --json
 
 Files (each replaced atomically, so Ctrl-C keeps the last finished epoch): checkpoint.pt,
-metrics.json, config.json. Data-parallel: torchrun --nproc_per_node 2 -m attnkit train vit.
-exit codes: 0 done, 1 training diverged, 2 bad usage, 130 interrupted (Ctrl-C)."""
+metrics.json, config.json; --max-time writes them at the step where it stops, inside an
+epoch. Data-parallel: torchrun --nproc_per_node 2 -m attnkit train vit.
+exit codes: 0 done (or stopped by --max-time), 1 training diverged, 2 bad usage,
+130 interrupted (Ctrl-C)."""
 
 EVAL_EPILOG = """\
 examples:
@@ -121,6 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: cnn 0.003, the others 0.002)",
     )
     add_max_steps(p)
+    add_max_time(p)
     p.add_argument(
         "--seed",
         type=seed_number,
@@ -131,8 +137,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in --out where it stopped until --epochs (or --max-steps) are "
-        "done (same model and --seed)",
+        help="continue the run in --out where it stopped (--max-steps, --max-time, Ctrl-C) "
+        "until --epochs (or --max-steps) are done (same model and --seed)",
     )
     p.add_argument(
         "--threads",
@@ -210,7 +216,9 @@ def run_train(args: argparse.Namespace) -> int:
 
     recipe = DIGITS_RECIPES[args.model]
     given = {k: getattr(args, k) for k in ("epochs", "batch_size", "lr") if getattr(args, k)}
-    config = dataclasses.replace(recipe, seed=args.seed, max_steps=args.max_steps, **given)
+    config = dataclasses.replace(
+        recipe, seed=args.seed, max_steps=args.max_steps, max_time=args.max_time, **given
+    )
     model_config = PRESETS[args.model]
     data = load_digits()
     run_info = {
@@ -251,7 +259,7 @@ def run_train(args: argparse.Namespace) -> int:
             print(f"attnkit train: error: {e} (files in {out})", file=sys.stderr)
             return EXIT_FAILURE
         rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-    if rank0 and result.history:
+    if rank0 and (result.history or result.stopped):
         _train_summary(args, out, result)
     return 0
 
@@ -262,7 +270,7 @@ def _first_rank() -> bool:
 
 
 def _train_summary(args: argparse.Namespace, out: Path, result) -> None:
-    last = result.history[-1]
+    last = result.stopped or result.history[-1]  # a stop inside an epoch is not in history
     summary = {
         "model": args.model,
         "out": str(out),
@@ -274,7 +282,16 @@ def _train_summary(args: argparse.Namespace, out: Path, result) -> None:
         "train_loss": last["train_loss"],
         "params": result.params,
         "seconds": round(result.seconds, 2),
+        "total_steps": result.total_steps,
+        "stopped": "max-time" if result.stopped else None,
     }
+    if result.stopped:
+        line = (
+            f"stopped by --max-time at step {last['step']} of {result.total_steps}: test "
+            f"accuracy {last['test_acc']:.2%}; wrote {', '.join(RUN_FILES)} to {out}/ "
+            "(--resume continues)"
+        )
+        return emit(args, "train", summary, line)
     line = (
         f"trained {args.model} to epoch {last['epoch']} (step {last['step']}) in "
         f"{result.seconds:.1f} s: test accuracy {last['test_acc']:.2%}, {result.params:,} "

@@ -6,7 +6,9 @@ resume, Ctrl-C safety, DDP under torchrun); this module only maps the
 step-budgeted recipe onto it: one fit "epoch" is `eval_every` steps over a
 `TaskDataset` of `eval_every * batch_size` examples, freshly generated from the
 seed every epoch; `max_steps` is `steps`; `stop_when` ends the run once the
-held-out exact match reaches `stop_at`.
+held-out exact match reaches `stop_at`; `max_time` stops it after the step during which
+that many seconds have passed (the schedule still ends at `steps`, so that a resumed run
+goes on step for step).
 
 Files in `out` (rank 0, each written atomically): ``checkpoint.pt`` (model,
 optimizer, schedule, step, history; model kind, config and task in its run_info),
@@ -78,11 +80,14 @@ class TrainConfig:
     eval_size: int = 500  # held-out examples
     stop_at: float = 1.0  # stop early once held-out exact match reaches this
     seed: int = 0  # model init, data stream and dropout
+    max_time: float | None = None  # seconds of training, then stop after the step (and save)
 
     def __post_init__(self) -> None:
         for f in ("steps", "batch_size", "eval_every", "eval_size"):
             if getattr(self, f) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
+        if self.max_time is not None and not 0 < self.max_time < math.inf:
+            raise ValueError(f"max_time must be a finite number > 0, got {self.max_time}")
         if self.lr <= 0 or self.warmup < 0:
             raise ValueError(f"need lr > 0 and warmup >= 0, got lr={self.lr}, warmup={self.warmup}")
 
@@ -165,6 +170,7 @@ def fit_config(cfg: TrainConfig) -> loop.TrainConfig:
         grad_clip=cfg.clip,
         seed=cfg.seed,
         max_steps=cfg.steps,
+        max_time=cfg.max_time,
     )
 
 
@@ -224,10 +230,12 @@ def train(
             model, task.vocab, src, predict(model, task, src), out, eos=EOS, bos=BOS, pad=PAD
         )
     history = result.history
-    last = history[-1] if history else {}
+    last = result.stopped or (history[-1] if history else {})  # a stop inside an interval
     metrics = {
         "exact_match": last.get("exact_match"),
         "step": last.get("step"),
+        "steps": cfg.steps,
+        "stopped": "max-time" if result.stopped else None,
         "seconds": round(result.seconds, 2),
         "eval_size": cfg.eval_size,
         "params": result.params,

@@ -9,11 +9,21 @@ file + `os.replace`, so Ctrl-C or a crash leaves the last good version):
                      parameter count, world size
 
 Resuming (`resume=True`) restarts at the epoch after the last checkpoint, or inside the
-last epoch where `max_steps` cut it short (its remaining batches, in the same order; their
-random draws are not the ones an uninterrupted run makes), and runs until the steps asked
+last epoch where `max_steps` or `max_time` cut it short (its remaining batches, in the same
+order, with the random state every rank had at the cut), and runs until the steps asked
 for are done: ``min(epochs x batches per epoch, max_steps)``.
 The global RNG is reseeded at the start of every epoch from (seed, epoch, rank),
 so a resumed run draws the same shuffles and augmentations as an uninterrupted one.
+
+`max_time` (seconds of this invocation's training) ends a run after the step during
+which the time ran out, with a checkpoint there; it does not change the schedule, whose
+end stays where the epochs and `max_steps` put it, so that a run stopped and resumed
+takes the steps of one that never stopped. Cut inside an epoch, the run adds no history
+row (the epoch's row comes when a resumed run finishes it: its train metrics so far are
+in the checkpoint); metrics.json then holds the state at the stop, evaluated, at top
+level, with ``"stopped": "max-time"``. Under DDP rank 0's clock decides, and one
+one-element broadcast per step (only when `max_time` is set) makes every rank stop at
+the same step: cheap beside the gradients' all-reduce, and a rank cannot run past it.
 A `train_set` with a `set_epoch(epoch)` method is told the epoch before each
 pass (as DistributedSampler is), so a dataset generated from a seed can give
 fresh examples every epoch.
@@ -47,7 +57,16 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from attnkit._io import atomic_save, atomic_write_json
+from attnkit._io import atomic_write_json
+from attnkit.train._checkpoint import (
+    FORMAT,
+    carry_over,
+    cut_state,
+    json_safe,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
 
 __all__ = [
     "FORMAT",
@@ -61,47 +80,10 @@ __all__ = [
 ]
 
 CHECKPOINT, METRICS, CONFIG = "checkpoint.pt", "metrics.json", "config.json"
-# Written into every checkpoint, so that a file that is not one of ours (or is damaged) is
-# told apart from an attnkit checkpoint before anything is loaded into a model.
-FORMAT = "attnkit-checkpoint/1"
 
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; training stopped (the files written so far stay)."""
-
-
-def read_checkpoint(path: str | Path, legacy_keys: tuple[str, ...] = ()) -> dict:
-    """The dict `fit` saved at `path`, read with weights_only=True; ValueError naming the file
-    if it cannot be read or carries no attnkit format marker (a dict holding all of
-    `legacy_keys`, the layout of an older writer, is accepted without one)."""
-    import pickle
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError) as e:
-        reason = " ".join(str(e).split())[:120]
-        raise ValueError(
-            f"{path} is not a readable attnkit checkpoint ({type(e).__name__}: {reason}); "
-            "point at the folder of an `attnkit train` run"
-        ) from None
-    legacy = isinstance(state, dict) and bool(legacy_keys) and all(k in state for k in legacy_keys)
-    if not legacy and (not isinstance(state, dict) or state.get("format") != FORMAT):
-        raise ValueError(
-            f"{path} is not an attnkit checkpoint (no {FORMAT!r} marker); "
-            "point at the folder of an `attnkit train` run"
-        )
-    return state
-
-
-def _json_safe(obj):
-    """`obj` with NaN and infinities as None, so that the JSON written is valid JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 @dataclass(frozen=True)
@@ -116,6 +98,7 @@ class TrainConfig:
     grad_clip: float | None = 1.0  # max global gradient norm, None = no clipping
     seed: int = 0  # data order and augmentation; the caller seeds model init
     max_steps: int | None = None  # at most this many optimizer steps; the schedule ends there
+    max_time: float | None = None  # seconds of training, then stop after the step (and save)
 
 
 class StepResult(NamedTuple):
@@ -134,6 +117,13 @@ class FitResult:
     history: list[dict[str, float]]  # one dict per epoch: train_loss, train_acc, eval metrics, ...
     params: int  # trainable parameters
     seconds: float  # wall-clock training time of this process (this invocation)
+    # the latest metrics when `max_time` ended the run with steps left (an epoch cut short:
+    # the state at the stop, not in `history`), else None
+    stopped: dict[str, float] | None = None
+    total_steps: int = 0  # the steps the run asked for (the schedule's length)
+
+
+_clock = time.perf_counter  # the time source of `max_time` (a test may replace it)
 
 
 # --------------------------------------------------------------------------- atomic files
@@ -213,6 +203,8 @@ def fit(
             ends training there on every rank, e.g. `lambda r: r["exact_match"] >= 1`.
     """
     rank, world = _rank_world()
+    if config.max_time is not None and not 0 < config.max_time < math.inf:
+        raise ValueError(f"max_time must be a finite number of seconds > 0, got {config.max_time}")
     if config.batch_size % world:
         raise ValueError(
             f"batch_size must be a multiple of the {world} processes, got {config.batch_size}"
@@ -235,9 +227,9 @@ def fit(
     else:
         opt = optimizer(list(model.parameters()))
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, _warmup_cosine(total, config.warmup))
-    start_epoch, skip, done_steps, history = 0, 0, 0, []
+    start_epoch, skip, done_steps, history, carried = 0, 0, 0, [], None
     if resume:
-        state = _load(ckpt_path, model, opt, scheduler, run_info)
+        state = load_checkpoint(ckpt_path, model, opt, scheduler, run_info)
         start_epoch, done_steps, history = state["epoch"], state["step"], state["history"]
         if done_steps >= total:
             raise ValueError(
@@ -245,12 +237,12 @@ def fit(
                 f"steps) of the {config.epochs} epochs ({total} steps) asked for: ask for more "
                 "epochs or steps to continue training"
             )
-        # An epoch cut short by max_steps is finished first (its batches come in the same
-        # order again: the sampler's is fixed by seed and epoch), so that the epochs and
-        # evaluations stay where an uninterrupted run has them.
+        # An epoch cut short by max_steps or max_time is finished first (its batches come in
+        # the same order again: the sampler's is fixed by seed and epoch), so that the epochs
+        # and evaluations stay where an uninterrupted run has them.
         cut = state.get("epoch_steps", per_epoch)
         if state.get("epoch_length") == per_epoch and 0 < cut < per_epoch:
-            start_epoch, skip = start_epoch - 1, cut
+            start_epoch, skip, carried = start_epoch - 1, cut, state
     elif ckpt_path is not None and ckpt_path.exists():
         raise ValueError(
             f"out_dir {out} already holds {CHECKPOINT}; pass resume=True (--resume) to continue "
@@ -260,14 +252,20 @@ def fit(
         atomic_write_json(out / CONFIG, {"run": run_info, "train": dataclasses.asdict(config)})
     net = _wrap(model, device, world)
     show = progress and rank == 0
-    started = time.perf_counter()
+    started = _clock()
+    deadline = None if config.max_time is None else started + config.max_time
+
+    def time_up() -> bool:  # rank 0's clock decides for every rank
+        return deadline is not None and _agree(_clock() >= deadline, device)
+
+    stopped = None
     # One bar over all the run's steps, so that its ETA is the time to the end of training.
     with _progress_bar(total, done_steps, show) as bar:
         # Until the steps asked for are done (every epoch takes at least one), not until
         # `config.epochs`: a run resumed from a checkpoint of other settings (another
         # max_steps or batch size) may need one epoch more than the count says.
         for epoch in itertools.count(start_epoch):
-            if done_steps >= total:
+            if done_steps >= total or stopped is not None:
                 break
             torch.manual_seed(_epoch_seed(config.seed, epoch, rank))
             sampler.set_epoch(epoch)
@@ -275,35 +273,58 @@ def fit(
                 train_set.set_epoch(epoch)
             bar.set_description(f"epoch {epoch + 1}/{config.epochs}", refresh=False)
             before = done_steps - skip
-            batches = itertools.islice(loader, skip, None)  # skip: already trained on
-            stats, done_steps = _train_epoch(
-                net, step, batches, opt, scheduler, config, device, done_steps, total, bar
-            )
-            skip = 0
-            row = {
-                "epoch": epoch + 1,
-                "step": done_steps,
-                "lr": scheduler.get_last_lr()[0],
-                **stats,
-            }
+            batches = iter(loader)
+            for _ in range(skip):  # already trained on
+                next(batches)
+            sums = carry_over(carried, rank, world, device)  # zeros if none
+            skip, carried = 0, None
+            sums, done_steps, out_of_time = _train_epoch(
+                net, step, batches, opt, scheduler, config, device, done_steps, total, bar,
+                sums, time_up,
+            )  # fmt: skip
+            where = {"epoch": epoch + 1, "step": done_steps, "epoch_steps":
+                     done_steps - before, "epoch_length": per_epoch}  # fmt: skip
+            cut = where["epoch_steps"] < per_epoch
+            if cut:  # what finishing this epoch exactly needs (before evaluation draws any)
+                where.update(cut_state(sums, world, device))
+            row = {"epoch": epoch + 1, "step": done_steps, "lr": scheduler.get_last_lr()[0]}
+            row.update(_train_stats(sums))
+            # out of time inside the epoch: no history row, the epoch goes on after --resume
+            partial = out_of_time and cut
             stop = False
             if rank == 0:
                 if evaluate is not None:
                     row.update(_evaluate(model, evaluate))
-                row["seconds"] = round(time.perf_counter() - started, 3)
-                history.append(row)
+                row["seconds"] = round(_clock() - started, 3)
+                if partial:
+                    row["epoch_steps"] = where["epoch_steps"]
+                else:
+                    history.append(row)
                 if out is not None:
-                    where = {"epoch": epoch + 1, "step": done_steps, "epoch_steps":
-                             done_steps - before, "epoch_length": per_epoch}  # fmt: skip
-                    _save(ckpt_path, model, opt, scheduler, where, history, run_info)
-                    metrics = {**row, "history": history, "params": params, "world_size": world}
-                    atomic_write_json(out / METRICS, _json_safe(metrics))
+                    save_checkpoint(ckpt_path, model, opt, scheduler, where, history, run_info)
+                stop = stop_when is not None and not partial and bool(stop_when(row))
+                timed = out_of_time and not stop  # a run that reached its goal is done
+                if out is not None:
+                    why = "max-time" if timed else None
+                    metrics = {**row, "stopped": why, "history": history, "params": params,
+                               "world_size": world}  # fmt: skip
+                    atomic_write_json(out / METRICS, json_safe(metrics))
                 if show:
-                    _print_row(row)
-                stop = stop_when is not None and bool(stop_when(row))
-            if stop_when is not None and _agree(stop, device):
+                    _print_row(row, total if timed else None)
+            if stop_when is not None and not partial and _agree(stop, device):
                 break
-    return FitResult(history, params, time.perf_counter() - started)
+            if out_of_time:
+                stopped = row
+    seconds = _clock() - started
+    return FitResult(history, params, seconds, stopped, total)
+
+
+def _train_stats(sums: Tensor) -> dict[str, float]:
+    """Mean train loss (and accuracy, if the steps count correct items) from the sums."""
+    stats = {"train_loss": (sums[0] / sums[1]).item()}
+    if sums[3] > 0:
+        stats["train_acc"] = (sums[2] / sums[1]).item()
+    return stats
 
 
 def _progress_bar(total: int, done: int, show: bool):
@@ -315,12 +336,14 @@ def _progress_bar(total: int, done: int, show: bool):
     )
 
 
-def _train_epoch(net, step, loader, optimizer, scheduler, config, device, done, total, bar):
-    """One pass over this rank's shard; returns (mean train metrics over all ranks, steps)."""
+def _train_epoch(net, step, batches, optimizer, scheduler, config, device, done, total, bar,
+                 sums, time_up):  # fmt: skip
+    """One pass over this rank's shard (or its rest); returns (train sums over all ranks:
+    loss·count, count, correct, 1 if accuracy counts; the steps done; whether `time_up()`
+    said to stop, asked after every step but the run's last)."""
     net.train()
-    sums = torch.zeros(3, dtype=torch.float64)  # loss·count, count, correct
-    has_acc = False
-    for batch in loader:
+    out_of_time = False
+    for batch in batches:
         if done >= total:
             break
         result = step(net, _to_device(batch, device))
@@ -339,20 +362,22 @@ def _train_epoch(net, step, loader, optimizer, scheduler, config, device, done, 
         done += 1
         has_acc = result.correct is not None
         sums += torch.tensor(
-            [loss * result.count, result.count, result.correct or 0],
+            [loss * result.count, result.count, result.correct or 0, 0],
             dtype=torch.float64,
         )
+        sums[3] = float(has_acc)
         postfix = {"loss": f"{sums[0] / sums[1]:.4f}"}
         if has_acc:
             postfix["acc"] = f"{sums[2] / sums[1]:.2%}"
         bar.set_postfix(postfix, refresh=False)
         bar.update()
+        if done < total and time_up():
+            out_of_time = True
+            break
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(sums)
-    stats = {"train_loss": (sums[0] / sums[1]).item()}
-    if has_acc:
-        stats["train_acc"] = (sums[2] / sums[1]).item()
-    return stats, done
+    sums[3] = float(sums[3] > 0)
+    return sums, done, out_of_time
 
 
 def _agree(flag: bool, device: torch.device | str) -> bool:
@@ -374,12 +399,15 @@ def _evaluate(model: nn.Module, evaluate) -> dict[str, float]:
         model.train(was)
 
 
-def _print_row(row: dict) -> None:
+def _print_row(row: dict, total: int | None = None) -> None:
+    """One line on stderr; `total`: the run's steps, when max_time stopped it at this row."""
     from tqdm.auto import tqdm
 
     parts = [f"epoch {row['epoch']}"]
+    if total is not None:
+        parts.insert(0, f"out of time (max_time) at step {row['step']} of {total}:")
     for key, value in row.items():
-        if key in ("epoch", "step"):
+        if key in ("epoch", "step", "epoch_steps"):
             continue
         pct = key.endswith("acc")
         parts.append(f"{key} {value:.2%}" if pct else f"{key} {value:.4g}")
@@ -419,32 +447,3 @@ def _to_device(batch, device):
     if isinstance(batch, dict):
         return {k: _to_device(v, device) for k, v in batch.items()}
     return batch
-
-
-def _save(path, model, optimizer, scheduler, where: dict, history, run_info) -> None:
-    """`where`: epoch (epochs begun), step (optimizer steps done), epoch_steps (steps of
-    the last epoch done, of its epoch_length: fewer when max_steps cut it short)."""
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        **where,
-        "history": history,
-        "run_info": run_info,
-        "format": FORMAT,
-    }
-    atomic_save(path, state)
-
-
-def _load(path, model, optimizer, scheduler, run_info) -> dict:
-    if path is None or not path.exists():
-        raise ValueError(f"resume: no checkpoint at {path}; train without --resume first")
-    state = read_checkpoint(path)
-    if state.get("run_info") != run_info:
-        saved = state.get("run_info") or {}
-        keys = sorted(k for k in set(saved) | set(run_info) if saved.get(k) != run_info.get(k))
-        raise ValueError(f"resume: {path} was trained with different settings for {keys}")
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    return state
