@@ -48,8 +48,9 @@ def caps(argv: list[str]) -> list[str]:
         return ["--quick", "--no-memory", "--sizes", "16", "--repeats", "1"]
     if argv[0] == "flops" and "--plot" in argv:  # time one 8×8 grid, not up to 56×56
         return ["--plot-max-tokens", "64"]
-    if argv[:2] == ["seq2seq", "train"]:
-        return ["--steps", "2", "--eval-size", "8", "--eval-every", "1"]
+    if argv[:2] == ["seq2seq", "train"]:  # a resumed example continues for 2 more steps
+        steps = "4" if "--resume" in argv else "2"
+        return ["--steps", steps, "--eval-size", "8", "--eval-every", "1"]
     if argv[:2] == ["seq2seq", "eval"]:
         return ["--eval-size", "8"]
     if argv[:2] == ["lm", "train"]:  # a fifth of the corpus, a few steps
