@@ -12,17 +12,7 @@ import re
 import pytest
 
 from attnkit.cli.main import build_parser, main
-
-
-def _parsers(parser, path=()) -> dict[str, argparse.ArgumentParser]:
-    """{"": top, "lm": ..., "lm train": ..., ...}: every (sub)command's parser."""
-    found = {" ".join(path): parser}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                found.update(_parsers(sub, (*path, name)))
-    return found
-
+from tests.cli.test_examples import _parsers
 
 PARSERS = _parsers(build_parser())
 LEAVES = [

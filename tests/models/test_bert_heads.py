@@ -8,20 +8,11 @@ import pytest
 import torch
 
 from attnkit.models import BertClassifier, BertConfig, BertEncoder
-from tests.models.tiny import TINY
+from tests.models.tiny import TINY, tiny_batch
 
 transformers = pytest.importorskip("transformers")
 
 LOGIT_TOL = 1e-5  # float32, issue 21
-
-
-def _batch():
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, TINY["vocab_size"], (4, 10), generator=g)  # (B, N)
-    keep = torch.ones_like(ids)
-    keep[1, 6:] = 0
-    keep[3, 2:] = 0
-    return {"input_ids": ids.masked_fill(keep == 0, 0), "attention_mask": keep}
 
 
 @pytest.fixture
@@ -37,7 +28,7 @@ def test_logits_match_and_save_back(hf_classifier, tmp_path):
     theirs, folder = hf_classifier
     ours = BertClassifier.from_pretrained(folder)
     assert ours.num_labels == 3 and ours.id2label == {0: "neg", 1: "mid", 2: "pos"}
-    batch = _batch()
+    batch = tiny_batch()
     with torch.no_grad():
         a = ours(**batch)
         b = theirs(**batch).logits
@@ -74,7 +65,7 @@ def test_loss_follows_transformers_problem_type_rules(tmp_path, num_labels, labe
     theirs = transformers.BertForSequenceClassification(config).eval()
     theirs.save_pretrained(tmp_path)
     ours = BertClassifier.from_pretrained(tmp_path)
-    batch = _batch()
+    batch = tiny_batch()
     with torch.no_grad():
         expected = theirs(**batch, labels=labels)
         loss = ours.loss(ours(**batch), labels)
@@ -121,7 +112,7 @@ def test_new_head_on_an_encoder_checkpoint(tmp_path):
     w = model.classifier.weight.detach()  # (400, 32)
     assert abs(float(w.std()) - 0.05) < 0.003 and not model.classifier.bias.any()
     assert model.drop.p == 0.3 and not model.training
-    batch = _batch()
+    batch = tiny_batch()
     with torch.no_grad():
         pooled = encoder.eval()(**batch).pooler_output
         assert torch.equal(model(**batch), model.classifier(pooled))
@@ -148,7 +139,7 @@ def _without_and_with_checkpointing(folder):
 
 def test_fine_tune_step_with_checkpointing_matches_plain(hf_classifier):
     _, folder = hf_classifier
-    batch, labels = _batch(), torch.tensor([0, 1, 2, 1])
+    batch, labels = tiny_batch(), torch.tensor([0, 1, 2, 1])
     grads = []
     for model in _without_and_with_checkpointing(folder):
         model.loss(model(**batch), labels).backward()
@@ -163,7 +154,7 @@ def test_recording_a_checkpointed_step_lists_each_layer_once(hf_classifier):
     from attnkit import record_attention
 
     _, folder = hf_classifier
-    batch, labels = _batch(), torch.tensor([0, 1, 2, 1])
+    batch, labels = tiny_batch(), torch.tensor([0, 1, 2, 1])
     recorded = []
     for model in _without_and_with_checkpointing(folder):
         with record_attention(model) as rec:

@@ -13,24 +13,12 @@ import torch
 
 from attnkit.models import BertClassifier, BertConfig, BertEncoder
 from attnkit.models.bert_heads import SequenceClassifierOutput
-from tests.models.tiny import TINY
+from tests.models.tiny import TINY, tiny_batch
 
 transformers = pytest.importorskip("transformers")
 
 
 NAMES = {0: "negative", 1: "neutral", 2: "positive"}
-
-
-def _batch():
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, TINY["vocab_size"], (4, 10), generator=g)  # (B, N)
-    keep = torch.ones_like(ids)
-    keep[1, 6:] = 0
-    keep[3, 2:] = 0
-    types = torch.zeros_like(ids)
-    types[:, 5:] = 1
-    return {"input_ids": ids.masked_fill(keep == 0, 0), "attention_mask": keep,
-            "token_type_ids": types * keep}  # fmt: skip
 
 
 @pytest.fixture
@@ -72,7 +60,7 @@ def test_from_pretrained_takes_label_names_and_transformers_reads_them_back(
     assert theirs.config.id2label == NAMES
     assert theirs.config.label2id == {"negative": 0, "neutral": 1, "positive": 2}
     assert theirs.config.problem_type == "multi_label_classification"
-    batch = _batch()
+    batch = tiny_batch(token_types=True)
     with torch.no_grad():
         diff = (ours(**batch).logits - theirs(**batch).logits).abs().max()
     assert float(diff) <= 1e-12  # float64: the same model
@@ -105,7 +93,7 @@ def test_forward_with_labels_gives_transformers_loss_and_logits(
     theirs = transformers.BertForSequenceClassification(config).double().eval()
     theirs.save_pretrained(tmp_path / "hf")
     ours = BertClassifier.from_pretrained(tmp_path / "hf", dtype=torch.float64)
-    batch = _batch()
+    batch = tiny_batch(token_types=True)
     with torch.no_grad():
         # transformers infers int32 as class ids, then its cross-entropy refuses them; it
         # leaves float labels float32 against float64 logits: both as it would want them
@@ -125,7 +113,7 @@ def test_forward_with_labels_gives_transformers_loss_and_logits(
 def test_the_output_is_still_the_logits_tensor(tmp_path, encoder_folder):
     """Callers written for `forward` returning logits keep working."""
     model = _new_head(encoder_folder, num_labels=3)
-    batch = _batch()
+    batch = tiny_batch(token_types=True)
     labels = torch.tensor([0, 1, 2, 1])
     with torch.no_grad():
         plain = model.classifier(model.bert(**batch).pooler_output)  # (B, K)
@@ -149,7 +137,7 @@ def test_labels_train_the_model(encoder_folder):
     for together in (True, False):
         model = _new_head(encoder_folder, num_labels=3, hidden_dropout_prob=0.0,
                           attention_probs_dropout_prob=0.0).train()  # fmt: skip
-        batch, labels = _batch(), torch.tensor([0, 2, 1, 1])
+        batch, labels = tiny_batch(token_types=True), torch.tensor([0, 2, 1, 1])
         loss = (
             model(**batch, labels=labels).loss if together else model.loss(model(**batch), labels)
         )
@@ -163,7 +151,7 @@ def test_labels_train_the_model(encoder_folder):
 def test_export_gives_a_plain_tensor():
     torch.manual_seed(0)
     model = BertClassifier(BertConfig(**TINY), 3).eval()
-    batch = _batch()
+    batch = tiny_batch(token_types=True)
     program = torch.export.export(model, (batch["input_ids"], batch["attention_mask"]))
     got = program.module()(batch["input_ids"], batch["attention_mask"])
     assert type(got) is torch.Tensor
