@@ -29,6 +29,7 @@ __all__ = [
     "int_list",
     "max_threads",
     "out_folder",
+    "positive_float",
     "positive_int",
     "prepare_out",
     "progress",
@@ -224,15 +225,20 @@ def add_max_steps(p: argparse.ArgumentParser) -> None:
     )
 
 
-def positive_seconds(text: str) -> float:
-    """argparse type of --max-time: a finite number of seconds > 0."""
+def positive_float(text: str, *, unit: str = "") -> float:
+    """argparse type: a finite number > 0 (`unit`, e.g. " of seconds", says what it counts)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number{unit}") from None
     if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a finite number{unit} > 0, got {text}")
     return value
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type of --max-time: a finite number of seconds > 0."""
+    return positive_float(text, unit=" of seconds")
 
 
 def add_max_time(p: argparse.ArgumentParser) -> None:

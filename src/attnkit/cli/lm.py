@@ -30,6 +30,7 @@ from attnkit.cli._common import (
     add_max_time,
     add_out_options,
     add_report_options,
+    positive_float,
     positive_int,
     prepare_out,
     remove_results,
@@ -93,16 +94,6 @@ def register(subparsers) -> None:
                                description=SAMPLE_DOC))  # fmt: skip
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
 def _nonnegative_float(text: str) -> float:
     try:
         value = float(text)
@@ -114,7 +105,7 @@ def _nonnegative_float(text: str) -> float:
 
 
 def _probability(text: str) -> float:
-    value = _positive_float(text)
+    value = positive_float(text)
     if value > 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
     return value
@@ -134,7 +125,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
         ("layers", positive_int, "GPT blocks"),
         ("heads", positive_int, "attention heads"),
         ("d_model", positive_int, "model width (a multiple of --heads)"),
-        ("lr", _positive_float, "peak AdamW learning rate (cosine decay, short warm-up)"),
+        ("lr", positive_float, "peak AdamW learning rate (cosine decay, short warm-up)"),
         ("max_chars", positive_int, "read at most this many characters of the corpus"),
     ):
         flag = "--" + name.replace("_", "-")

@@ -35,6 +35,7 @@ from attnkit.cli._common import (
     add_max_time,
     add_out_options,
     add_report_options,
+    positive_float,
     positive_int,
     prepare_out,
     seed_number,
@@ -122,16 +123,6 @@ KIND_OPTIONS = (
 )
 
 
-def _finite_positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
 def _add_train(p: argparse.ArgumentParser) -> None:
     d = argparse.Namespace(**TRAIN_DEFAULTS)
     p.add_argument("--task", choices=TASKS, default="reverse", help="what to learn")
@@ -173,7 +164,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     )
     add_max_time(p)
     p.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="global batch")
-    p.add_argument("--lr", type=_finite_positive, default=d.lr)
+    p.add_argument("--lr", type=positive_float, default=d.lr)
     p.add_argument("--warmup", type=int, default=d.warmup)
     p.add_argument("--eval-every", type=positive_int, default=d.eval_every)
     p.add_argument("--eval-size", type=positive_int, default=d.eval_size)
