@@ -51,6 +51,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         # different init per rank: DDP must broadcast rank 0's weights first
         model = _train(seed_init=0 if rank == 0 else 123)
         torch.save(model.state_dict(), Path(out) / f"rank{rank}.pt")
+        # both ranks are done talking before either tears the group down (once in a full
+        # suite run, rank 1 aborted in gloo's teardown: "terminate called without an active
+        # exception"; not reproduced in 28 runs since)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
