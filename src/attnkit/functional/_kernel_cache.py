@@ -52,8 +52,9 @@ import torch
 
 from attnkit._cpu import cpu_flags
 from attnkit._io import atomic_write_bytes
+from attnkit.functional._kernel_prebuilt import candidates
 
-__all__ = ["load"]
+__all__ = ["load", "origin"]
 
 _SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
 _ABI = 4
@@ -61,6 +62,7 @@ _ABI = 4
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
+_origin: str | None = None  # where the loaded library came from (see `origin`)
 
 
 class _Untrusted(Exception):
@@ -294,13 +296,45 @@ def load() -> ctypes.CDLL | None:
         return _lib
 
 
+def origin() -> str | None:
+    """Where the kernel in use came from: "prebuilt avx512" / "prebuilt avx2" (shipped in the
+    wheel), "compiled <path>" (built on this machine), or None (no kernel: the PyTorch path)."""
+    load()
+    return _origin if _lib is not None else None
+
+
+def _load_prebuilt() -> ctypes.CDLL | None:
+    """The best library the wheel carries for this CPU. ATTNKIT_PREBUILT=0: never; =avx2 (or
+    another ISA name): only that one, if this CPU can run it."""
+    global _origin
+    choice = os.environ.get("ATTNKIT_PREBUILT", "1")
+    if choice == "0":
+        return None
+    for isa, path in candidates(_SOURCE):
+        if choice not in ("1", isa):
+            continue
+        try:
+            lib = _open(path)
+        except (OSError, RuntimeError) as err:  # an older glibc, another ABI
+            _say(f"attnkit: the prebuilt {isa} kernel cannot be loaded here ({err})")
+            continue
+        _origin = f"prebuilt {isa}"
+        return lib
+    return None
+
+
 def _load() -> ctypes.CDLL | None:
+    global _origin
     if os.environ.get("ATTNKIT_NATIVE", "1") == "0":
         return None
+    lib = _load_prebuilt()
+    if lib is not None:
+        return lib
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (set CXX or install g++)")
     name = _library_path(cxx).name
+    _origin = f"compiled {name}"
     for folder in (_cache_dir(), _fallback_dir()):
         try:
             return _load_or_build(cxx, _private_folder(folder) / name)

@@ -35,11 +35,11 @@ from attnkit.functional._blocks import (
     FORWARD_BLOCK_Q,
 )
 from attnkit.functional._double_backward import kernel_grads
-from attnkit.functional._kernel_cache import load
+from attnkit.functional._kernel_cache import load, origin
 from attnkit.functional._mask_plan import dense_with_plan
 from attnkit.functional._trace import tracing
 
-__all__ = ["available", "load", "native_attention", "supports"]
+__all__ = ["available", "load", "native_attention", "origin", "supports"]
 
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
