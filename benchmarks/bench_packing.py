@@ -36,8 +36,8 @@ import torch
 from attnkit._cpu import cpu_name
 from attnkit._io import atomic_write_json, atomic_write_text
 from attnkit.analysis.bench import time_interleaved
-from attnkit.cli.lm import read_corpus
 from attnkit.models import GPT, GPTConfig
+from attnkit.train.corpus import read_corpus
 from attnkit.train.packing import pack, pad, paragraphs, pieces
 
 MODES = ("packed", "padded, longest", "padded, context", "windows")
@@ -122,7 +122,8 @@ def main() -> None:
         args.layers, args.heads, args.d_model, args.context = 1, 2, 16, 16
         args.batch, args.max_chars, args.batches, args.repeats = 4, 20_000, 2, 1
     torch.set_num_threads(args.threads)
-    text, source = read_corpus(None, args.max_chars)
+    corpus = read_corpus(None, args.max_chars)
+    text, source = corpus.text, corpus.source
     vocab = "".join(sorted(set(text)))
     index = {ch: i for i, ch in enumerate(vocab)}
     docs = [torch.tensor([index[c] for c in d]) for d in paragraphs(text)]

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from attnkit.cli.lm import load_lm, read_corpus
+from attnkit.cli.lm import load_lm
 from attnkit.cli.main import main
 
 TINY = ["--epochs", "2", "--steps-per-epoch", "3", "--batch-size", "4", "--context", "16",
@@ -30,8 +30,8 @@ def test_train_writes_a_checkpoint_and_held_out_loss_per_epoch(trained):
     assert history["vocab_size"] == len(set(TEXT)) and history["chars"] == len(TEXT)
     for h in history["history"]:
         assert 0 < h["held_out_loss"] < 10 and 0 < h["train_loss"] < 10
-    model, vocab = load_lm(trained / "run")
-    assert vocab == "".join(sorted(set(TEXT))) and model.cfg.context == 16
+    model, tokenizer = load_lm(trained / "run")
+    assert tokenizer.vocab == "".join(sorted(set(TEXT))) and model.cfg.context == 16
     assert not model.training
 
 
@@ -71,9 +71,9 @@ def test_greedy_sample_is_the_models_greedy_generation(trained, capsys):
             "--max-new-tokens", "10", "--temperature", "0", "--json"]  # fmt: skip
     assert main(argv) == 0
     text = json.loads(capsys.readouterr().out)["text"]
-    model, vocab = load_lm(trained / "run")
-    ids = torch.tensor([[vocab.index(c) for c in "the dog"]])
-    assert text == "".join(vocab[i] for i in model.generate(ids, 10)[0].tolist())
+    model, tokenizer = load_lm(trained / "run")
+    ids = torch.tensor([tokenizer.encode("the dog")])
+    assert text == tokenizer.decode(model.generate(ids, 10)[0].tolist())
 
 
 def test_prompt_with_unknown_characters_is_one_line_exit_2(trained, capsys):
@@ -84,10 +84,11 @@ def test_prompt_with_unknown_characters_is_one_line_exit_2(trained, capsys):
 
 
 def test_default_corpus_is_the_standard_library_read_deterministically():
-    a, source = read_corpus(None, 20_000)
-    b, _ = read_corpus(None, 20_000)
-    assert a == b and len(a) == 20_000
-    assert "standard library" in source and "import" in a
+    from attnkit.train.corpus import read_corpus
+
+    a, b = read_corpus(None, 20_000), read_corpus(None, 20_000)
+    assert a.text == b.text and len(a.text) == 20_000 and a.kind == "files"
+    assert "standard library" in a.source and "import" in a.text
 
 
 def test_rotary_model_trains_saves_and_samples(tmp_path, capsys):
@@ -95,13 +96,13 @@ def test_rotary_model_trains_saves_and_samples(tmp_path, capsys):
     out = tmp_path / "rope"
     argv = ["lm", "train", "--text", str(tmp_path / "t.txt"), "--out", str(out), "--rotary"]
     assert main([*argv, *TINY, "--quiet"]) == 0
-    model, vocab = load_lm(out)
+    model, tokenizer = load_lm(out)
     assert model.cfg.rotary and model.positions is None
     sample = ["lm", "sample", "--checkpoint", str(out), "--prompt", "the", "--temperature", "0"]
     assert main([*sample, "--max-new-tokens", "5", "--json"]) == 0
     text = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"]
-    ids = torch.tensor([[vocab.index(c) for c in "the"]])
-    assert text == "".join(vocab[i] for i in model.generate(ids, 5)[0].tolist())
+    ids = torch.tensor([tokenizer.encode("the")])
+    assert text == tokenizer.decode(model.generate(ids, 5)[0].tolist())
 
 
 @pytest.mark.parametrize("group", ["lm", "seq2seq"])
@@ -145,14 +146,14 @@ def test_max_steps_stops_training_and_pack_trains_on_packed_paragraphs(
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert history["pack"] is pack and [h["steps"] for h in history["history"]] == [2]
     assert len(seen) == 2
-    _, vocab = load_lm(tmp_path / "run")
+    _, tokenizer = load_lm(tmp_path / "run")
     for ids, docs in seen:
         assert ids.shape == (4, 17)  # --batch-size 4, --context 16 + 1
         if not pack:
             assert docs is None
             continue
         for row, row_docs in zip(ids.tolist(), docs.tolist(), strict=True):
-            text = "".join(vocab[i] for i in row)
+            text = tokenizer.decode(row)
             # a new document starts exactly after each run of blank lines
             for t in range(1, 17):
                 after_blank = text[:t].endswith("\n\n") and text[t] not in "\n "
@@ -239,7 +240,7 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, capsys):
     assert main(argv) == 0
     cases = {
         ("--resume", "--force"): "pick one",
-        ("--resume",): "all of the 6 asked for",
+        ("--resume",): "all of the 6 of its schedule",
         ("--resume", "--epochs", "3", "--lr", "0.01"): "lr 0.003 there, 0.01 now",
         ("--resume", "--epochs", "3", "--d-model", "32"): "other d_model",
     }

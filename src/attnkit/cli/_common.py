@@ -215,14 +215,12 @@ def add_out_options(p: argparse.ArgumentParser, command: str, what: str) -> None
     )
 
 
-def add_max_steps(p: argparse.ArgumentParser) -> None:
+def add_max_steps(
+    p: argparse.ArgumentParser,
+    what: str = "stop after S optimizer steps in all, e.g. for a quick try (default: no limit)",
+) -> None:
     """``--max-steps S``: the training commands' cap on optimizer steps (None: no limit)."""
-    p.add_argument(
-        "--max-steps",
-        type=positive_int,
-        metavar="S",
-        help="stop after S optimizer steps in all, e.g. for a quick try (default: no limit)",
-    )
+    p.add_argument("--max-steps", type=positive_int, metavar="S", help=what)
 
 
 def positive_float(text: str, *, unit: str = "") -> float:

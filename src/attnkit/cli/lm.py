@@ -1,20 +1,26 @@
-"""`attnkit lm train|sample`: a character-level GPT, trained and sampled from the command line.
+"""`attnkit lm train|sample`: a small GPT, trained and sampled from the command line.
 
     attnkit lm train                                  # on Python's own standard library
     attnkit lm train --text book.txt --out runs/book
-    attnkit lm train --pack                           # paragraphs packed, attended apart
+    attnkit lm train --text my_repo/ --pack --tokenizer bpe   # one file = one document
     attnkit lm sample --checkpoint attnkit-out/lm --prompt "def main(" --temperature 0.8
 
-The default corpus is the standard library's .py files (sysconfig's "stdlib" folder, no
-site-packages), read in sorted order up to --max-chars characters: every machine has it and
-the same Python gives the same text. The last 10% of the text is held out; its loss is
-printed each epoch. The checkpoint (checkpoint.pt: weights, config, vocabulary, history) is
-written atomically at the end of each epoch.
+--text is a text file, a JSON Lines file (.jsonl, one record = one document, its text in
+--text-field) or a folder (every UTF-8 file under it, sorted; one file = one document). The
+default corpus is the standard library's .py files (sysconfig's "stdlib" folder, no
+site-packages; one file = one document), read in sorted order up to --max-chars characters:
+every machine has it and the same Python gives the same text. In a single text file the
+documents are its paragraphs (split after blank lines), or the pieces between --doc-sep. The
+run prints how many documents it found and their lengths. The last 10% of the text is held
+out; its loss is printed each epoch. The checkpoint (checkpoint.pt: weights, config,
+tokenizer, history) is written atomically at the end of each epoch.
 
-Training rows are random windows of the text, across paragraphs, unless --pack: then the text
-is cut into paragraphs (at blank lines) that are packed back to back into rows of --context + 1
-characters with document ids; attention and the loss stay inside each paragraph and nothing
-is padded (benchmarks/bench_packing.py measures it against padding one paragraph per row).
+Tokens are characters (--tokenizer char) or byte-level BPE subwords learnt from the training
+text with the `tokenizers` library (--tokenizer bpe --vocab-size V), saved in the checkpoint
+and used by `lm sample`. Training rows are random windows of the text, across documents,
+unless --pack: then the documents are packed back to back into rows of --context + 1 tokens
+with document ids; attention and the loss stay inside each document and nothing is padded
+(benchmarks/bench_packing.py measures it against padding one document per row).
 """
 
 from __future__ import annotations
@@ -54,17 +60,20 @@ TRAIN_DEFAULTS = {
     "lr": 3e-3,
     "max_chars": 1_000_000,
     "seed": 0,
+    "vocab_size": 512,
 }
 HELD_OUT = 0.1  # fraction of the text, at its end
 TRAIN_DOC = """\
-Train a character-level GPT. The checkpoint is written at the end of every epoch, at
---max-steps and when --max-time runs out; --resume continues it step for step (give the same
-options, --epochs and --max-steps included: they set where the learning rate ends)."""
+Train a small GPT on characters or BPE subwords. The learning-rate schedule lasts --max-steps
+steps when given, else --epochs x --steps-per-epoch; --max-time fits it to the time (from the
+measured step time). The checkpoint is written at the end of every epoch, at the schedule's
+end and when --max-time runs out; --resume continues it step for step (give the same options,
+--epochs and --max-steps included: they set where the learning rate ends)."""
 TRAIN_EPILOG = """\
 examples:
   attnkit lm train
-  attnkit lm train --epochs 40 --max-time 600 --out runs/long
-  attnkit lm train --epochs 40 --resume --out runs/long
+  attnkit lm train --max-steps 2000 --max-time 600 --out runs/long
+  attnkit lm train --text docs.jsonl --pack --tokenizer bpe --vocab-size 1024 --out runs/bpe
 
 Ctrl-C keeps the last checkpoint and says which (path, step, epoch); exit codes: 0 done (or
 stopped by --max-time), 1 failed, 2 bad usage, 130 interrupted."""
@@ -77,13 +86,17 @@ examples:
 
 def register(subparsers) -> None:
     _, sub = add_command_group(
-        subparsers, "lm", "train a character-level GPT, sample from it", __doc__, "lm_command"
+        subparsers,
+        "lm",
+        "train a small GPT (characters or BPE), sample from it",
+        __doc__,
+        "lm_command",
     )
     raw = argparse.RawDescriptionHelpFormatter  # the examples keep their lines
     _add_train(
         sub.add_parser(
             "train",
-            help="train a character-level GPT",
+            help="train a small GPT on your text",
             epilog=TRAIN_EPILOG,
             description=TRAIN_DOC,
             formatter_class=raw,
@@ -113,24 +126,40 @@ def _probability(text: str) -> float:
 
 def _add_train(p: argparse.ArgumentParser) -> None:
     d = TRAIN_DEFAULTS
-    p.add_argument("--text", type=Path, metavar="FILE", help="UTF-8 text to train on "
-                   "(default: the Python standard library's .py files)")  # fmt: skip
+    p.add_argument("--text", type=Path, metavar="PATH", help="a UTF-8 text file, a .jsonl file "
+                   "or a folder of text files to train on (default: the Python standard "
+                   "library's .py files)")  # fmt: skip
+    p.add_argument(
+        "--text-field", default="text", metavar="NAME",
+        help="the field holding each record's text in a .jsonl --text (default text)",
+    )  # fmt: skip
+    p.add_argument(
+        "--doc-sep", metavar="SEP",
+        help="the separator between documents in a text file, e.g. '<|endoftext|>'; "
+        "backslash-n in it means a newline (default: blank lines)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tokenizer", choices=("char", "bpe"), default="char",
+        help="characters, or byte-level BPE learnt from the text (default char)",
+    )  # fmt: skip
     add_out_options(p, "lm", "checkpoint.pt and history.json")
     add_report_options(p)
     for name, kind, what in (
         ("epochs", positive_int, "passes of --steps-per-epoch steps"),
         ("steps_per_epoch", positive_int, "training steps between held-out evaluations"),
         ("batch_size", positive_int, "rows per step (windows, or packed rows with --pack)"),
-        ("context", positive_int, "characters the model sees at once"),
+        ("context", positive_int, "tokens the model sees at once"),
         ("layers", positive_int, "GPT blocks"),
         ("heads", positive_int, "attention heads"),
         ("d_model", positive_int, "model width (a multiple of --heads)"),
         ("lr", positive_float, "peak AdamW learning rate (cosine decay, short warm-up)"),
         ("max_chars", positive_int, "read at most this many characters of the corpus"),
+        ("vocab_size", positive_int, "BPE vocabulary: 256 bytes + merges (--tokenizer bpe)"),
     ):
         flag = "--" + name.replace("_", "-")
         p.add_argument(flag, type=kind, default=d[name], help=f"{what} (default {d[name]})")
-    add_max_steps(p)
+    add_max_steps(p, "train S steps in all: the learning-rate schedule's length (nanoGPT's "
+                  "max_iters; default --epochs x --steps-per-epoch)")  # fmt: skip
     add_max_time(p)
     p.add_argument(
         "--resume",
@@ -144,9 +173,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pack",
         action="store_true",
-        help="train on the paragraphs (split at blank lines) packed into rows with document "
-        "ids: attention and loss stay inside each paragraph, no padding (default: windows "
-        "across paragraphs)",
+        help="train on the documents (files, records, paragraphs or --doc-sep pieces) packed "
+        "into rows with document ids: attention and loss stay inside each document, no "
+        "padding (default: windows across documents)",
     )
     p.add_argument(
         "--rotary",
@@ -161,9 +190,12 @@ def _add_sample(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", type=Path, required=True, metavar="DIR",
                    help="the --out folder of `attnkit lm train`")  # fmt: skip
     p.add_argument(
-        "--prompt", required=True, help="text to continue (characters it was trained on)"
+        "--prompt",
+        required=True,
+        help="text to continue (with a character model: characters it was trained on)",
     )
-    p.add_argument("--max-new-tokens", type=positive_int, default=200, help="characters to add")
+    p.add_argument("--max-new-tokens", type=positive_int, default=200,
+                   help="tokens to add (characters with --tokenizer char)")  # fmt: skip
     p.add_argument("--temperature", type=_nonnegative_float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=positive_int, default=None, help="sample among the k likeliest")
     p.add_argument("--top-p", type=_probability, default=None, help="nucleus sampling mass")
@@ -174,38 +206,30 @@ def _add_sample(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run_sample)
 
 
-def read_corpus(text: Path | None, max_chars: int) -> tuple[str, str]:
-    """The training text and a one-line description of where it came from."""
-    if text is not None:
-        if not text.is_file():
-            raise UsageError(f"--text {str(text)!r}: no such file")
-        try:
-            body = text.read_text(encoding="utf-8")[:max_chars]
-        except UnicodeDecodeError as e:
-            raise UsageError(f"--text {str(text)!r} is not UTF-8 text ({e.reason})") from None
-        source = str(text)
-    else:
-        import sysconfig
+def read_corpus(args: argparse.Namespace):
+    """The `Corpus` of --text (documents as --text-field / --doc-sep say); UsageError."""
+    from attnkit.train.corpus import CorpusError
+    from attnkit.train.corpus import read_corpus as read
 
-        root = Path(sysconfig.get_paths()["stdlib"])
-        files = sorted(
-            p for p in root.rglob("*.py")
-            if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)
-        )  # fmt: skip
-        parts, size = [], 0
-        for path in files:
-            if size >= max_chars:
-                break
-            try:
-                parts.append(path.read_text(encoding="utf-8"))
-            except (UnicodeDecodeError, OSError):
-                continue  # a few test files are deliberately not UTF-8
-            size += len(parts[-1])
-        body = "".join(parts)[:max_chars]
-        source = f"the Python standard library ({root}, {len(parts)} files)"
-    if len(body.strip()) == 0:
-        raise UsageError(f"--text {source!r} is empty: give a file with some text")
-    return body, source
+    sep = args.doc_sep
+    if sep is not None:
+        if not sep:
+            raise UsageError("--doc-sep is empty: give the text that separates documents")
+        sep = sep.replace("\\n", "\n").replace("\\t", "\t")
+    try:
+        return read(args.text, args.max_chars, text_field=args.text_field, separator=sep)
+    except CorpusError as err:
+        raise UsageError(f"--text {err}") from None
+
+
+def _documents_line(corpus) -> str:
+    st = corpus.stats()
+    kind = {"files": "files", "records": "JSON Lines records", "separated": "--doc-sep pieces",
+            "paragraphs": "paragraphs"}[corpus.kind]  # fmt: skip
+    skipped = f"; {corpus.skipped} files skipped (not UTF-8 text)" if corpus.skipped else ""
+    return (f"[lm] {st['documents']} documents ({kind}) from {corpus.source}: "
+            f"{st['min']}-{st['max']} characters, median {st['median']:g}, mean {st['mean']:g}"
+            f"{skipped}")  # fmt: skip
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -217,7 +241,10 @@ def run_train(args: argparse.Namespace) -> int:
         raise UsageError("--resume continues the run in --out, --force replaces it: pick one")
     if args.resume and not (args.out / FILES[0]).is_file():
         raise UsageError(f"--resume: no checkpoint at {args.out / FILES[0]}: train without it")
-    text, source = read_corpus(args.text, args.max_chars)
+    if args.tokenizer == "bpe" and args.vocab_size < 257:
+        raise UsageError(f"--vocab-size {args.vocab_size}: byte-level BPE needs at least 257")
+    corpus = read_corpus(args)
+    text = corpus.text
     split = int(len(text) * (1 - HELD_OUT))
     if min(split, len(text) - split) < args.context + 1:
         raise UsageError(
@@ -229,9 +256,11 @@ def run_train(args: argparse.Namespace) -> int:
         remove_results(args.out, FILES)  # an interrupted run must not leave the old ones
     from attnkit.cli._lm_train import train
 
+    if not args.quiet and not args.json:
+        print(_documents_line(corpus), file=sys.stderr)
     kept: dict = {}
     try:
-        summary = train(args, text, source, split, FORMAT, FILES, kept)
+        summary = train(args, corpus, split, FORMAT, FILES, kept)
     except KeyboardInterrupt:
         print(f"attnkit lm train: interrupted; {_kept(kept)}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -240,15 +269,18 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     files = f"wrote {args.out / FILES[0]} and {args.out / FILES[1]}"
     loss = f"held-out loss {summary['held_out_loss']:.3f}"
+    rate = f"{summary['tokens_per_second']:,.0f} tokens/s"
     if summary["stopped"]:
         print(
             f"attnkit lm train: stopped by --max-time at step {summary['steps']} of "
-            f"{summary['total_steps']}, {loss}; {files} (--resume continues)"
+            f"{summary['total_steps']}, {loss}, {rate}; {files} (--resume continues)"
         )
     else:
+        steps = f"{summary['steps']} steps"
+        if summary["total_steps"] < summary["asked_steps"]:
+            steps += f" (the schedule fitted to --max-time; {summary['asked_steps']} asked)"
         print(
-            f"attnkit lm train: {loss} after {summary['epochs']} epochs in "
-            f"{summary['seconds']:.0f}s; {files}"
+            f"attnkit lm train: {loss} after {steps} in {summary['seconds']:.0f}s, {rate}; {files}"
         )
     return 0
 
@@ -264,7 +296,7 @@ def _kept(kept: dict) -> str:
 
 
 def load_lm(directory: Path):
-    """(GPT in eval mode, vocabulary string) of an `attnkit lm train` folder; UsageError."""
+    """(GPT in eval mode, tokenizer) of an `attnkit lm train` folder; UsageError."""
     import pickle
 
     import torch
@@ -285,16 +317,18 @@ def load_lm(directory: Path):
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UsageError(f"--checkpoint: {path} is not an `attnkit lm` checkpoint (no {FORMAT!r})")
+    from attnkit.train.text_tokenizer import from_state
+
     try:
         model = GPT(GPTConfig(**state["config"]))
         model.load_state_dict(state["model"])
-        vocab = str(state["vocab"])
+        tokenizer = from_state(state.get("tokenizer", state.get("vocab")))
     except (KeyError, TypeError, RuntimeError, ValueError) as e:
         reason = " ".join(str(e).split())[:100]
         raise UsageError(
             f"--checkpoint: {path} does not hold a GPT attnkit can build ({reason})"
         ) from None
-    return model.eval(), vocab
+    return model.eval(), tokenizer
 
 
 def run_sample(args: argparse.Namespace) -> int:
@@ -302,15 +336,14 @@ def run_sample(args: argparse.Namespace) -> int:
 
     import torch
 
-    model, vocab = load_lm(args.checkpoint)
-    index = {ch: i for i, ch in enumerate(vocab)}
-    unknown = sorted({ch for ch in args.prompt if ch not in index})
+    model, tokenizer = load_lm(args.checkpoint)
     if not args.prompt:
         raise UsageError("--prompt is empty: give some text to continue")
+    unknown = tokenizer.unknown(args.prompt)
     if unknown:
         shown = "".join(unknown)[:20]
         raise UsageError(f"--prompt has characters the model never saw: {shown!r}")
-    ids = torch.tensor([[index[ch] for ch in args.prompt]])  # (1, P)
+    ids = torch.tensor([tokenizer.encode(args.prompt)])  # (1, P)
     with torch_threads(args.threads):
         out = model.generate(
             ids,
@@ -320,6 +353,6 @@ def run_sample(args: argparse.Namespace) -> int:
             top_p=args.top_p,
             generator=torch.Generator().manual_seed(args.seed),
         )
-    text = "".join(vocab[i] for i in out[0].tolist())
+    text = tokenizer.decode(out[0].tolist())
     print(json.dumps({"command": "lm sample", "text": text}) if args.json else text)
     return 0
