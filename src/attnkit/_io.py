@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "UnreadableFile",
     "atomic_save",
     "atomic_save_figure",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
+    "load_weights_only",
 ]
 
 
@@ -82,3 +84,35 @@ def atomic_save_figure(path: str | os.PathLike[str], figure: Any, **savefig_kwar
     buffer = io.BytesIO()
     figure.savefig(buffer, **{"format": "png", **savefig_kwargs})
     return atomic_write_bytes(path, buffer.getvalue())
+
+
+class UnreadableFile(ValueError):
+    """`load_weights_only` could not read the file; the message is torch's reason, short."""
+
+
+def load_weights_only(path: str | os.PathLike[str]) -> Any:
+    """``torch.load(path, map_location="cpu", weights_only=True)``, quietly.
+
+    torch's unpickler warns (a UserWarning about the pickle protocol) before it refuses a
+    file that is not a weights file; a refusal must be attnkit's one line, so warnings are
+    kept back while loading and shown only if the load succeeds. A failure raises
+    `UnreadableFile` with torch's reason in one line (its advice to set weights_only=False
+    and its terminal colour codes left out)."""
+    import pickle
+    import re
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError) as e:
+            text = re.sub(r"\x1b\[[0-9;]*m", "", " ".join(str(e).split()))
+            reason = text.split("WeightsUnpickler error: ")[-1]  # the cause, not the advice
+            reason = reason.split(" Check the documentation of torch.load")[0]
+            raise UnreadableFile(f"{type(e).__name__}: {reason[:160]}") from None
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return state

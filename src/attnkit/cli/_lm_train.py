@@ -18,6 +18,7 @@ import torch
 
 from attnkit._io import atomic_save, atomic_write_json
 from attnkit.cli._errors import UsageError
+from attnkit.cli._paths import load_torch
 from attnkit.cli._threads import torch_threads
 from attnkit.models import GPT, GPTConfig
 from attnkit.train.packing import Packed, pack, paragraphs
@@ -74,7 +75,7 @@ def read_resume(path, fmt: str, settings: dict, vocab: str) -> dict:
     another text."""
     if not path.is_file():
         raise UsageError(f"--resume: no checkpoint at {path}; train without --resume first")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = load_torch(path, "--resume")
     if not isinstance(state, dict) or state.get("format") != fmt:
         raise UsageError(f"--resume: {path} is not an `attnkit lm` checkpoint")
     if "optimizer" not in state:

@@ -37,6 +37,7 @@ from attnkit.cli._common import (
     seed_number,
 )
 from attnkit.cli._errors import UsageError
+from attnkit.cli._paths import input_file, load_torch
 from attnkit.cli._threads import add_threads, torch_threads
 
 __all__ = ["load_lm", "read_corpus", "register"]
@@ -177,8 +178,7 @@ def _add_sample(p: argparse.ArgumentParser) -> None:
 def read_corpus(text: Path | None, max_chars: int) -> tuple[str, str]:
     """The training text and a one-line description of where it came from."""
     if text is not None:
-        if not text.is_file():
-            raise UsageError(f"--text {str(text)!r}: no such file")
+        input_file(text, "--text", "a UTF-8 text file")
         try:
             body = text.read_text(encoding="utf-8")[:max_chars]
         except UnicodeDecodeError as e:
@@ -265,10 +265,6 @@ def _kept(kept: dict) -> str:
 
 def load_lm(directory: Path):
     """(GPT in eval mode, vocabulary string) of an `attnkit lm train` folder; UsageError."""
-    import pickle
-
-    import torch
-
     from attnkit.models import GPT, GPTConfig
 
     if directory.is_file():
@@ -276,13 +272,7 @@ def load_lm(directory: Path):
     path = directory / FILES[0]
     if not path.is_file():
         raise UsageError(f"--checkpoint: no {FILES[0]} in {directory}; run `attnkit lm train`")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError) as e:
-        reason = " ".join(str(e).split())[:100]
-        raise UsageError(
-            f"--checkpoint: {path} is not readable ({type(e).__name__}: {reason})"
-        ) from None
+    state = load_torch(path, "--checkpoint")
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UsageError(f"--checkpoint: {path} is not an `attnkit lm` checkpoint (no {FORMAT!r})")
     try:
