@@ -6,19 +6,24 @@ readers see either the old file or the complete new one.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
+import stat
 import uuid
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "UnreadableFile",
     "atomic_save",
     "atomic_save_figure",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
+    "load_weights_only",
+    "path_kind",
 ]
 
 
@@ -82,3 +87,59 @@ def atomic_save_figure(path: str | os.PathLike[str], figure: Any, **savefig_kwar
     buffer = io.BytesIO()
     figure.savefig(buffer, **{"format": "png", **savefig_kwargs})
     return atomic_write_bytes(path, buffer.getvalue())
+
+
+class UnreadableFile(ValueError):
+    """`load_weights_only` could not read the file; the message is torch's reason, short."""
+
+
+def load_weights_only(path: str | os.PathLike[str]) -> Any:
+    """``torch.load(path, map_location="cpu", weights_only=True)``, quietly.
+
+    torch's unpickler warns (a UserWarning about the pickle protocol) before it refuses a
+    file that is not a weights file; a refusal must be attnkit's one line, so warnings are
+    kept back while loading and shown only if the load succeeds. A failure raises
+    `UnreadableFile` with torch's reason in one line (its advice to set weights_only=False
+    and its terminal colour codes left out)."""
+    import pickle
+    import re
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError) as e:
+            text = re.sub(r"\x1b\[[0-9;]*m", "", " ".join(str(e).split()))
+            reason = text.split("WeightsUnpickler error: ")[-1]  # the cause, not the advice
+            reason = reason.split(" Check the documentation of torch.load")[0]
+            raise UnreadableFile(f"{type(e).__name__}: {reason[:160]}") from None
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return state
+
+
+def path_kind(path: str | os.PathLike[str]) -> str | None:
+    """What `path` is when it is not a regular file: "a folder", "a device", "a FIFO (named
+    pipe)", "a socket", "a symlink loop", "a dangling symlink (to TARGET)", "missing"; None
+    for a regular file. Messages name paths by it: "no such file" for a folder, or "a part of
+    the path is a file" for a dangling link, sends the user looking for the wrong thing."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symlink loop" if os.path.islink(path) else "a path through a symlink loop"
+        if os.path.islink(path):
+            return f"a dangling symlink (to {os.readlink(path)!r})"
+        return "missing"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    return "a socket" if stat.S_ISSOCK(mode) else "not a regular file"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -41,6 +43,17 @@ def test_sliding_window():
     c = masks.sliding_window(5, 2, causal=True)[0, 0]
     assert c.tolist() == [[0 <= i - j < 2 for j in range(5)] for i in range(5)]
     assert torch.equal(masks.sliding_window(3, 100, 6, causal=True), masks.causal(3, 6))
+
+
+def test_a_large_sliding_window_warns_with_its_memory_and_names_window():
+    # issue 38: masks.window (a description) and sliding_window (N x S) were easy to confuse
+    side = 8193  # just above DENSE_WARN_BYTES = 2**26 = 8192**2 bytes; meta builds nothing
+    with pytest.warns(UserWarning, match=r"\(8193, 8193\) boolean tensor of 64 MiB; masks\.window"):
+        m = masks.sliding_window(side, 4, device="meta")
+    assert m.shape == (1, 1, side, side)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        masks.sliding_window(8192, 4, device="meta")  # at the bound: silent
 
 
 def test_combine_ands_and_skips_none():

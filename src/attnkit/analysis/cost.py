@@ -381,7 +381,7 @@ def mha_cost(
             ``is_causal`` (attnkit's ``fused`` backend passes ``is_causal`` only
             when N == S; otherwise it passes a mask and nothing is skipped);
             the ``reference`` backend computes everything.
-        window: sliding window of `window` keys (`masks.sliding_window`);
+        window: sliding window of `window` keys (`masks.window`);
             counted like `causal`.
         mask: a structured mask (`attnkit.masks.window`, `document`, `prefix`,
             `from_function`, their `&`/`|`) of N queries and S keys, ANDed with `causal`:

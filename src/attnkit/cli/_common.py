@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from attnkit.cli._errors import EXIT_FAILURE, EXIT_USAGE, UsageError
+from attnkit.cli._paths import control_characters, kind
 
 __all__ = [
     "EXIT_FAILURE",
@@ -166,6 +167,11 @@ def out_folder(text: str) -> Path:
         raise argparse.ArgumentTypeError(
             f"{text!r} is empty: give a folder (--out . for the current one)"
         )
+    bad = control_characters(text)
+    if bad:  # a newline would split the summary's last line (what was written where) in two
+        raise argparse.ArgumentTypeError(
+            f"{text!r} holds control characters ({', '.join(bad)}): give a folder name without"
+        )
     return Path(text)
 
 
@@ -285,8 +291,10 @@ def prepare_out(
 
 
 def _prepare(out: Path, names: Iterable[str], force: bool, option: str, shown: str) -> Path:
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{option} {shown!r} is a file: give a folder to write into")
+    what = kind(out)
+    if what not in ("a folder", "missing"):  # a file, a device, a dangling link, a loop, ...
+        what = "a file" if what is None else what
+        raise UsageError(f"{option} {shown!r} is {what}: give a folder to write into")
     if out.is_dir():  # a run that holds the folder is named before its files are
         _lock(out, option, shown)
     if out.is_dir() and not force:
@@ -367,6 +375,8 @@ def _reason(e: OSError) -> str:
         return "the name is too long for the file system: give a shorter path"
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return "permission denied: give a folder you may write into"
+    if e.errno == errno.ELOOP:
+        return "a part of the path is a symlink loop: give another folder"
     if e.errno in (errno.ENOTDIR, errno.EEXIST):
         return "a part of the path is a file: give a folder path"
     return f"{e.strerror or e}: give another folder"

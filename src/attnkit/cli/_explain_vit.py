@@ -19,6 +19,7 @@ from pathlib import Path
 
 from attnkit.cli._common import prepare_out
 from attnkit.cli._errors import UsageError
+from attnkit.cli._paths import input_file
 
 __all__ = ["FILES", "run"]
 
@@ -61,8 +62,7 @@ def run(args, text_files: tuple[str, ...]) -> int:
             f"--checkpoint {str(folder)!r} is an image model ({model_type(folder)!r}): "
             "give the picture to explain with --image FILE (PNG or JPEG)"
         )
-    if not args.image.is_file():
-        raise UsageError(f"--image {str(args.image)!r} does not exist: give a PNG or JPEG file")
+    input_file(args.image, "--image", "a PNG or JPEG file")
     hf = require_transformers(folder)
     try:
         config = hf._config(folder)

@@ -26,6 +26,7 @@ import torch
 
 from attnkit._io import atomic_save, atomic_write_json
 from attnkit.cli._errors import UsageError
+from attnkit.cli._paths import load_torch
 from attnkit.cli._threads import torch_threads
 from attnkit.models import GPT, GPTConfig
 from attnkit.train.corpus import Corpus, cut_documents
@@ -101,7 +102,7 @@ def read_resume(path, fmt: str, settings: dict) -> dict:
     another text."""
     if not path.is_file():
         raise UsageError(f"--resume: no checkpoint at {path}; train without --resume first")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = load_torch(path, "--resume")
     if not isinstance(state, dict) or state.get("format") != fmt:
         raise UsageError(f"--resume: {path} is not an `attnkit lm` checkpoint")
     if "optimizer" not in state:
@@ -163,6 +164,16 @@ def _tokenized(args, corpus: Corpus, split: int, tokenizer, width: int, packed: 
     return parts[0], parts[1], tokens
 
 
+def _documents_line(corpus) -> str:
+    st = corpus.stats()
+    kind = {"files": "files", "records": "JSON Lines records", "separated": "--doc-sep pieces",
+            "paragraphs": "paragraphs"}[corpus.kind]  # fmt: skip
+    skipped = f"; {corpus.skipped} files skipped (not UTF-8 text)" if corpus.skipped else ""
+    return (f"[lm] {st['documents']} documents ({kind}) from {corpus.source}: "
+            f"{st['min']}-{st['max']} characters, median {st['median']:g}, mean {st['mean']:g}"
+            f"{skipped}")  # fmt: skip
+
+
 def _train(args, corpus, split, fmt, files, kept, tqdm) -> dict:
     started = _clock()
     text = corpus.text
@@ -181,6 +192,8 @@ def _train(args, corpus, split, fmt, files, kept, tqdm) -> dict:
     width = args.context + 1
     packed = getattr(args, "pack", False)
     rows, held_rows, train_tokens = _tokenized(args, corpus, split, tokenizer, width, packed)
+    if not args.quiet and not args.json:  # the checks have passed: say what will be trained on
+        print(_documents_line(corpus), file=sys.stderr)
     train_ids, held = rows, held_rows
     torch.manual_seed(args.seed)
     cfg = GPTConfig(

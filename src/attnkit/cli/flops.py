@@ -213,7 +213,7 @@ PLOT_IGNORES = ("tokens", "context", "context_dim", "kv_heads", "head_dim", "out
 
 
 def _run_plot(args: argparse.Namespace) -> int:
-    from attnkit.cli.flops_plot import GRIDS
+    from attnkit.cli.flops_plot import GRIDS, check_memory
 
     if Path(args.plot).name != args.plot or not args.plot.lower().endswith(".png"):
         raise ValueError(
@@ -233,6 +233,7 @@ def _run_plot(args: argparse.Namespace) -> int:
     dim, heads, window = args.dim or 384, args.heads or 6, args.window or 7
     if dim % heads:
         raise ValueError(f"--heads {heads} must divide --dim {dim}")
+    check_memory(dim, heads, max(g * g for g in GRIDS if g * g <= args.plot_max_tokens))
     out = prepare_out(args.out, [args.plot], force=args.force)
 
     from attnkit.cli.flops_plot import plot

@@ -12,6 +12,7 @@ stderr (not with --quiet).
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import torch
@@ -80,6 +81,29 @@ def measure(dim: int, heads: int, window: int, grids=GRIDS, bar=None) -> dict:
     if bar is not None:
         bar.set_postfix_str("sgemm rate", refresh=False)
     return {"rows": rows, "sgemm_gflops": sgemm_gflops()}
+
+
+def memory_needed(dim: int, heads: int, tokens: int) -> int:
+    """Bytes the largest measurement holds at once, roughly (float32): the layer's weights
+    (4·C² + 4·C), the activations of N tokens (x, q, k, v, out, projections: ~6·N·C) and
+    the scores and probabilities of global attention (2·H·N²)."""
+    return 4 * (4 * dim * dim + 4 * dim + 6 * tokens * dim + 2 * heads * tokens * tokens)
+
+
+def check_memory(dim: int, heads: int, tokens: int) -> None:
+    """ValueError naming --dim when the measurement would take more than half of this
+    machine's memory (torch's allocator would fail with a number of bytes and no option)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX: no bound to check against
+        return
+    need = memory_needed(dim, heads, tokens)
+    if need > total // 2:
+        raise ValueError(
+            f"--dim {dim} --heads {heads} up to {tokens} tokens: measuring it needs about "
+            f"{need / 2**30:,.1f} GiB, more than half of this machine's {total / 2**30:,.1f} GiB: "
+            "give a smaller --dim (or --plot-max-tokens)"
+        )
 
 
 def plot(path, *, dim: int, heads: int, window: int, grids=GRIDS, quiet: bool = False) -> dict:

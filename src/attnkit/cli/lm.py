@@ -43,6 +43,7 @@ from attnkit.cli._common import (
     seed_number,
 )
 from attnkit.cli._errors import UsageError
+from attnkit.cli._paths import load_torch
 from attnkit.cli._threads import add_threads, torch_threads
 
 __all__ = ["load_lm", "read_corpus", "register"]
@@ -222,16 +223,6 @@ def read_corpus(args: argparse.Namespace):
         raise UsageError(f"--text {err}") from None
 
 
-def _documents_line(corpus) -> str:
-    st = corpus.stats()
-    kind = {"files": "files", "records": "JSON Lines records", "separated": "--doc-sep pieces",
-            "paragraphs": "paragraphs"}[corpus.kind]  # fmt: skip
-    skipped = f"; {corpus.skipped} files skipped (not UTF-8 text)" if corpus.skipped else ""
-    return (f"[lm] {st['documents']} documents ({kind}) from {corpus.source}: "
-            f"{st['min']}-{st['max']} characters, median {st['median']:g}, mean {st['mean']:g}"
-            f"{skipped}")  # fmt: skip
-
-
 def run_train(args: argparse.Namespace) -> int:
     import json
 
@@ -256,8 +247,6 @@ def run_train(args: argparse.Namespace) -> int:
         remove_results(args.out, FILES)  # an interrupted run must not leave the old ones
     from attnkit.cli._lm_train import train
 
-    if not args.quiet and not args.json:
-        print(_documents_line(corpus), file=sys.stderr)
     kept: dict = {}
     try:
         summary = train(args, corpus, split, FORMAT, FILES, kept)
@@ -297,28 +286,17 @@ def _kept(kept: dict) -> str:
 
 def load_lm(directory: Path):
     """(GPT in eval mode, tokenizer) of an `attnkit lm train` folder; UsageError."""
-    import pickle
-
-    import torch
-
     from attnkit.models import GPT, GPTConfig
+    from attnkit.train.text_tokenizer import from_state
 
     if directory.is_file():
         raise UsageError(f"--checkpoint {str(directory)!r} is a file: give the --out folder")
     path = directory / FILES[0]
     if not path.is_file():
         raise UsageError(f"--checkpoint: no {FILES[0]} in {directory}; run `attnkit lm train`")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError) as e:
-        reason = " ".join(str(e).split())[:100]
-        raise UsageError(
-            f"--checkpoint: {path} is not readable ({type(e).__name__}: {reason})"
-        ) from None
+    state = load_torch(path, "--checkpoint")
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UsageError(f"--checkpoint: {path} is not an `attnkit lm` checkpoint (no {FORMAT!r})")
-    from attnkit.train.text_tokenizer import from_state
-
     try:
         model = GPT(GPTConfig(**state["config"]))
         model.load_state_dict(state["model"])

@@ -7,12 +7,15 @@ One module per subcommand, registered in SUBCOMMANDS. Building the parser import
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 
 from attnkit._version import __version__
 from attnkit.cli import bench, explain, explain_image, flops, lm, seq2seq, train
 from attnkit.cli._common import EXIT_FAILURE, EXIT_INTERRUPTED, Parser, release_out_locks
+from attnkit.cli._console import portable_streams
 from attnkit.cli._errors import EXIT_USAGE, FileError, UsageError
 
 # Each subcommand module exposes register(subparsers), which adds its parser and
@@ -52,6 +55,7 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    portable_streams()  # before argparse prints anything
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not getattr(args, "run", None):
@@ -92,9 +96,26 @@ def console() -> None:
     time), and then kills itself with SIGINT at exit: exit -2 instead of 130, found as a
     flaky Ctrl-C test. attnkit writes its files atomically, so nothing is left to finish.
     """
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # after main's own handler: while it printed or let go of --out
+        print(INTERRUPTED, file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    # The command is over; a Ctrl-C from here to the exit (the interpreter's teardown: atexit
+    # handlers, threads joined) ends with 130 and the one line too, never a traceback.
+    signal.signal(signal.SIGINT, _interrupted_at_exit)
     if code == EXIT_INTERRUPTED:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+INTERRUPTED = "attnkit: interrupted; only complete files were written"
+
+
+def _interrupted_at_exit(signum, frame) -> None:
+    with contextlib.suppress(Exception):  # a closed pipe: nothing more to say there
+        sys.stdout.flush()
+    os.write(2, (INTERRUPTED + "\n").encode())
+    os._exit(EXIT_INTERRUPTED)

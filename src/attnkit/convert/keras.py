@@ -24,7 +24,7 @@ scores by 1/sqrt(key_dim), attnkit's default. Keras calls `layer(query, value,
 key)`; attnkit `mha(query, key, value)`.
 
 Refused, because attnkit's module cannot express them: `use_gate`,
-`sliding_window` (pass `attnkit.masks.sliding_window` as a mask instead),
+`sliding_window` (pass `attnkit.masks.window` as a mask instead),
 `attention_axes` other than the sequence axis, and `output_shape` with more than
 one dimension; to Keras: GQA and a module without output projection.
 
@@ -181,7 +181,7 @@ def mha_from_keras(layer) -> MultiHeadAttention:
     if getattr(layer, "_use_gate", False):
         problems.append("use_gate=True")
     if getattr(layer, "_sliding_window", None) is not None:
-        problems.append("sliding_window (pass attnkit.masks.sliding_window as a mask instead)")
+        problems.append("sliding_window (pass attnkit.masks.window as a mask instead)")
     if tuple(layer.attention_axes or (1,)) != (1,):
         problems.append(f"attention_axes={layer.attention_axes} (only the sequence axis)")
     out_shape = getattr(layer, "_output_shape", None)

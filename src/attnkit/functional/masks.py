@@ -24,6 +24,8 @@ tensor: kernels skip the blocks they hide. See `attnkit.functional.structured`.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -54,6 +56,10 @@ __all__ = [
     "sliding_window",
     "window",
 ]
+
+
+# sliding_window warns above this many bytes (N·S): 64 MiB, N = S = 8192
+DENSE_WARN_BYTES = 2**26
 
 
 def _shape(t: Tensor) -> str:
@@ -111,11 +117,23 @@ def sliding_window(
     position i + S - N). Without `causal`, keys with |j - pos(i)| < window are
     kept (2·window - 1 keys in the interior); with `causal`, only the `window`
     keys pos(i) - window < j <= pos(i). The dense form of `window(...)`, which kernels
-    run without building this tensor.
+    run without building this tensor: prefer `masks.window` (a description, O(N) memory,
+    whose masked blocks kernels skip). Above `DENSE_WARN_BYTES` (N·S bytes) a UserWarning
+    says how much memory the tensor takes and names `masks.window`.
     """
     if isinstance(window, int) and not isinstance(window, bool) and window < 1:
         raise ValueError(f"sliding_window: window must be >= 1, got {window}")
-    return _window(n, window, s, causal=causal, device=device).dense()
+    described = _window(n, window, s, causal=causal, device=device)  # checks n, s, window
+    size = described.n * described.s  # one byte per boolean
+    if size > DENSE_WARN_BYTES:
+        warnings.warn(
+            f"masks.sliding_window builds a dense (N, S) = ({described.n}, {described.s}) "
+            f"boolean tensor of {size / 2**20:,.0f} MiB; masks.window(n, window, s, "
+            "causal=...) describes the same mask in O(N) memory and attention skips the "
+            "blocks it hides",
+            stacklevel=2,
+        )
+    return described.dense()
 
 
 def combine(*masks: Tensor | StructuredMask | None) -> Tensor | StructuredMask | None:

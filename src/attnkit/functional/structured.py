@@ -220,9 +220,12 @@ def window(
     _check_sizes("window", n, s)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window: window must be an integer >= 1, got {window!r}")
+    name = f"window({window}{', causal' if causal else ''})"
+    # wider than N + S sees every key it can: held as N + S + 1, so that position ± window
+    # stays inside int64 (2**63 - 1 wrapped around and emptied rows, issue 39)
+    window = min(window, n + s + 1)
     pos = _positions(n, s, device)
     hi = pos + 1 if causal else pos + window
-    name = f"window({window}{', causal' if causal else ''})"
     return RowIntervals(pos - window + 1, hi, s, name)
 
 
@@ -242,7 +245,7 @@ def prefix(n: int, prefix_len: int | Tensor, s: int | None = None, *, device=Non
             )
         bound = prefix_len.to(pos.device).long()[:, None]  # (B, 1)
     elif isinstance(prefix_len, int) and not isinstance(prefix_len, bool) and prefix_len >= 0:
-        bound = torch.tensor(prefix_len, device=pos.device)
+        bound = torch.tensor(min(prefix_len, s), device=pos.device)  # past S: every key, in int64
     else:
         raise ValueError(
             f"prefix: prefix_len must be an int >= 0 or a (B,) tensor, got {prefix_len!r}"
@@ -255,8 +258,10 @@ def document_ids(lengths: Tensor | list[int], total: int | None = None) -> Tenso
     """Document ids (N,) of a packed sequence from its documents' lengths (flash-attn's
     `cu_seqlens` habit): lengths [3, 2] -> ids [0, 0, 0, 1, 1]. With `total` > sum(lengths)
     the tail (padding) gets its own id, len(lengths)."""
+    if not isinstance(lengths, Tensor) and len(lengths) == 0:
+        lengths = torch.zeros(0, dtype=torch.long)  # as_tensor([]) would be float32
     lengths = torch.as_tensor(lengths)
-    if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+    if lengths.dim() != 1 or not _is_integer(lengths):
         raise ValueError(
             f"document_ids: lengths must be integers (D,), got {lengths.dtype} {_shape(lengths)}"
         )
@@ -264,8 +269,11 @@ def document_ids(lengths: Tensor | list[int], total: int | None = None) -> Tenso
         raise ValueError(f"document_ids: lengths must be >= 0, got {lengths.tolist()}")
     used = int(lengths.sum())
     total = used if total is None else total
+    if isinstance(total, bool) or not isinstance(total, int):
+        raise ValueError(f"document_ids: total must be an integer, got {total!r}")
     if total < used:
         raise ValueError(f"document_ids: total={total} is less than sum(lengths)={used}")
+    lengths = lengths.long()  # repeat_interleave takes int32/int64 only
     ids = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
     tail = torch.full((total - used,), lengths.numel(), dtype=ids.dtype, device=ids.device)
     return torch.cat([ids, tail])
@@ -278,7 +286,7 @@ def document(ids: Tensor, *, causal: bool = False) -> StructuredMask:
     from lengths). Where every document's tokens are contiguous (the packing habit), the mask
     is a row-interval mask and kernels visit only each document's own keys; otherwise it is
     evaluated block by block."""
-    if not isinstance(ids, Tensor) or ids.dim() not in (1, 2) or ids.dtype.is_floating_point:
+    if not isinstance(ids, Tensor) or ids.dim() not in (1, 2) or not _is_integer(ids):
         got = f"{ids.dtype} {_shape(ids)}" if isinstance(ids, Tensor) else type(ids).__name__
         raise ValueError(f"document: ids must be an integer tensor (N,) or (B, N), got {got}")
     ids2 = ids[None] if ids.dim() == 1 else ids  # (B|1, N)
@@ -339,12 +347,20 @@ class _Function(StructuredMask):
         q_idx = torch.arange(i0, i1, device=dev)[None, None, :, None]
         kv_idx = torch.arange(j0, j1, device=dev)[None, None, None, :]
         got = self.fn(b, h, q_idx, kv_idx)
+        want = (self.batch, self.heads, i1 - i0, j1 - j0)
         if not isinstance(got, Tensor) or got.dtype != torch.bool:
             raise ValueError(
-                f"from_function: fn must return a boolean tensor, got "
+                f"{self.describe()}: fn must return a boolean tensor, got "
                 f"{got.dtype if isinstance(got, Tensor) else type(got).__name__}"
             )
-        return got.expand(self.batch, self.heads, i1 - i0, j1 - j0)
+        tail = want[4 - got.dim() :] if got.dim() <= 4 else None  # broadcasting's alignment
+        if tail is None or any(g not in (1, w) for g, w in zip(got.shape, tail, strict=True)):
+            raise ValueError(
+                f"{self.describe()}: fn(b, h, q_idx, kv_idx) must broadcast to the block's "
+                f"(B, H, rows, keys) = {want}, got {_shape(got)}: combine the index "
+                "arguments with tensor ops instead of building a tensor of fixed shape"
+            )
+        return got.expand(want)
 
     def describe(self):
         return f"from_function({getattr(self.fn, '__name__', 'fn')})"
@@ -368,9 +384,15 @@ def from_function(
     (``&``, ``|``, comparisons, indexing into tensors it closes over) — no Python ``if``.
 
     `batch`/`heads`: B or H when the mask depends on them, else 1. The predicate is evaluated
-    block by block (O(block · S) memory); classifying a mask costs N · S evaluations once."""
+    block by block (O(block · S) memory); classifying a mask costs N · S evaluations once.
+    ``fn`` must be deterministic, the same answer for the same indices: the block plan is
+    worked out on first use and kept, and backends that read the plan and those that call
+    ``fn`` would disagree otherwise."""
     s = n if s is None else s
     _check_sizes("from_function", n, s)
+    for what, x in (("batch", batch), ("heads", heads)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"from_function: {what} must be an integer >= 1, got {x!r}")
     if not callable(fn):
         raise ValueError(f"from_function: fn must be callable, got {type(fn).__name__}")
     return _Function(fn, n, s, batch, heads, device)
@@ -482,6 +504,11 @@ def _check_sizes(name: str, n, s) -> None:
     for what, x in (("n", n), ("s", s)):
         if isinstance(x, bool) or not isinstance(x, int) or x < 0:
             raise ValueError(f"{name}: {what} must be an integer >= 0, got {x!r}")
+
+
+def _is_integer(t: Tensor) -> bool:
+    """An integer dtype: not floating, complex or boolean."""
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
 
 
 def _check_blocks(bq, bk) -> None:

@@ -49,14 +49,9 @@ class SequenceClassifierOutput(Tensor):
     @classmethod
     def wrap(cls, logits: Tensor, loss: Tensor | None) -> Tensor:
         """`logits` with `loss` on them; the plain logits inside torch.export / jit.trace
-        (exported programs return plain tensors), where `loss` would be lost: refused."""
-        if torch.compiler.is_exporting() or torch.jit.is_tracing():
-            if loss is not None:
-                raise ValueError(
-                    "labels: an exported or traced BertClassifier returns the logits only; "
-                    "export it without labels and compute clf.loss(logits, labels) outside"
-                )
-            return logits
+        (exported programs return plain tensors)."""
+        if _exporting():
+            return logits  # `forward` refused labels already
         out = logits.as_subclass(cls)
         out.loss = loss
         return out
@@ -65,23 +60,87 @@ class SequenceClassifierOutput(Tensor):
         return self.logits.__reduce_ex__(protocol)  # pickles (torch.save) as the plain logits
 
 
+def _exporting() -> bool:
+    return torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
+def _refuse_labels():
+    raise ValueError(
+        "labels: an exported or traced BertClassifier returns the logits only; "
+        "export it without labels and compute clf.loss(logits, labels) outside"
+    )
+
+
 def _label_names(num_labels: int, id2label, label2id) -> dict[int, str]:
     """id -> name from either or both of transformers' ``id2label`` / ``label2id`` (keys may
-    be strings, as in config.json); ValueError unless they name exactly 0..K-1 and agree."""
-    names = None
+    be strings, as in config.json); ValueError naming the one at fault unless they name
+    exactly 0..K-1 with distinct names and agree."""
+    names = source = None
     if id2label is not None:
-        names = {int(i): str(n) for i, n in id2label.items()}
+        names, source = {int(i): str(n) for i, n in id2label.items()}, "id2label"
+        if len(set(names.values())) != len(names):
+            raise ValueError(f"id2label must give distinct names, got {dict(id2label)}")
     if label2id is not None:
         inverse = {int(i): str(n) for n, i in label2id.items()}
+        if len(inverse) != len(label2id):
+            raise ValueError(f"label2id must give distinct ids, got {dict(label2id)}")
         if names is not None and inverse != names:
             raise ValueError(f"label2id {dict(label2id)} is not the inverse of id2label "
                              f"{dict(id2label)}")  # fmt: skip
-        names = inverse
+        names, source = inverse, source or "label2id"
     if names is None:
         return {i: f"LABEL_{i}" for i in range(num_labels)}
     if sorted(names) != list(range(num_labels)):
-        raise ValueError(f"id2label must name labels 0..{num_labels - 1}, got keys {sorted(names)}")
+        got = sorted(names)
+        raise ValueError(f"{source} must name labels 0..{num_labels - 1}, got keys {got}")
     return dict(sorted(names.items()))
+
+
+def _regression_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean squared error; labels (B, K), or (B,) when K == 1."""
+    b, k = logits.shape
+    if tuple(labels.shape) not in ((b, k), (b,) if k == 1 else (b, k)):
+        want = f"({b},) or ({b}, 1)" if k == 1 else f"({b}, {k})"
+        raise ValueError(f"labels must have shape {want} for regression with logits {(b, k)}, "
+                         f"got {tuple(labels.shape)}")  # fmt: skip
+    return F.mse_loss(logits.reshape(-1), labels.reshape(-1).to(logits.dtype))
+
+
+def _single_label_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Cross-entropy over labels (B,) of class ids in [0, K) or -100 (ignored); a batch with
+    every label ignored gives 0, not NaN."""
+    b, k = logits.shape
+    if tuple(labels.shape) not in ((b,), (b, 1)) or labels.is_floating_point():
+        raise ValueError(f"labels must be ({b},) class ids (one per batch row), got "
+                         f"{tuple(labels.shape)} {labels.dtype}")  # fmt: skip
+    labels = labels.reshape(-1).long()
+    bad = (labels != -100) & ((labels < 0) | (labels >= k))
+    if bool(bad.any()):
+        raise ValueError(f"labels must be class ids in [0, {k - 1}] or -100 (ignored), got "
+                         f"{labels[bad].unique().tolist()}")  # fmt: skip
+    total = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+    return total / (labels != -100).sum().clamp(min=1)
+
+
+def _multi_label_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Binary cross-entropy with logits; labels (B, K) in [0, 1]."""
+    b, k = logits.shape
+    if labels.shape != logits.shape:
+        raise ValueError(f"labels must have the shape of logits {(b, k)} for multi-label, "
+                         f"got {tuple(labels.shape)}")  # fmt: skip
+    target = labels.to(logits.dtype)
+    if not bool(((target >= 0) & (target <= 1)).all()):  # NaN fails both comparisons
+        lo, hi = labels.min().item(), labels.max().item()
+        raise ValueError(f"labels must lie in [0, 1] for multi-label, got values in "
+                         f"[{lo}, {hi}]")  # fmt: skip
+    return F.binary_cross_entropy_with_logits(logits, target)
+
+
+_LOSSES = {
+    "regression": _regression_loss,
+    "single_label_classification": _single_label_loss,
+    "multi_label_classification": _multi_label_loss,
+}
 
 
 class ClassifierHead(nn.Linear):
@@ -126,6 +185,10 @@ class BertClassifier(nn.Module):
         positive_int("num_labels", num_labels)
         if problem_type is not None and problem_type not in PROBLEM_TYPES:
             raise ValueError(f"problem_type {problem_type!r} is unknown: wanted {PROBLEM_TYPES}")
+        if problem_type == "single_label_classification" and num_labels < 2:
+            # softmax over one class is 1 whatever the input: the loss would be exactly 0
+            raise ValueError(f"num_labels must be >= 2 for single_label_classification, got "
+                             f"{num_labels} (num_labels=1 is regression)")  # fmt: skip
         names = _label_names(num_labels, id2label, label2id)
         fk = {"device": device, "dtype": dtype}
         self.bert = BertEncoder(config, gradient_checkpointing=gradient_checkpointing, **fk)
@@ -165,6 +228,8 @@ class BertClassifier(nn.Module):
             position_ids=position_ids, document_ids=document_ids,
         )  # fmt: skip
         logits = self.classifier(self.drop(out.pooler_output))  # (B, K) or (D, K)
+        if labels is not None and _exporting():
+            _refuse_labels()  # before the loss, whose label checks read data
         loss = None if labels is None else self.loss(logits, labels)
         return SequenceClassifierOutput.wrap(logits, loss)
 
@@ -189,24 +254,7 @@ class BertClassifier(nn.Module):
                 self.problem_type = "single_label_classification"
             else:
                 self.problem_type = "multi_label_classification"
-        kind = self.problem_type
-        b, k = logits.shape
-        if kind == "regression":
-            if labels.numel() != b * k:
-                raise ValueError(f"labels must have {b * k} values for regression with "
-                                 f"logits {(b, k)}, got shape {tuple(labels.shape)}")  # fmt: skip
-            return F.mse_loss(logits.reshape(-1), labels.reshape(-1).to(logits.dtype))
-        if kind == "single_label_classification":
-            if labels.numel() != b or labels.is_floating_point():
-                raise ValueError(f"labels must be ({b},) class ids, got "
-                                 f"{tuple(labels.shape)} {labels.dtype}")  # fmt: skip
-            labels = labels.reshape(-1).long()
-            total = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
-            return total / (labels != -100).sum().clamp(min=1)
-        if labels.shape != logits.shape:
-            raise ValueError(f"labels must have the shape of logits {(b, k)} for multi-label, "
-                             f"got {tuple(labels.shape)}")  # fmt: skip
-        return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+        return _LOSSES[self.problem_type](logits, labels)
 
     def resize_token_embeddings(self, num_tokens: int, *, mean_resizing: bool = True) -> None:
         """See `BertEncoder.resize_token_embeddings` (the head does not depend on it)."""

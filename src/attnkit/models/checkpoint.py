@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnkit._io import atomic_write_bytes
+from attnkit._io import UnreadableFile, atomic_write_bytes, load_weights_only
 from attnkit._optional import MODEL_PACKAGE_HINT, require
 
 __all__ = [
@@ -144,9 +144,9 @@ def load_weights(path: Path) -> dict[str, Tensor]:
         except SafetensorError as e:
             raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle errors come in many types
-        raise CheckpointError(f"{path}: not a readable PyTorch weights file ({e})") from e
+        state = load_weights_only(path)
+    except UnreadableFile as e:
+        raise CheckpointError(f"{path}: not a readable PyTorch weights file ({e})") from None
     if not isinstance(state, Mapping):
         raise CheckpointError(f"{path}: wanted a dict of tensors, got {type(state).__name__}")
     return dict(state)

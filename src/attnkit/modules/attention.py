@@ -276,6 +276,7 @@ class MultiHeadAttention(nn.Module):
                 )
             if value is not None:
                 _check_input("value", value, b, vd, seq=key.shape[1])
+        _check_dtypes(self.in_proj, {"query": query, "key": key, "value": value})
         for name, p, ref in (("pos", pos, query), ("context_pos", context_pos, key)):
             if p is None:
                 continue
@@ -331,6 +332,24 @@ _TORCH_MHA_NAMES = (
     "out_proj.weight",
     "out_proj.bias",
 )
+
+
+def _check_dtypes(in_proj: nn.Module, inputs: dict) -> None:
+    """Floating inputs of the projections' dtype (autocast aside): torch's matmul error
+    otherwise, which names neither."""
+    lazy = nn.parameter.UninitializedParameter
+    w = next((p for p in in_proj.parameters() if not isinstance(p, lazy)), None)
+    for name, t in inputs.items():
+        if t is None:
+            continue
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be floating point (embeddings, not ids), got {t.dtype}")
+        mixed = w is not None and t.dtype != w.dtype
+        if mixed and not torch.is_autocast_enabled(t.device.type):
+            raise ValueError(
+                f"{name} has dtype {t.dtype}, the module's weights {w.dtype}: convert the "
+                f"input (.to({w.dtype})) or the module (.to({t.dtype}))"
+            )
 
 
 def _check_input(name, t, batch, width, *, seq=None) -> None:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from attnkit.functional.attention import attention
+from attnkit.nn._errors import TorchRuntimeError
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -43,27 +44,27 @@ def scaled_dot_product_attention(
         dropout_p: dropout on the probabilities, applied whenever > 0 (as torch's SDPA does:
             pass 0.0 in evaluation).
         is_causal: query i attends to keys j <= i, aligned **top-left** when L != S (torch's
-            alignment); not combined with `attn_mask` (ValueError, as torch refuses it).
+            alignment); with `attn_mask` too, both apply (as torch 2.13's CPU SDPA does).
         scale: multiplies query·keyᵀ; default 1/sqrt(E).
         enable_gqa: allow Hkv < H dividing H (query head h reads key/value head
             h // (H // Hkv)); without it Hkv must equal H, or be 1 (broadcast).
 
     Returns: (..., H, L, Ev). A query row that may attend to no key gets output 0 and
     gradient 0 (attnkit's rule, and torch's CPU SDPA since 2.5; never NaN).
+
+    Bad input raises `TorchRuntimeError`: attnkit's message naming the argument, as an
+    instance of both ValueError and the RuntimeError torch raises. Dropout keeps each
+    probability with chance 1 - dropout_p and scales by 1 / (1 - dropout_p), as torch does,
+    but from attnkit's own random stream: the same seed drops other positions than torch's.
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor) or t.dim() < 2:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(f"{name} must have shape (..., L|S, E) (rank >= 2), got {got}")
-    if is_causal and attn_mask is not None:
-        raise ValueError(
-            "scaled_dot_product_attention: pass attn_mask or is_causal=True, not both "
-            "(torch refuses the pair too)"
-        )
+            raise TorchRuntimeError(f"{name} must have shape (..., L|S, E) (rank >= 2), got {got}")
     heads, kv_heads = _heads(query), _heads(key)
     gqa_ok = enable_gqa and 0 < kv_heads <= heads and heads % kv_heads == 0
     if kv_heads not in (heads, 1) and not gqa_ok:  # one key/value head broadcasts, as in torch
-        raise ValueError(
+        raise TorchRuntimeError(
             f"key has {kv_heads} heads (dimension -3), query {heads}: they must be equal or key's "
             + ("a divisor of query's" if enable_gqa else "1 (or pass enable_gqa=True)")
         )
@@ -72,7 +73,7 @@ def scaled_dot_product_attention(
         batch = torch.broadcast_shapes(*(t.shape[:-3] for t in (query, key, value)))
     except RuntimeError:
         shapes = ", ".join(str(tuple(t.shape)) for t in (query, key, value))
-        raise ValueError(
+        raise TorchRuntimeError(
             f"query, key and value must share their batch dimensions (before -3), got {shapes}"
         ) from None
     q, k, v = (_as_4d(t, batch) for t in (query, key, value))  # (B, H|Hkv, L|S, E|Ev)
@@ -80,22 +81,29 @@ def scaled_dot_product_attention(
     mask = bias = None
     causal = False
     if attn_mask is not None:
+        _check_mask(attn_mask, (*batch, q.shape[1], n, s))
         m = _mask_4d(attn_mask, max(rank, 3), batch)  # (B|1, H|1, L|1, S|1)
         if m.dtype == torch.bool:
             mask = m
         elif m.is_floating_point():
             bias = m.to(q.dtype)
         else:
-            raise ValueError(f"attn_mask must be boolean or floating, got {attn_mask.dtype}")
-    elif is_causal:
+            raise TorchRuntimeError(f"attn_mask must be boolean or floating, got {attn_mask.dtype}")
+    if is_causal:  # with attn_mask too: both apply, as torch >= 2.13 does on the CPU
         if n == s:
             causal = True  # top-left and bottom-right agree
         else:
-            mask = top_left_causal(n, s, q.device)
+            tl = top_left_causal(n, s, q.device)
+            mask = tl if mask is None else mask & tl
     p = float(dropout_p)
-    out = attention(
-        q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, dropout_p=p, training=p > 0
-    ).out  # (B, H, L, Ev)
+    try:
+        out = attention(
+            q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, dropout_p=p, training=p > 0
+        ).out  # (B, H, L, Ev)
+    except TorchRuntimeError:
+        raise
+    except ValueError as e:  # attnkit's message, as the class torch raises (RuntimeError)
+        raise TorchRuntimeError(f"scaled_dot_product_attention: {e}") from None
     out = out.reshape(*batch, *out.shape[1:])  # (..., H, L, Ev)
     return out[..., 0, :, :] if rank == 2 else out
 
@@ -105,6 +113,17 @@ def top_left_causal(n: int, s: int, device=None) -> Tensor:
     i = torch.arange(n, device=device)[:, None]
     j = torch.arange(s, device=device)[None, :]
     return (j <= i)[None, None]
+
+
+def _check_mask(m: Tensor, want: tuple[int, ...]) -> None:
+    """attn_mask must broadcast to (..., H, L, S) = `want` (torch's expand error otherwise)."""
+    if not isinstance(m, Tensor):
+        raise TorchRuntimeError(f"attn_mask must be a tensor or None, got {type(m).__name__}")
+    head = f"attn_mask of shape {tuple(m.shape)} does not broadcast to (..., H, L, S) = {want}"
+    if m.dim() > len(want):
+        raise TorchRuntimeError(f"{head}: it has more dimensions than the inputs")
+    if any(g not in (1, w) for g, w in zip(m.shape, want[len(want) - m.dim() :], strict=True)):
+        raise TorchRuntimeError(head)
 
 
 def _heads(t: Tensor) -> int:
@@ -123,7 +142,7 @@ def _as_4d(t: Tensor, batch: torch.Size) -> Tensor:
 def _mask_4d(m: Tensor, rank: int, batch: torch.Size) -> Tensor:
     """A mask broadcastable to (..., H, L, S) as (B|1, H|1, L|1, S|1), B = prod(batch)."""
     if m.dim() > rank:
-        raise ValueError(f"attn_mask has rank {m.dim()}, more than the inputs' {rank}")
+        raise TorchRuntimeError(f"attn_mask has rank {m.dim()}, more than the inputs' {rank}")
     m = m[(None,) * (rank - m.dim())]  # (..., H|1, L|1, S|1) at the inputs' rank (>= 3)
     if all(d == 1 for d in m.shape[:-3]):
         return m.reshape(1, *m.shape[-3:])

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.functional.attention import attention
+from attnkit.nn._errors import TorchAssertionError, TorchRuntimeError
 from attnkit.nn.functional import top_left_causal
 
 __all__ = ["MultiheadAttention"]
@@ -44,9 +45,20 @@ class MultiheadAttention(nn.MultiheadAttention):
 
     Differences from torch, on purpose: a query row that may attend to no key (every key
     masked) gets attention output 0 (the module's output is then `out_proj.bias`) and
-    weights 0, with finite gradients, where torch returns NaN; bad input raises ValueError
-    naming the argument. Torch's inference fast path (eval, no grad, nested tensors) is not
-    taken: every call goes through attnkit. Nested tensors are refused.
+    weights 0, with finite gradients, where torch returns NaN; dropout keeps each
+    probability with torch's chance and scale but from attnkit's own random stream, so the
+    same seed drops other positions than torch's. Bad input raises attnkit's message naming
+    the argument, as an instance of ValueError and of the class torch raises there
+    (`TorchAssertionError` for the shapes of the inputs and of key_padding_mask, a mask's
+    dtype or rank and nested tensors; `TorchRuntimeError` for attn_mask's sizes, `is_causal`
+    alone and the inputs' dtypes).
+    Torch's inference fast path (eval, no grad, nested tensors) is not taken: every call
+    goes through attnkit. Nested tensors are refused.
+
+    `torch.jit.trace` records attnkit's computation. `torch.jit.script` cannot compile
+    attnkit's backends: a scripted module (or a scripted model holding one) computes with
+    torch's own `F.multi_head_attention_forward` and the same weights, so it gives torch's
+    results, NaN rows and dropout stream included.
     """
 
     def forward(
@@ -62,6 +74,15 @@ class MultiheadAttention(nn.MultiheadAttention):
     ) -> tuple[Tensor, Tensor | None]:
         """query (L, B, E) — (B, L, E) with batch_first, (L, E) unbatched; key (S, B, kdim);
         value (S, B, vdim) -> (out of query's layout with width E, weights or None)."""
+        args = (key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal)
+        if torch.jit.is_scripting():  # TorchScript compiles this branch only
+            return self._torch_forward(query, key, value, *args)
+        return self._attnkit_forward(query, key, value, *args)
+
+    def _attnkit_forward(
+        self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+        is_causal,
+    ):  # fmt: skip
         batched = self._check(query, key, value)
         if batched and self.batch_first:
             pass  # already (B, L, E)
@@ -77,10 +98,13 @@ class MultiheadAttention(nn.MultiheadAttention):
         mask, bias, causal = self._masks(
             b, n, s, extra, key_padding_mask, attn_mask, is_causal, need_weights, query.device
         )
-        res = attention(
-            q, k, v, mask=mask, bias=bias, causal=causal, dropout_p=self.dropout,
-            training=self.training, need_weights=need_weights,
-        )  # fmt: skip
+        try:
+            res = attention(
+                q, k, v, mask=mask, bias=bias, causal=causal, dropout_p=self.dropout,
+                training=self.training, need_weights=need_weights,
+            )  # fmt: skip
+        except ValueError as e:  # attnkit's message, as the class torch raises (RuntimeError)
+            raise TorchRuntimeError(f"MultiheadAttention: {e}") from None
         out = res.out.transpose(1, 2).reshape(b, n, self.embed_dim)  # (B, L, E)
         out = F.linear(out, self.out_proj.weight, self.out_proj.bias)
         weights = res.weights  # (B, H, L, S') or None
@@ -90,16 +114,43 @@ class MultiheadAttention(nn.MultiheadAttention):
             return out[0], None if weights is None else weights[0]
         return (out if self.batch_first else out.transpose(0, 1)), weights
 
+    def _torch_forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None,
+        need_weights: bool,
+        attn_mask: Tensor | None,
+        average_attn_weights: bool,
+        is_causal: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """torch's own computation with this module's weights, for TorchScript."""
+        swap = self.batch_first and query.dim() == 3  # torch's functional reads (L, B, E)
+        if swap:
+            query, key, value = query.transpose(1, 0), key.transpose(1, 0), value.transpose(1, 0)
+        out, weights = F.multi_head_attention_forward(
+            query, key, value, self.embed_dim, self.num_heads, self.in_proj_weight,
+            self.in_proj_bias, self.bias_k, self.bias_v, self.add_zero_attn, self.dropout,
+            self.out_proj.weight, self.out_proj.bias, training=self.training,
+            key_padding_mask=key_padding_mask, need_weights=need_weights, attn_mask=attn_mask,
+            use_separate_proj_weight=not self._qkv_same_embed_dim,
+            q_proj_weight=self.q_proj_weight, k_proj_weight=self.k_proj_weight,
+            v_proj_weight=self.v_proj_weight, average_attn_weights=average_attn_weights,
+            is_causal=is_causal,
+        )  # fmt: skip
+        return (out.transpose(1, 0) if swap else out), weights
+
     def _check(self, query, key, value) -> bool:
         """Whether the call is batched; ValueError naming the argument otherwise."""
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, Tensor):
-                raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+                raise TorchAssertionError(f"{name} must be a tensor, got {type(t).__name__}")
             if t.is_nested:
-                raise ValueError(f"{name}: nested tensors are not supported (pad them)")
+                raise TorchAssertionError(f"{name}: nested tensors are not supported (pad them)")
         batched = query.dim() == 3
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
-            raise ValueError(
+            raise TorchAssertionError(
                 "query, key and value must all be batched (rank 3) or all unbatched (rank 2), "
                 f"got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
             )
@@ -111,25 +162,46 @@ class MultiheadAttention(nn.MultiheadAttention):
             ("value", value, self.vdim, klayout),
         ):
             if t.shape[-1] != width:
-                raise ValueError(f"{name} must have shape ({lay}, {width}), got {tuple(t.shape)}")
+                raise TorchAssertionError(
+                    f"{name} must have shape ({lay}, {width}), got {tuple(t.shape)}"
+                )
         if key.shape[:-1] != value.shape[:-1]:
-            raise ValueError(
+            raise TorchAssertionError(
                 f"key and value must share ({klayout}), got {tuple(key.shape)} and "
                 f"{tuple(value.shape)}"
             )
         if batched:
             bdim = 0 if self.batch_first else 1
             if key.shape[bdim] != query.shape[bdim]:
-                raise ValueError(
+                raise TorchAssertionError(
                     f"key has batch {key.shape[bdim]}, query {query.shape[bdim]} ({layout}, E)"
                 )
+        self._check_dtypes(query, key, value)
         return batched
+
+    def _check_dtypes(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        """Inputs of the projection weights' dtype (torch's matmul error otherwise); under
+        autocast, whatever autocast takes."""
+        w = self.in_proj_weight if self._qkv_same_embed_dim else self.q_proj_weight
+        if torch.is_autocast_enabled(query.device.type):
+            return
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.dtype != w.dtype:
+                raise TorchRuntimeError(
+                    f"{name} has dtype {t.dtype}, the module's weights {w.dtype}: convert the "
+                    f"input (.to({w.dtype})) or the module (.to({t.dtype}))"
+                )
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor):
         """In-projections and heads: q (B, H, L, D); k, v (B, H, S', D) with the bias_k/bias_v
         position and the zero-attention position appended, in torch's order."""
         e, h = self.embed_dim, self.num_heads
         bias = self.in_proj_bias
+        if bias is not None and bias.dtype != query.dtype:
+            # torch adds a bias of another dtype with type promotion (its test
+            # test_multihead_attn_fast_path_query_and_bias_have_different_dtypes); F.linear
+            # refuses it, so the bias takes the input's dtype first
+            bias = bias.to(query.dtype)
         bq, bk, bv = (None, None, None) if bias is None else bias.chunk(3)
         if not self._qkv_same_embed_dim:
             q = F.linear(query, self.q_proj_weight, bq)
@@ -147,8 +219,8 @@ class MultiheadAttention(nn.MultiheadAttention):
                 k, v = F.linear(key, w[e : 2 * e], bk), F.linear(value, w[2 * e :], bv)
         if self.bias_k is not None:
             b = key.shape[0]
-            k = torch.cat([k, self.bias_k.expand(b, 1, e)], dim=1)  # (B, S + 1, E)
-            v = torch.cat([v, self.bias_v.expand(b, 1, e)], dim=1)
+            k = torch.cat([k, self.bias_k.to(k.dtype).expand(b, 1, e)], dim=1)  # (B, S + 1, E)
+            v = torch.cat([v, self.bias_v.to(v.dtype).expand(b, 1, e)], dim=1)
         q = q.unflatten(-1, (h, -1)).transpose(1, 2)  # (B, H, L, D)
         k = k.unflatten(-1, (h, -1)).transpose(1, 2)  # (B, H, S', D)
         v = v.unflatten(-1, (h, -1)).transpose(1, 2)  # (B, H, S', D)
@@ -161,7 +233,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         """torch's masks as attnkit's (mask True = may attend (B|1, H|1, L|1, S'), float bias
         (B|1, H|1, L|1, S'), causal), the `extra` appended key columns always allowed."""
         if is_causal and attn_mask is None:
-            raise ValueError(
+            raise TorchRuntimeError(
                 "is_causal=True is torch's hint that attn_mask is the causal mask: pass "
                 "attn_mask too (torch.nn.Transformer.generate_square_subsequent_mask(L))"
             )
@@ -178,7 +250,9 @@ class MultiheadAttention(nn.MultiheadAttention):
             elif attn_mask.dim() == 3 and tuple(attn_mask.shape) == (b * self.num_heads, n, s):
                 m = attn_mask.view(b, self.num_heads, n, s)  # (B, H, L, S)
             else:
-                raise ValueError(
+                # torch: AssertionError for a rank other than 2 or 3, RuntimeError for sizes
+                err = TorchRuntimeError if attn_mask.dim() in (2, 3) else TorchAssertionError
+                raise err(
                     f"attn_mask must have shape (L, S) = ({n}, {s}) or (B·H, L, S) = "
                     f"({b * self.num_heads}, {n}, {s}), got {tuple(attn_mask.shape)}"
                 )
@@ -186,7 +260,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         if key_padding_mask is not None:
             if tuple(key_padding_mask.shape) != (b, s):
                 want = f"(B, S) = ({b}, {s})" if b > 1 or key_padding_mask.dim() == 2 else f"({s},)"
-                raise ValueError(
+                raise TorchAssertionError(
                     f"key_padding_mask must have shape {want}, got {tuple(key_padding_mask.shape)}"
                 )
             kmask, kbias = _split(key_padding_mask[:, None, None], "key_padding_mask", extra)
@@ -204,7 +278,9 @@ def _split(m: Tensor, name: str, extra: int) -> tuple[Tensor | None, Tensor | No
             allowed = F.pad(allowed, (0, extra), value=True)
         return allowed, None
     if not m.is_floating_point():
-        raise ValueError(f"{name} must be boolean (True = not allowed) or floating, got {m.dtype}")
+        raise TorchAssertionError(
+            f"{name} must be boolean (True = not allowed) or floating, got {m.dtype}"
+        )
     return None, (F.pad(m, (0, extra)) if extra else m)
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from attnkit._io import atomic_save
+from attnkit._io import UnreadableFile, atomic_save, load_weights_only
 
 # Written into every checkpoint, so that a file that is not one of ours (or is damaged) is
 # told apart from an attnkit checkpoint before anything is loaded into a model.
@@ -22,14 +22,11 @@ def read_checkpoint(path: str | Path, legacy_keys: tuple[str, ...] = ()) -> dict
     """The dict `fit` saved at `path`, read with weights_only=True; ValueError naming the file
     if it cannot be read or carries no attnkit format marker (a dict holding all of
     `legacy_keys`, the layout of an older writer, is accepted without one)."""
-    import pickle
-
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError) as e:
-        reason = " ".join(str(e).split())[:120]
+        state = load_weights_only(path)
+    except UnreadableFile as e:
         raise ValueError(
-            f"{path} is not a readable attnkit checkpoint ({type(e).__name__}: {reason}); "
+            f"{path} is not a readable attnkit checkpoint ({e}); "
             "point at the folder of an `attnkit train` run"
         ) from None
     legacy = isinstance(state, dict) and bool(legacy_keys) and all(k in state for k in legacy_keys)

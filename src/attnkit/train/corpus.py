@@ -19,16 +19,15 @@ end, so that a document's end is something a model can learn.
 from __future__ import annotations
 
 import json
-import os
-import stat
 import statistics
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnkit._io import path_kind
 from attnkit.train.packing import paragraphs
 
-__all__ = ["Corpus", "CorpusError", "cut_documents", "describe_path", "read_corpus"]
+__all__ = ["Corpus", "CorpusError", "cut_documents", "read_corpus"]
 
 
 class CorpusError(ValueError):
@@ -51,26 +50,6 @@ class Corpus:
         sizes = [len(d) for d in self.documents]
         return {"documents": len(sizes), "min": min(sizes), "median": statistics.median(sizes),
                 "mean": round(statistics.fmean(sizes), 1), "max": max(sizes)}  # fmt: skip
-
-
-def describe_path(path: Path) -> str | None:
-    """What `path` is when it is not a regular file or a folder ("a FIFO", "a device", "a
-    symbolic link loop", "a dangling symbolic link", "missing"); None for a file or folder."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as err:
-        if os.path.islink(path):
-            return "a symbolic link loop" if err.errno == 40 else "a dangling symbolic link"
-        return "missing"
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
 
 
 def _take(docs: list[str], max_chars: int) -> list[str]:
@@ -144,8 +123,10 @@ def read_corpus(
         docs, read, skipped = _files(root, max_chars, "*.py", {"site-packages", "dist-packages"})
         docs = _take(docs, max_chars)
         return Corpus(docs, "files", f"the Python standard library ({root}, {read} files)", skipped)
-    what = describe_path(path)
-    if what is not None:
+    what = path_kind(path)
+    if what == "missing":
+        raise CorpusError(f"{str(path)!r}: no such file or folder")
+    if what not in (None, "a folder"):
         raise CorpusError(f"{str(path)!r} is {what}: give a text file, a .jsonl file or a folder")
     if path.is_dir():
         docs, read, skipped = _files(path, max_chars)
