@@ -127,9 +127,9 @@ def key_padding(padding: Tensor, n: int) -> StructuredMask:
         lo = torch.where(count > 0, first, s)[:, None].expand(b, n)  # (B, N)
         hi = torch.where(count > 0, last + 1, 0)[:, None].expand(b, n)
         return RowIntervals(lo, hi, s, "padding")
-    return RowIntervals(torch.zeros(1, n, dtype=torch.long), torch.full((1, n), s), s) & (
-        padding[:, None, None, :]
-    )
+    zeros = torch.zeros(1, n, dtype=torch.long, device=padding.device)
+    every = RowIntervals(zeros, zeros + s, s)
+    return every & padding[:, None, None, :]  # holes: read block by block
 
 
 def _structured(

@@ -14,17 +14,28 @@ What the model hands over and what attnkit gets:
 
 * q (B, H, N, D), k and v (B, Hkv, S, D): passed as they are; Hkv < H (GQA/MQA) is
   handled by attnkit without repeating k and v.
-* Masks: transformers' boolean masks (True = may attend, the attnkit polarity). For a
-  causal layer whose queries end at the last key (no cache, or a dynamic cache), the
-  mask is only the padding, (B, 1, 1, S), and attnkit applies ``causal=True``
-  (bottom-right aligned), so no N x S mask is built. Every other pattern (sliding
-  windows, packed sequences, static caches) arrives as the full (B, 1, N, S) mask.
-  Float masks (Swin's shift mask plus relative bias, user masks) are additive: `bias`.
+* Masks: the mask interface (`attnkit_mask`, in `attnkit.integrations._hf_masks`) reads
+  the mask function transformers composes for each layer. Causal, sliding-window (causal
+  or not; alternating layers get theirs each), packed documents and key padding become an
+  attnkit description (row intervals & documents), or, for a causal layer whose queries
+  end at the last key, the padding alone (B, 1, 1, S) with ``causal=True`` here: no N x S
+  mask is built and the kernels skip what is masked. Other patterns (chunked attention,
+  overlays of image tokens, a user's mask function, static caches, compiled code) arrive
+  as transformers' full boolean (B, 1, N, S) mask. Float masks (Swin's shift mask plus
+  relative bias, user masks) are additive: `bias`.
+* Packing without padding (``DataCollatorWithFlattening``): ``cu_seq_lens_q/k``, or
+  position ids that restart, make each document attend only to itself, as the
+  flash-attention backends do, so each document's outputs and gradients are those of the
+  document alone. eager and sdpa let documents attend into each other whenever
+  transformers does not see the packing (a cache, as in a decoder's default eval mode, or
+  an encoder).
+* ``softcap`` (Gemma 2's attn_logit_softcapping): cap · tanh(s / cap) on the scaled scores,
+  computed block by block (`attnkit.score_mods.softcap`).
 * Query rows that may attend to nothing (left padding in a decoder) give output 0
   here, where eager spreads them uniformly over the masked keys: they are padding,
   and no real token reads them.
-* Unsupported and refused with a ValueError naming them: ``softcap`` (Gemma 2 style
-  logit soft-capping), ``s_aux`` (attention sinks) and paged caches.
+* Unsupported and refused with a ValueError naming them: ``s_aux`` (attention sinks) and
+  paged caches.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from attnkit.functional import score_mods
 from attnkit.functional.attention import attention
 from attnkit.functional.structured import StructuredMask, document
 from attnkit.integrations import _hf_checkpoint, _hf_masks
@@ -65,10 +77,7 @@ __all__ = [
 NAME = "attnkit"
 
 
-_UNSUPPORTED = {
-    "softcap": "logit soft-capping (Gemma 2 style)",
-    "s_aux": "attention sinks",
-}
+_UNSUPPORTED = {"s_aux": "attention sinks"}
 
 
 def attnkit_attention_forward(
@@ -112,11 +121,14 @@ def attnkit_attention_forward(
             mask, causal = (same if mask is None else same & mask), False
     if position_bias is not None:  # T5-style learned bias, (B or 1, H, N, S)
         bias = position_bias if bias is None else bias + position_bias
+    softcap = kwargs.get("softcap")  # Gemma 2's attn_logit_softcapping: cap · tanh(s / cap)
+    score_mod = score_mods.softcap(softcap) if softcap is not None else None
     sink = _record.recording_sink(module)
     need_weights = sink is not None or bool(kwargs.get("output_attentions", False))
     out, weights, _ = attention(
         query, key, value, mask=mask, bias=bias, causal=causal, scale=scaling,
         dropout_p=dropout, training=module.training, need_weights=need_weights,
+        score_mod=score_mod,
     )  # fmt: skip
     if sink is not None:
         sink(weights)
