@@ -283,6 +283,11 @@ PATTERNS = {  # name: (mask function, causal layer, read as a description)
     ),
     "chunked": (mu.chunked_causal_mask_function(3, torch.zeros(2, dtype=torch.long)), True, False),
     "or overlay": (mu.or_masks(mu.causal_mask_function, lambda b, h, q, kv: kv == 0), True, False),
+    "and a user's": (
+        mu.and_masks(mu.causal_mask_function, lambda b, h, q, kv: kv != 2),
+        True,
+        False,
+    ),
 }
 PADDING = {
     "none": None,
@@ -329,8 +334,17 @@ def test_the_mask_interface_means_what_sdpa_mask_means(pattern, padding, sizes):
     assert dense != described
 
 
-def test_compiled_and_tensor_offsets_keep_the_dense_mask():
-    """Offsets held in tensors (static caches) are not read: transformers' dense mask."""
-    kw = dict(batch_size=1, q_length=4, kv_length=9, mask_function=mu.causal_mask_function)
-    got = hf.attnkit_mask(**kw, q_offset=torch.tensor(5), kv_offset=0)
-    assert torch.equal(got, mu.sdpa_mask(**kw, q_offset=5, kv_offset=0, allow_is_causal_skip=False))
+@pytest.mark.parametrize(
+    "how",
+    [
+        dict(q_offset=torch.tensor(5)),  # a static cache's offset, held in a tensor
+        dict(q_offset=5, allow_is_causal_skip=False),  # the model concatenates the mask
+    ],
+    ids=["tensor offset", "asked for a tensor"],
+)
+def test_the_dense_mask_where_a_description_does_not_fit(how):
+    kw = dict(batch_size=1, q_length=4, kv_length=9, kv_offset=0)
+    kw["mask_function"] = mu.sliding_window_causal_mask_function(W)
+    got = hf.attnkit_mask(**kw, **how)
+    want = mu.sdpa_mask(**kw, q_offset=5, allow_is_causal_skip=False)
+    assert isinstance(got, torch.Tensor) and torch.equal(got, want)

@@ -37,15 +37,22 @@ from attnkit.functional.structured import RowIntervals, StructuredMask, document
 
 __all__ = ["documents", "is_padded", "layer_mask"]
 
-# The code objects of the closures transformers composes its mask functions from: a
-# function is recognised by its code, never by its name (the factories return new closures
-# on every call, with the same code).
+
+def _code(factory: str, *args):
+    """The code object of the closure ``masking_utils.<factory>(*args)`` returns (the same on
+    every call), or None where this version of transformers has no such factory."""
+    make = getattr(mu, factory, None)
+    return None if make is None else make(*args).__code__
+
+
+# A function is recognised by its code, never by its name; a version of transformers that
+# composes its masks otherwise gets its own dense masks, as before.
 _PROBE = torch.zeros(1, 1, dtype=torch.long)
-_AND = mu.and_masks(mu.causal_mask_function).__code__
-_SLIDE = mu.sliding_window_overlay(1).__code__
-_SLIDE_BOTH = mu.sliding_window_bidirectional_overlay(1).__code__
-_SAME_DOC = mu.packed_sequence_mask_function(_PROBE).__code__
-_REMAP = mu.remap_positions_for_packed_sequence(mu.causal_mask_function, _PROBE).__code__
+_AND = _code("and_masks", mu.causal_mask_function)
+_SLIDE = _code("sliding_window_overlay", 1)
+_SLIDE_BOTH = _code("sliding_window_bidirectional_overlay", 1)
+_SAME_DOC = _code("packed_sequence_mask_function", _PROBE)
+_REMAP = _code("remap_positions_for_packed_sequence", mu.causal_mask_function, _PROBE)
 
 # Masks built here with key padding in them: `documents` leaves position ids alone there.
 _PADDED: weakref.WeakSet[StructuredMask] = weakref.WeakSet()
@@ -70,8 +77,17 @@ class _Pattern:
 
 
 def _cells(fn) -> dict[str, Any]:
+    """The variables closure `fn` closed over, by name."""
     names = fn.__code__.co_freevars
     return dict(zip(names, (c.cell_contents for c in fn.__closure__ or ()), strict=True))
+
+
+def _known(fn, out: _Pattern) -> bool:
+    """`_read`, with a closure whose variables are not the expected ones read as unknown."""
+    try:
+        return _read(fn, out)
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def _read(fn, out: _Pattern) -> bool:
@@ -83,6 +99,8 @@ def _read(fn, out: _Pattern) -> bool:
     if fn is mu.bidirectional_mask_function:
         return True
     code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
     if code is _AND:
         return all(_read(f, out) for f in _cells(fn)["mask_functions"])
     if code is _SLIDE:  # kv > q - w
@@ -116,7 +134,7 @@ def _padding(attention_mask: Tensor | None, kv_length: int, kv_offset: int) -> T
     return None if bool(padding.all()) else padding
 
 
-def key_padding(padding: Tensor, n: int) -> StructuredMask:
+def _key_padding(padding: Tensor, n: int) -> StructuredMask:
     """Key padding (B, S), True = a real token, for N queries: row intervals where each row's
     real tokens are contiguous (left or right padding), else the (B, 1, 1, S) booleans."""
     b, s = padding.shape
@@ -145,7 +163,7 @@ def _structured(
     if pattern.docs is not None:
         mask = mask & document(pattern.docs.to(device))
     if padding is not None:
-        mask = mask & key_padding(padding.to(device), n)
+        mask = mask & _key_padding(padding.to(device), n)
         _PADDED.add(mask)
     return mask
 
@@ -178,7 +196,7 @@ def layer_mask(
     """
     pattern = _Pattern()
     offsets = isinstance(q_offset, int) and isinstance(kv_offset, int)
-    known = offsets and not torch.compiler.is_compiling() and _read(mask_function, pattern)
+    known = offsets and not torch.compiler.is_compiling() and _known(mask_function, pattern)
     if known and pattern.remapped and (pattern.docs is None or q_offset or kv_offset):
         known = False
     # A model that asks for a materialised mask (allow_*_skip=False: it concatenates it with
