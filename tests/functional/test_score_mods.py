@@ -49,7 +49,7 @@ def _inputs(n=N, s=S, hkv=HKV, dtype=F64, seed=0):
 def _mods(dtype=F64):
     """name -> (score function, tensors it closes over that want gradients)."""
     t5 = torch.randn(32, H, dtype=dtype).requires_grad_()
-    swin = torch.randn(13**2, H, dtype=dtype).requires_grad_()  # window 7: (2·7 - 1)²
+    swin = torch.randn(15**2, H, dtype=dtype).requires_grad_()  # window 8: (2·8 - 1)²
     free = torch.randn(H, 9, dtype=dtype).requires_grad_()
     slopes = alibi_slopes(H, dtype=dtype)
 
@@ -62,7 +62,7 @@ def _mods(dtype=F64):
         "alibi-symmetric-offset": (sm.alibi(slopes, offset=16, symmetric=True), []),
         "t5": (sm.relative_bias(t5, sm.t5_buckets(32, 20)), [t5]),
         "t5-causal": (sm.relative_bias(t5, sm.t5_buckets(32, 20, bidirectional=False)), [t5]),
-        "swin": (sm.relative_bias(swin, sm.window_offsets(7)), [swin]),
+        "swin": (sm.relative_bias(swin, sm.window_offsets(8)), [swin]),
         "user": (user, [free]),
         "alibi+softcap": (sm.alibi(slopes) + sm.softcap(2.0), []),
         "t5+softcap+alibi": (
@@ -253,7 +253,7 @@ def test_composition_and_addition():
 
 
 def test_errors_name_the_problem():
-    q, k, v = _inputs(n=5, s=6)
+    q, k, v = _inputs(n=5, s=10)
 
     def per_element(score, b, h, q_idx, kv_idx):
         return score if q_idx > kv_idx else score * 2  # a Python `if` on a tensor
@@ -279,3 +279,9 @@ def test_errors_name_the_problem():
         sm.window_offsets(0)
     with pytest.raises(ValueError, match="at least one"):
         sm.compose()
+    slopes = alibi_slopes(3)
+    with pytest.raises(ValueError, match=r"slopes of shape \(3,\) has 3 heads, the call H=4"):
+        attnkit.attention(q, k, v, score_mod=sm.alibi(slopes) + sm.softcap(1.0))
+    table = torch.zeros(25, 4, dtype=F64)
+    with pytest.raises(ValueError, match="one 3×3 window holds 9 tokens"):
+        attnkit.attention(q, k, v, score_mod=sm.relative_bias(table, sm.window_offsets(3)))

@@ -171,6 +171,10 @@ def attention(
             "score_mod must be a function (score, b, h, q_idx, kv_idx) -> score, got "
             f"{type(score_mod).__name__}"
         )
+    if score_mod is not None:
+        from attnkit.functional.score_mods import check
+
+        check(score_mod, q.shape[1], q.shape[2], k.shape[2], q.device)
     if isinstance(mask, StructuredMask):
         mask, causal = _structured_call(mask, causal, q, k)
     structured = isinstance(mask, StructuredMask)  # traced code gets the dense form
