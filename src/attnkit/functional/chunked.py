@@ -366,7 +366,7 @@ def chunked_attention(
             nm = _native_mod.plan(score_mod, q.shape[2], k.shape[2])
         if nm is not None and native.supports(q, bias) and not tracing():
             return _native_mod.native_mod_attention(
-                q, k, v, score_mod, nm, mask=mask, bias=bias, causal=causal, scale=scale,
+                q, k, v, nm, mask=mask, bias=bias, causal=causal, scale=scale,
                 keep_t=t_keep, inv_keep=inv_keep, seed=seed, plan=structure,
             )  # fmt: skip
         if kernel == "native":

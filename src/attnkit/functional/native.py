@@ -85,10 +85,9 @@ class _Args(ctypes.Structure):
         ("rel", ctypes.c_void_p),
         ("rel_qpos", ctypes.c_void_p),
         ("rel_kpos", ctypes.c_void_p),
-        ("rel_lut", ctypes.c_void_p),
         ("rel_zero", ctypes.c_int64),
+        ("rel_len", ctypes.c_int64),
         ("rel_post", ctypes.c_int64),
-        ("rel_rows", ctypes.c_int64),
         ("rel_grad", ctypes.c_void_p),
     ]
 

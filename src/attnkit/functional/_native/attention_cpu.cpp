@@ -157,14 +157,13 @@ struct Args {
     int64_t alibi_offset;   // or -slope_h * |j - (i + alibi_offset)| when alibi_symmetric
     int64_t alibi_symmetric;
     int64_t alibi_post;     // 1: added after the cap
-    const float* rel;       // may be null: table (R, H); s += rel[row * H + h] with
-    const int64_t* rel_qpos;  // (N,) and
-    const int64_t* rel_kpos;  // (S,) positions: row = rel_lut[kpos[j] - qpos[i] + rel_zero]
-    const int32_t* rel_lut;
+    const float* rel;       // may be null: (H, rel_len) values, s += rel[h, kpos_j - qpos_i + zero]
+    const int64_t* rel_qpos;  // (N,) positions of the queries; null: qpos_i = i
+    const int64_t* rel_kpos;  // (S,) positions of the keys; null: kpos_j = j
     int64_t rel_zero;
+    int64_t rel_len;
     int64_t rel_post;       // 1: added after the cap
-    int64_t rel_rows;       // R
-    float* rel_grad;        // backward, may be null: (R, H), dtable accumulated (zeroed by caller)
+    float* rel_grad;        // backward, may be null: (H, rel_len), d rel accumulated (zeroed)
 };
 
 }  // extern "C"
@@ -268,6 +267,12 @@ inline float tanh_f(float x) {
     return ax < 0.625f ? small : std::copysign(big, x);
 }
 
+// The relative values of head h and query i, indexed by the key's position: row[kpos_j].
+inline const float* rel_row(const Args& a, int64_t h, int64_t i) {
+    const int64_t qp = a.rel_qpos ? a.rel_qpos[i] : i;
+    return a.rel + h * a.rel_len + a.rel_zero - qp;
+}
+
 // The additive terms of one stage (post = 0 before the cap, 1 after) on row i, keys j0..j0+nk.
 void score_mod_add(const Args& a, int64_t post, int64_t h, int64_t i, int64_t j0, int64_t nk,
                    float* s) {
@@ -283,10 +288,15 @@ void score_mod_add(const Args& a, int64_t post, int64_t h, int64_t i, int64_t j0
         }
     }
     if (a.rel && a.rel_post == post) {
-        const int32_t* lut = a.rel_lut + a.rel_zero - a.rel_qpos[i];
-        const int64_t* kp = a.rel_kpos + j0;
-        const float* tab = a.rel + h;
-        for (int64_t c = 0; c < nk; ++c) s[c] += tab[static_cast<int64_t>(lut[kp[c]]) * a.H];
+        const float* row = rel_row(a, h, i);
+        if (a.rel_kpos) {
+            const int64_t* kp = a.rel_kpos + j0;
+            for (int64_t c = 0; c < nk; ++c) s[c] += row[kp[c]];
+        } else {
+            row += j0;
+#pragma omp simd
+            for (int64_t c = 0; c < nk; ++c) s[c] += row[c];
+        }
     }
 }
 
@@ -315,16 +325,24 @@ void score_mod_row_fwd(const Args& a, int64_t h, int64_t i, int64_t j0, int64_t 
     score_mod_add(a, 1, h, i, j0, nk, s);
 }
 
-// Gradient of one row's relative-table entries: dtable[row, h] += ds[c].
+// Gradient of one row's relative values: d rel[h, kpos_j - qpos_i + zero] += ds[c], into this
+// thread's copy drel (H, rel_len).
 void rel_grad_add(const Args& a, int64_t h, int64_t i, int64_t j0, int64_t nk, const float* ds,
-                  float* dtab) {
-    const int32_t* lut = a.rel_lut + a.rel_zero - a.rel_qpos[i];
-    const int64_t* kp = a.rel_kpos + j0;
-    for (int64_t c = 0; c < nk; ++c) dtab[static_cast<int64_t>(lut[kp[c]]) * a.H + h] += ds[c];
+                  float* drel) {
+    const int64_t qp = a.rel_qpos ? a.rel_qpos[i] : i;
+    float* row = drel + h * a.rel_len + a.rel_zero - qp;
+    if (a.rel_kpos) {
+        const int64_t* kp = a.rel_kpos + j0;
+        for (int64_t c = 0; c < nk; ++c) row[kp[c]] += ds[c];
+    } else {
+        row += j0;
+#pragma omp simd
+        for (int64_t c = 0; c < nk; ++c) row[c] += ds[c];
+    }
 }
 
 // Backward: ds (dS of the final scores) becomes dS of the raw scores, in place; the relative
-// table's gradient goes to dtab (this thread's (R, H) copy, null when not wanted).
+// values' gradient goes to dtab (this thread's (H, rel_len) copy, null when not wanted).
 void score_mod_row_bwd(const Args& a, int64_t h, int64_t i, int64_t j0, int64_t nk, float* ds,
                        const float* g, float* dtab) {
     if (!has_score_mod(a)) return;
@@ -381,7 +399,7 @@ void key_blocks(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
 
 struct Scratch {
     std::vector<float> s, dp, qs, acc, dob, m, l, dlt, dk, dv;
-    std::vector<float> g, dtab;  // score functions: the cap's derivative, this thread's dtable
+    std::vector<float> g, dtab;  // score functions: the cap's derivative, this thread's d rel
     std::vector<KeyBlock> blocks;
     std::vector<int64_t> lo, hi;  // each row's key interval (structured masks)
     int64_t work = 0;             // score entries computed by this thread
@@ -572,7 +590,7 @@ void attnkit_attention_backward(const Args* args) {
         w.dob.resize(a.bq * a.Dv);
         w.dlt.resize(a.bq);
         if (a.softcap > 0.0f) w.g.resize(a.bq * a.bk);
-        if (a.rel && a.rel_grad) w.dtab.assign(a.rel_rows * a.H, 0.0f);
+        if (a.rel && a.rel_grad) w.dtab.assign(a.H * a.rel_len, 0.0f);
         if (splits > 1) {
             w.dk.resize(a.S * a.D);
             w.dv.resize(a.S * a.Dv);
@@ -606,7 +624,7 @@ void attnkit_attention_backward(const Args* args) {
         }
         if (!w.dtab.empty()) {
 #pragma omp critical(attnkit_dtab)
-            for (int64_t e = 0; e < a.rel_rows * a.H; ++e) a.rel_grad[e] += w.dtab[e];
+            for (int64_t e = 0; e < a.H * a.rel_len; ++e) a.rel_grad[e] += w.dtab[e];
         }
         if (a.work) {
 #pragma omp atomic
