@@ -111,3 +111,25 @@ def test_no_tensor_grows_like_n_times_s(kind):
         with _Largest() as dense, torch.no_grad():
             attnkit.attention(q, k, v, causal=True, bias=AlibiBias(2)(n))
         assert dense.largest >= n * n, dense.largest
+
+
+@pytest.mark.parametrize("kind", ["alibi", "t5"])
+def test_cached_decode_with_score_mod_equals_the_full_dense_forward(kind):
+    """Decoding in steps with a KV cache, the position bias as a score function of the N new
+    queries over S cached + new keys, equals the full forward with the dense bias."""
+    from attnkit.models.decoding import CachedMultiHeadAttention, KVCache
+
+    torch.manual_seed(4)
+    m = CachedMultiHeadAttention(24, 6).eval()
+    pos = AlibiBias(6) if kind == "alibi" else RelativePositionBias(6, bidirectional=False)
+    x = torch.randn(2, 9, 24)
+    with torch.no_grad():
+        full = m(x, causal=True, bias=pos(9))
+        cache, outs, start = KVCache(), [], 0
+        for size in (3, 1, 2, 3):
+            end = start + size
+            outs.append(
+                m(x[:, start:end], causal=True, cache=cache, score_mod=pos.score_mod(size, end))
+            )
+            cache.length, start = end, end
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, rtol=0, atol=1e-6)

@@ -362,9 +362,10 @@ def chunked_attention(
     # PyTorch kernel gives the same empty out, lse and dropout draws, silently.
     if score_mod is not None:
         nm = None
-        if kernel != "torch" and block_q is None and block_k is None and v.shape[-1] > 0:
+        fits = kernel != "torch" and block_q is None and block_k is None and v.shape[-1] > 0
+        if fits and not tracing() and native.supports(q, bias):
             nm = _native_mod.plan(score_mod, q.shape[2], k.shape[2])
-        if nm is not None and native.supports(q, bias) and not tracing():
+        if nm is not None:
             return _native_mod.native_mod_attention(
                 q, k, v, nm, mask=mask, bias=bias, causal=causal, scale=scale,
                 keep_t=t_keep, inv_keep=inv_keep, seed=seed, plan=structure,

@@ -343,7 +343,8 @@ def apply(fn: ScoreFn, score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_id
         out = fn(score, b, h, q_idx, kv_idx)
     except (RuntimeError, TypeError) as e:
         text = str(e)
-        if "ambiguous" in text or "only one element" in text or "converted to Python" in text:
+        words = ("ambiguous", "only one element", "converted to Python", "converted to Scalar")
+        if any(w in text for w in words):
             raise ValueError(f"{_VECTORISE}; calling it raised: {text}") from e
         raise
     if not isinstance(out, Tensor) or not out.dtype.is_floating_point:
