@@ -285,3 +285,49 @@ def test_errors_name_the_problem():
     table = torch.zeros(25, 4, dtype=F64)
     with pytest.raises(ValueError, match="one 3×3 window holds 9 tokens"):
         attnkit.attention(q, k, v, score_mod=sm.relative_bias(table, sm.window_offsets(3)))
+
+
+def test_attention_gym_alibi_as_written_equals_the_builtin():
+    """attention-gym's `generate_alibi_bias` score_mod, as written there, is `alibi(slopes)`."""
+
+    def alibi_mod(score, b, h, q_idx, kv_idx):  # attn_gym/mods/alibi.py, H = 4
+        scale = torch.exp2(-((h + 1) * 8.0 / H))
+        bias = (kv_idx - q_idx) * scale
+        return score + bias
+
+    q, k, v = _inputs()
+    got = attnkit.attention(q, k, v, causal=True, score_mod=alibi_mod, backend="chunked")
+    want = attnkit.attention(q, k, v, causal=True, score_mod=sm.alibi(alibi_slopes(H, dtype=F64)))
+    torch.testing.assert_close(got.out, want.out)
+
+
+def test_auto_routes_score_functions():
+    """CPU: chunked. Off the CPU: SDPA with the dense bias for additive built-ins (the stand-in
+    until FlexAttention takes them), chunked otherwise. An explicit fused call refuses a
+    function it cannot take; `use_backend("fused")` sends such a call to chunked."""
+    from attnkit.functional.attention import _choose_backend
+
+    alibi, cap = sm.alibi(alibi_slopes(H)), sm.softcap(1.0)
+    kw = {"need_weights": False, "dropout": False}
+    assert _choose_backend("auto", **kw, score_mod=alibi) == "chunked"
+    assert _choose_backend("auto", **kw, score_mod=cap) == "chunked"
+    assert _choose_backend("auto", **kw, score_mod=alibi, device_type="cuda") == "fused"
+    assert _choose_backend("auto", **kw, score_mod=alibi + cap, device_type="cuda") == "chunked"
+    assert _choose_backend("auto", need_weights=True, dropout=False, score_mod=cap) == "reference"
+    with attnkit.use_backend("fused"):
+        assert _choose_backend("auto", **kw, score_mod=cap) == "chunked"
+        assert _choose_backend("auto", **kw, score_mod=alibi) == "fused"
+    with pytest.raises(ValueError, match="takes only additive"):
+        _choose_backend("fused", **kw, score_mod=lambda s, *_: s)
+
+
+def test_meta_device():
+    """Shapes only, on PyTorch's meta device: every backend that takes the function."""
+    q, k, v = (t.detach().to("meta") for t in _inputs())
+    table = torch.empty(32, H, device="meta")
+    fn = sm.relative_bias(table, sm.t5_buckets()) + sm.softcap(2.0)
+    for backend in ("reference", "chunked"):
+        r = attnkit.attention(q, k, v, causal=True, score_mod=fn, backend=backend)
+        assert r.out.shape == (B, H, N, D + 3) and r.out.device.type == "meta"
+    r = attnkit.attention(q, k, v, score_mod=sm.relative_bias(table, sm.t5_buckets()))
+    assert r.out.shape == (B, H, N, D + 3)
