@@ -331,3 +331,20 @@ def test_meta_device():
         assert r.out.shape == (B, H, N, D + 3) and r.out.device.type == "meta"
     r = attnkit.attention(q, k, v, score_mod=sm.relative_bias(table, sm.t5_buckets()))
     assert r.out.shape == (B, H, N, D + 3)
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked"])
+def test_minus_inf_from_a_score_function_masks_like_a_mask(backend):
+    """A function that returns -inf (FlexAttention users mask that way too) hides the key, and
+    a row it hides entirely gets out 0, lse -inf and gradient 0, like a masked row."""
+    q, k, v = _inputs(n=9, s=12)
+    allowed = torch.rand(9, 12, generator=torch.Generator().manual_seed(2)) > 0.5
+    allowed[4] = False
+
+    def hide(score, b, h, q_idx, kv_idx):
+        return torch.where(allowed[q_idx, kv_idx], score, float("-inf"))
+
+    got = attnkit.attention(q, k, v, score_mod=hide, backend=backend)
+    want = attnkit.attention(q, k, v, mask=allowed, backend="reference")
+    _check((got.out, got.lse), (want.out, want.lse), [q, k, v])
+    assert torch.equal(got.out[:, :, 4], torch.zeros_like(got.out[:, :, 4]))
