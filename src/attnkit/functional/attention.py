@@ -141,7 +141,9 @@ def attention(
             q_idx for the bottom-right frame of `causal`). Gradients flow through it into the
             tensors it closes over. The reference backend applies it to the whole score
             matrix, chunked per block; fused (SDPA) takes only additive built-ins
-            (`alibi`, `relative_bias`), as a dense bias.
+            (`alibi`, `relative_bias`), as a dense bias. The non-finite rules below apply to
+            the scores it returns (a soft cap turns a +inf score into the cap; a -inf it
+            returns hides that key, as a mask does).
 
     A query row that may attend to no key at all (every key masked, or S = 0) gets
     output exactly 0, lse -inf and gradient exactly 0 on every backend (never NaN).
@@ -171,6 +173,10 @@ def attention(
             "score_mod must be a function (score, b, h, q_idx, kv_idx) -> score, got "
             f"{type(score_mod).__name__}"
         )
+    if score_mod is not None:
+        from attnkit.functional.score_mods import check
+
+        check(score_mod, q.shape[1], q.shape[2], k.shape[2], q.device)
     if isinstance(mask, StructuredMask):
         mask, causal = _structured_call(mask, causal, q, k)
     structured = isinstance(mask, StructuredMask)  # traced code gets the dense form

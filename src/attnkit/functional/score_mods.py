@@ -50,6 +50,7 @@ __all__ = [
     "ScoreMod",
     "alibi",
     "apply",
+    "check",
     "compose",
     "relative_bias",
     "softcap",
@@ -80,6 +81,10 @@ class ScoreMod:
     def tensors(self) -> tuple[Tensor, ...]:
         """The tensors this function closes over (tables, slopes)."""
         return ()
+
+    def check(self, heads: int, n: int, s: int, device: torch.device) -> None:
+        """Raise ValueError if this function cannot serve a call with H = `heads`, N = `n`,
+        S = `s` on `device` (a table of another head count, a window too small)."""
 
     def __add__(self, other):
         """``a + b``: a, then b (as `compose`)."""
@@ -119,6 +124,9 @@ class _Alibi(ScoreMod):
 
     def tensors(self):
         return (self.slopes,)
+
+    def check(self, heads, n, s, device):
+        _check_table("alibi: slopes", self.slopes, self.slopes.shape[0], heads, device)
 
     def __repr__(self) -> str:
         extra = f", offset={self.offset}" if self.offset else ""
@@ -181,6 +189,15 @@ class _RelativeBias(ScoreMod):
     def tensors(self):
         return (self.table,)
 
+    def check(self, heads, n, s, device):
+        _check_table("relative_bias: table", self.table, self.table.shape[-1], heads, device)
+        if isinstance(self.index, _WindowOffsets) and max(n, s) > self.index.window_size**2:
+            m = self.index.window_size
+            raise ValueError(
+                f"relative_bias with window_offsets({m}): the call has N={n} queries and S={s} "
+                f"keys, but one {m}×{m} window holds {m * m} tokens; attend window by window"
+            )
+
     def __repr__(self) -> str:
         return f"relative_bias(table {tuple(self.table.shape)}, {self.index!r})"
 
@@ -204,6 +221,24 @@ class _Compose(ScoreMod):
 
     def __repr__(self) -> str:
         return "compose(" + ", ".join(repr(f) for f in self.fns) + ")"
+
+
+def _check_table(name: str, t: Tensor, got: int, heads: int, device) -> None:
+    if got != heads:
+        raise ValueError(
+            f"{name} of shape {tuple(t.shape)} has {got} heads, the call H={heads}: build it "
+            f"for {heads} heads"
+        )
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, the call's q on {device}")
+
+
+def check(fn, heads: int, n: int, s: int, device) -> None:
+    """Check every built-in part of `fn` against the call (see `ScoreMod.check`)."""
+    if isinstance(fn, ScoreMod):
+        for part in fn.parts:
+            if isinstance(part, ScoreMod):
+                part.check(heads, n, s, device)
 
 
 def _int(name: str, value, minimum: int) -> int:
@@ -308,7 +343,8 @@ def apply(fn: ScoreFn, score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_id
         out = fn(score, b, h, q_idx, kv_idx)
     except (RuntimeError, TypeError) as e:
         text = str(e)
-        if "ambiguous" in text or "only one element" in text or "converted to Python" in text:
+        words = ("ambiguous", "only one element", "converted to Python", "converted to Scalar")
+        if any(w in text for w in words):
             raise ValueError(f"{_VECTORISE}; calling it raised: {text}") from e
         raise
     if not isinstance(out, Tensor) or not out.dtype.is_floating_point:
