@@ -38,8 +38,19 @@ DECODERS = {
     ),
     "gemma2": lambda: transformers.Gemma2Config(vocab_size=99, **C, **GQA, **GEMMA, **CAPPED),
     "gemma3": lambda: transformers.Gemma3TextConfig(vocab_size=99, **C, **GQA, **GEMMA),
+    # chunked attention (chunks of W) in layer 0, full in layer 1
+    "llama4": lambda: transformers.Llama4TextConfig(
+        vocab_size=99,
+        **C,
+        **GQA,
+        head_dim=8,
+        intermediate_size_mlp=64,
+        num_local_experts=1,
+        attention_chunk_size=W,
+        layer_types=["chunked_attention", "full_attention"],
+    ),
 }
-WINDOWED = ("mistral", "qwen2", "gemma2", "gemma3")
+WINDOWED = ("mistral", "qwen2", "gemma2", "gemma3", "llama4")
 BERT = lambda: transformers.BertConfig(  # noqa: E731
     vocab_size=99, **C, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
 )
@@ -176,6 +187,9 @@ PACKING = [  # encoders have no cache: "no cache" is "position_ids" for them
     *((f, how) for f in ("bert", *DECODERS) for how in ("position_ids", "collator", "no cache")),
 ]
 PACKING.remove(("bert", "no cache"))
+# Llama 4's layers do not pass position ids to their attention: with a cache, nothing tells
+# any backend of the packing (the collator's cu_seq_lens do; the guide says so).
+PACKING.remove(("llama4", "position_ids"))
 
 
 @pytest.mark.parametrize(("family", "how"), PACKING)
@@ -281,7 +295,17 @@ PATTERNS = {  # name: (mask function, causal layer, read as a description)
         True,
         True,
     ),
-    "chunked": (mu.chunked_causal_mask_function(3, torch.zeros(2, dtype=torch.long)), True, False),
+    "chunked": (mu.chunked_causal_mask_function(3, torch.tensor([0, 2])), True, True),
+    "packed chunked": (
+        mu.and_masks(
+            mu.remap_positions_for_packed_sequence(
+                mu.chunked_causal_mask_function(2, torch.zeros(2, dtype=torch.long)), _POS
+            ),
+            _SAME_DOC,
+        ),
+        True,
+        True,
+    ),
     "or overlay": (mu.or_masks(mu.causal_mask_function, lambda b, h, q, kv: kv == 0), True, False),
     "and a user's": (
         mu.and_masks(mu.causal_mask_function, lambda b, h, q, kv: kv != 2),

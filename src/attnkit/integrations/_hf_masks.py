@@ -2,8 +2,8 @@
 
 transformers 5.x builds every layer's mask from a *mask function* (``masking_utils``): a
 predicate ``f(batch_idx, head_idx, q_idx, kv_idx)`` composed of closures — the causal and
-bidirectional functions, the sliding-window overlays, ``and_masks``, and, for packed sequences
-it detects itself, ``remap_positions_for_packed_sequence`` and
+bidirectional functions, the sliding-window and chunk overlays, ``and_masks``, and, for
+packed sequences it detects itself, ``remap_positions_for_packed_sequence`` and
 ``packed_sequence_mask_function``. It then hands that function to the mask interface of the
 model's attention implementation (``sdpa_mask`` builds the dense (B, 1, N, S) tensor from it,
 ``flex_attention_mask`` a ``BlockMask``).
@@ -11,21 +11,22 @@ model's attention implementation (``sdpa_mask`` builds the dense (B, 1, N, S) te
 attnkit's interface (`layer_mask`) reads the composition back. Where every part is one it
 knows, the mask becomes row intervals — query i may attend keys lo_i <= j < hi_i — with
 document ids for packed sequences (`attnkit.masks.document`), so the kernels skip what is
-masked and nothing N x S is built. Anything else (``or_masks`` overlays of image tokens,
-chunked attention, a user's mask function, offsets held in tensors by static caches, traced
-code) is built dense by transformers' own ``sdpa_mask``, as before.
+masked and nothing N x S is built. Anything else (``or_masks`` overlays of image tokens, a
+user's mask function, offsets held in tensors by static caches, traced code) is built dense
+by transformers' own ``sdpa_mask``, as before.
 
 Packing that transformers does not see in the mask (it detects it only without a 2-D
 attention mask and without a cache, so not in a model's default ``use_cache=True`` eval mode,
 and never for encoders) reaches the attention call as keyword arguments: `documents` reads
 ``cu_seq_lens_q/k`` (what ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``
-gives) and position ids that restart, as the flash-attention backends do.
+gives) and position ids that restart, as the flash-attention backends do; `with_documents`
+then rebuilds the layer's description per document (chunks restart at each document).
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ from transformers import masking_utils as mu
 from attnkit.functional._trace import tracing
 from attnkit.functional.structured import RowIntervals, StructuredMask, document, document_ids
 
-__all__ = ["documents", "is_padded", "layer_mask"]
+__all__ = ["documents", "is_padded", "layer_mask", "with_documents"]
 
 
 def _code(factory: str, *args):
@@ -51,11 +52,13 @@ _PROBE = torch.zeros(1, 1, dtype=torch.long)
 _AND = _code("and_masks", mu.causal_mask_function)
 _SLIDE = _code("sliding_window_overlay", 1)
 _SLIDE_BOTH = _code("sliding_window_bidirectional_overlay", 1)
+_CHUNK = _code("chunked_overlay", 1, _PROBE)
 _SAME_DOC = _code("packed_sequence_mask_function", _PROBE)
 _REMAP = _code("remap_positions_for_packed_sequence", mu.causal_mask_function, _PROBE)
 
-# Masks built here with key padding in them: `documents` leaves position ids alone there.
-_PADDED: weakref.WeakSet[StructuredMask] = weakref.WeakSet()
+# What each description `layer_mask` built was built from, so that packing found in the
+# attention call's arguments can rebuild it per document (`with_documents`).
+_BUILT: weakref.WeakKeyDictionary[StructuredMask, _Built] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -66,7 +69,8 @@ class _Pattern:
     lo: int | None = None
     hi: int | None = None
     docs: Tensor | None = None  # (B, N) ids of transformers' packed_sequence_mask
-    remapped: bool = False  # positions were remapped per document (valid with `docs` only)
+    positions: Tensor | None = None  # (B, N) the per-document positions of a remapped mask
+    chunk: tuple[int, Tensor] | None = None  # Llama 4: (chunk size, left padding (B,))
     causal: bool = False
 
     def bound(self, lo: int | None = None, hi: int | None = None) -> None:
@@ -106,6 +110,12 @@ def _read(fn, out: _Pattern) -> bool:
     if code is _SLIDE:  # kv > q - w
         out.bound(lo=1 - int(_cells(fn)["sliding_window"]))
         return True
+    if code is _CHUNK:  # (kv - left) // c == (q - left) // c: the query's chunk
+        cells = _cells(fn)
+        if out.chunk is not None:
+            return False
+        out.chunk = (int(cells["chunk_size"]), cells["left_padding"])
+        return True
     if code is _SLIDE_BOTH:  # |q - kv| <= w
         w = int(_cells(fn)["sliding_window"])
         out.bound(lo=-w, hi=w + 1)
@@ -119,9 +129,13 @@ def _read(fn, out: _Pattern) -> bool:
     if code is _REMAP:
         # Within one of transformers' packed documents positions rise by exactly 1 per token
         # (that is how it finds them), so the remapped function means the same on pairs of
-        # one document; `layer_mask` requires the document ids beside it.
-        out.remapped = True
-        return _read(_cells(fn)["mask_function"], out)
+        # one document; `layer_mask` requires the document ids beside it. Chunks count from
+        # each document's start: they need the positions themselves.
+        cells = _cells(fn)
+        if out.positions is not None:
+            return False
+        out.positions = cells["position_ids"]
+        return _read(cells["mask_function"], out)
     return False
 
 
@@ -150,21 +164,51 @@ def _key_padding(padding: Tensor, n: int) -> StructuredMask:
     return every & padding[:, None, None, :]  # holes: read block by block
 
 
+def _chunk_bounds(pattern: _Pattern, pos: Tensor, q_offset: int, lo: Tensor, hi: Tensor):
+    """Row bounds (B|1, N) narrowed to each query's chunk. A query at position P (its absolute
+    position, or its position within its document when remapped) sees the keys of its chunk,
+    which starts (P - left) mod c keys before it: transformers' floor division, as a floor
+    remainder."""
+    size, left = pattern.chunk
+    at = pattern.positions if pattern.positions is not None else pos - pos[0] + q_offset
+    at = at.to(pos.device)
+    back = torch.remainder(at.reshape(-1, pos.shape[0]) - left.to(pos.device)[:, None], size)
+    start = pos - back  # (B, N), key index of the chunk's first key
+    return torch.maximum(lo, start), torch.minimum(hi, start + size)
+
+
+@dataclass
+class _Built:
+    """The arguments `_structured` built a description from."""
+
+    pattern: _Pattern
+    n: int
+    s: int
+    offset: int
+    q_offset: int
+    padding: Tensor | None
+    device: Any
+
+
 def _structured(
-    pattern: _Pattern, n: int, s: int, offset: int, padding: Tensor | None, device
+    pattern: _Pattern, n: int, s: int, offset: int, q_offset: int, padding: Tensor | None, device
 ) -> StructuredMask:
     """The row-interval mask of `pattern` for N queries at key positions i + offset."""
+    built = _Built(pattern, n, s, offset, q_offset, padding, device)
     pos = torch.arange(n, device=device) + offset  # (N,)
     lo = pos + pattern.lo if pattern.lo is not None else torch.zeros_like(pos)
     hi = pos + pattern.hi if pattern.hi is not None else torch.full_like(pos, s)
     keys = f"p{pattern.lo:+d}" if pattern.lo is not None else "0"
     keys += f" <= j < p{pattern.hi:+d}" if pattern.hi is not None else " <= j"
+    if pattern.chunk is not None:
+        lo, hi = _chunk_bounds(pattern, pos, q_offset, lo, hi)
+        keys += f", chunks of {pattern.chunk[0]}"
     mask: StructuredMask = RowIntervals(lo, hi, s, f"transformers({keys})")
     if pattern.docs is not None:
         mask = mask & document(pattern.docs.to(device))
     if padding is not None:
         mask = mask & _key_padding(padding.to(device), n)
-        _PADDED.add(mask)
+    _BUILT[mask] = built
     return mask
 
 
@@ -197,7 +241,8 @@ def layer_mask(
     pattern = _Pattern()
     offsets = isinstance(q_offset, int) and isinstance(kv_offset, int)
     known = offsets and not torch.compiler.is_compiling() and _known(mask_function, pattern)
-    if known and pattern.remapped and (pattern.docs is None or q_offset or kv_offset):
+    remapped = pattern.positions is not None
+    if known and remapped and (pattern.docs is None or q_offset or kv_offset):
         known = False
     # A model that asks for a materialised mask (allow_*_skip=False: it concatenates it with
     # another one) gets one; transformers itself turns the causal skip off for packing only.
@@ -209,7 +254,7 @@ def layer_mask(
         )  # fmt: skip
     padding = _padding(attention_mask, kv_length, kv_offset)
     offset = q_offset - kv_offset  # query i sits at key position i + offset
-    plain = pattern.lo is None and pattern.docs is None
+    plain = pattern.lo is None and pattern.docs is None and pattern.chunk is None
     if plain and pattern.causal and offset == kv_length - q_length:
         return None if padding is None else padding[:, None, None, :]  # (B, 1, 1, S)
     if plain and not pattern.causal and pattern.hi is None:
@@ -217,7 +262,7 @@ def layer_mask(
             return None
         return padding[:, None, None, :].expand(-1, 1, q_length, -1)  # (B, 1, N, S), a view
     device = kwargs.get("device") or (attention_mask.device if attention_mask is not None else None)
-    return _structured(pattern, q_length, kv_length, offset, padding, device)
+    return _structured(pattern, q_length, kv_length, offset, q_offset, padding, device)
 
 
 def _dense(batch_size, q_length, kv_length, q_offset, kv_offset, fn, attention_mask, bidi, kw):
@@ -238,7 +283,25 @@ def _dense(batch_size, q_length, kv_length, q_offset, kv_offset, fn, attention_m
 
 def is_padded(mask: StructuredMask) -> bool:
     """True for a mask `layer_mask` built with key padding in it."""
-    return mask in _PADDED
+    built = _BUILT.get(mask)
+    return built is not None and built.padding is not None
+
+
+def with_documents(mask: StructuredMask, ids: Tensor) -> StructuredMask:
+    """`mask` for a packed row whose document ids (B|1, N) the attention call found: a
+    description `layer_mask` built (no cache) is rebuilt with each document's own positions,
+    so chunks (Llama 4) restart at every document as they do for the document alone; any
+    other mask gets ``& document(ids)``."""
+    built = _BUILT.get(mask)
+    if built is None or built.offset or built.q_offset or built.pattern.positions is not None:
+        return mask & document(ids)
+    n = ids.shape[-1]
+    index = torch.arange(n, device=ids.device).expand_as(ids)  # (B|1, N)
+    starts = torch.ones_like(ids, dtype=torch.bool)
+    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    first = torch.where(starts, index, 0).cummax(1).values  # each token's document start
+    pattern = replace(built.pattern, docs=ids, positions=index - first)
+    return _structured(pattern, n, built.s, 0, 0, built.padding, built.device)
 
 
 # --------------------------------------------------------------------------- packed documents

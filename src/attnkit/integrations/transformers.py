@@ -16,13 +16,13 @@ What the model hands over and what attnkit gets:
   handled by attnkit without repeating k and v.
 * Masks: the mask interface (`attnkit_mask`, in `attnkit.integrations._hf_masks`) reads
   the mask function transformers composes for each layer. Causal, sliding-window (causal
-  or not; alternating layers get theirs each), packed documents and key padding become an
-  attnkit description (row intervals & documents), or, for a causal layer whose queries
-  end at the last key, the padding alone (B, 1, 1, S) with ``causal=True`` here: no N x S
-  mask is built and the kernels skip what is masked. Other patterns (chunked attention,
-  overlays of image tokens, a user's mask function, static caches, compiled code) arrive
-  as transformers' full boolean (B, 1, N, S) mask. Float masks (Swin's shift mask plus
-  relative bias, user masks) are additive: `bias`.
+  or not; alternating layers get theirs each), chunked (Llama 4), packed documents and key
+  padding become an attnkit description (row intervals & documents), or, for a causal
+  layer whose queries end at the last key, the padding alone (B, 1, 1, S) with
+  ``causal=True`` here: no N x S mask is built and the kernels skip what is masked. Other
+  patterns (overlays of image tokens, a user's mask function, static caches, compiled
+  code) arrive as transformers' full boolean (B, 1, N, S) mask. Float masks (Swin's shift
+  mask plus relative bias, user masks) are additive: `bias`.
 * Packing without padding (``DataCollatorWithFlattening``): ``cu_seq_lens_q/k``, or
   position ids that restart, make each document attend only to itself, as the
   flash-attention backends do, so each document's outputs and gradients are those of the
@@ -117,8 +117,13 @@ def attnkit_attention_forward(
     if explicit or attention_mask is None or _unpadded_description(attention_mask):
         docs = _hf_masks.documents(kwargs, query.shape[0], n, key.shape[2])
         if docs is not None:  # packed sequences: each document attends only to itself
-            same = document(docs.to(query.device), causal=causal)
-            mask, causal = (same if mask is None else same & mask), False
+            docs = docs.to(query.device)
+            if isinstance(mask, StructuredMask):
+                mask = _hf_masks.with_documents(mask, docs)
+            else:
+                same = document(docs, causal=causal)
+                mask = same if mask is None else same & mask
+            causal = False
     if position_bias is not None:  # T5-style learned bias, (B or 1, H, N, S)
         bias = position_bias if bias is None else bias + position_bias
     softcap = kwargs.get("softcap")  # Gemma 2's attn_logit_softcapping: cap · tanh(s / cap)
