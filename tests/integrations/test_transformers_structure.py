@@ -139,7 +139,7 @@ def test_gemma2_softcap_changes_the_outputs():
     assert (got - want).abs().max() > 0.1
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "llama4"])
 def test_generation_past_the_window_gives_eager_tokens(family):
     fast, eager = _models(family, ("attnkit", "eager"))
     ids, mask = _padded_batch()
