@@ -2,9 +2,9 @@
 (alternating layers included), Gemma 2's soft-capping and packed sequences.
 
 Equalities: attnkit vs transformers' eager and sdpa per family (float32, padded batches,
-windows shorter than the sequence, outputs and gradients); each packed document vs the same
-document run alone (float64, outputs and parameter gradients); the mask interface vs
-transformers' own ``sdpa_mask`` on every pattern it reads or leaves dense.
+windows shorter than the sequence, outputs, gradients and recorded maps); each packed
+document vs the same document run alone (float64, outputs and parameter gradients); the
+mask interface vs transformers' own ``sdpa_mask`` on every pattern it reads or leaves dense.
 """
 
 from __future__ import annotations
@@ -114,6 +114,12 @@ def test_windowed_families_equal_eager_and_sdpa_with_no_dense_mask(family, masks
             torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=1e-5)
     assert _no_dense_n_by_s(masks_seen)
     assert any(isinstance(m, StructuredMask) for m in masks_seen)  # the window layers
+    with torch.no_grad(), attnkit.record_attention(fast) as rec:  # maps from the descriptions
+        fast(input_ids=ids, attention_mask=mask)
+        maps = others[0](input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    rows = valid[:, None, :, None]
+    for got_map, want_map in zip(rec.layers(), maps, strict=True):
+        assert (got_map - want_map).masked_fill(~rows, 0).abs().max() <= 1e-6
     grads = []
     for model in (fast, others[0]):
         model.train()
