@@ -373,9 +373,11 @@ def indices(b: int, h: int, i0: int, i1: int, j0: int, j1: int, device):
     )
 
 
-def dense_bias(fn: ScoreMod, b: int, h: int, n: int, s: int, dtype, device) -> Tensor:
-    """An additive score function as the dense (B|1, H, N, S) bias it adds: what SDPA (the
-    fused backend) is handed, in O(B·H·N·S) memory; the other backends never build it."""
-    zero = torch.zeros((), dtype=dtype, device=device)
-    bi, hi, qi, ki = indices(1, h, 0, n, 0, s, device)
-    return fn(zero, bi, hi, qi, ki).expand(1, h, n, s)
+def dense_bias(fn: ScoreMod, q: Tensor, k: Tensor, bias: Tensor | None) -> Tensor:
+    """An additive score function for q (B, H, N, D), k (B, Hkv, S, D) as the dense
+    (1, H, N, S) bias it adds, plus `bias`: what SDPA (the fused backend) is handed, in
+    O(H·N·S) memory; the other backends never build it."""
+    h, n, s = q.shape[1], q.shape[2], k.shape[2]
+    zero = torch.zeros((), dtype=torch.promote_types(q.dtype, torch.float32), device=q.device)
+    dense = fn(zero, *indices(1, h, 0, n, 0, s, q.device)).expand(1, h, n, s)
+    return dense if bias is None else dense + bias
