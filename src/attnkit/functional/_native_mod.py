@@ -66,8 +66,10 @@ def plan(fn, n: int, s: int) -> NativeMod | None:
         if isinstance(part, score_mods._Softcap):
             nm.softcap, capped = part.cap, True
         elif isinstance(part, score_mods._Alibi):
-            if part.slopes.requires_grad and torch.is_grad_enabled():
-                return None  # the kernel computes no slope gradient
+            if part.positions is not None or (
+                part.slopes.requires_grad and torch.is_grad_enabled()
+            ):
+                return None  # the kernel reads no positions and computes no slope gradient
             nm.slopes = part.slopes.detach().to(torch.float32).contiguous()
             nm.alibi_offset, nm.alibi_symmetric, nm.alibi_post = (
                 part.offset, part.symmetric, capped,
