@@ -176,3 +176,30 @@ def test_what_the_kernel_takes():
             score_mod=lambda s, *_: s,
             kernel="native",
         )
+
+
+@pytest.mark.parametrize(("n", "s", "d"), [(1, 1, 5), (7, 97, 13), (1025, 97, 8), (97, 1025, 24)])
+def test_kernel_odd_sizes(n, s, d):
+    """Odd lengths and head widths, causal (bottom-right), a composition of every built-in."""
+    g = torch.Generator().manual_seed(n + s)
+    q64, k64, v64 = (torch.randn(1, 2, m, d, generator=g, dtype=torch.float64) for m in (n, s, s))
+    t64 = torch.randn(32, 2, generator=g, dtype=torch.float64)
+    slopes = alibi_slopes(2)
+
+    def fn(t):
+        return (
+            sm.alibi(slopes, offset=s - n) + sm.softcap(2.5) + sm.relative_bias(t, sm.t5_buckets())
+        )
+
+    q, k, v, t = (x.float().requires_grad_() for x in (q64, k64, v64, t64))
+    with native.count_work() as work:
+        r = attnkit.attention(q, k, v, causal=True, score_mod=fn(t))
+        grads = torch.autograd.grad(r.out.sum(), (q, k, v, t))
+    assert int(work) > 0
+    leaves = [x.requires_grad_() for x in (q64, k64, v64, t64)]
+    want, wlse = _naive(*leaves[:3], fn(leaves[3]), causal=True)
+    torch.testing.assert_close(r.out, want.float(), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(r.lse, wlse.float(), atol=2e-5, rtol=1e-4)
+    for a, w in zip(grads, torch.autograd.grad(want.sum(), leaves), strict=True):
+        scale = w.abs().max().clamp_min(1.0)
+        torch.testing.assert_close(a.double() / scale, w / scale, atol=3e-5, rtol=0)

@@ -133,3 +133,24 @@ def test_cached_decode_with_score_mod_equals_the_full_dense_forward(kind):
             )
             cache.length, start = end, end
     torch.testing.assert_close(torch.cat(outs, dim=1), full, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked", "fused"])
+def test_alibi_with_padding_positions_equals_its_bias(backend):
+    """Bloom's left padding: positions that skip the padding, per batch row."""
+    from attnkit.functional import padding_positions
+
+    torch.manual_seed(5)
+    keep = torch.ones(2, 12, dtype=torch.bool)
+    keep[1, :4] = False  # the second row is left-padded by 4
+    pos = padding_positions(keep)
+    alibi = AlibiBias(H, dtype=torch.float64)
+    q, k, v = (torch.randn(2, H, n, 8, dtype=torch.float64) for n in (5, 12, 12))
+    mask = keep[:, None, None, :]
+    with attnkit.use_backend(backend):
+        got = attnkit.attention(q, k, v, mask=mask, causal=True,
+                                score_mod=alibi.score_mod(5, 12, positions=pos))  # fmt: skip
+    want = attnkit.attention(q, k, v, mask=mask, causal=True, bias=alibi(5, 12, positions=pos))
+    torch.testing.assert_close(got.out, want.out)
+    with pytest.raises(ValueError, match=r"positions of shape \(2, 12\) with offset=0"):
+        attnkit.attention(q, q, q, score_mod=alibi.score_mod(5, positions=pos))

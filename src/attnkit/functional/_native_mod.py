@@ -66,8 +66,10 @@ def plan(fn, n: int, s: int) -> NativeMod | None:
         if isinstance(part, score_mods._Softcap):
             nm.softcap, capped = part.cap, True
         elif isinstance(part, score_mods._Alibi):
-            if part.slopes.requires_grad and torch.is_grad_enabled():
-                return None  # the kernel computes no slope gradient
+            if part.positions is not None or (
+                part.slopes.requires_grad and torch.is_grad_enabled()
+            ):
+                return None  # the kernel reads no positions and computes no slope gradient
             nm.slopes = part.slopes.detach().to(torch.float32).contiguous()
             nm.alibi_offset, nm.alibi_symmetric, nm.alibi_post = (
                 part.offset, part.symmetric, capped,
@@ -155,7 +157,8 @@ class _EagerMod(torch.autograd.Function):
     the relative values vals (H, L)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, vals, nm, mask, bias, causal, scale, keep_t, inv_keep, seed, plan):
+    def forward(ctx, q, k, v, vals, how, mask, bias, causal, scale, keep_t, inv_keep, seed, plan):
+        nm, ctx.recompute = how
         b, h, n, _ = q.shape
         st = (None, None, None) if plan is None else (plan.rows, plan.table, plan.tiles)
         out, lse = q.new_empty(b, h, n, v.shape[3]), q.new_empty(b, h, n)
@@ -193,13 +196,8 @@ def _differentiable_grads(ctx, dout, dlse):
     """create_graph=True: the same gradients, recomputed on the PyTorch kernel in
     differentiable operations (the same function, the same dropout bits), so that they can be
     differentiated again."""
-    from attnkit.functional.chunked import _with_score_mod  # it imports this module
-
-    q, k, v, vals, _, _, mask, bias, seed = ctx.saved_tensors
-    causal, scale, keep_t, _ = ctx.scalars
-    fn = _as_function(ctx.nm, vals)
-    o2, l2 = _with_score_mod(q, k, v, mask, bias, causal, scale, keep_t, seed, None, None,
-                             ctx.plan, fn)  # fmt: skip
+    q, k, v, vals, *_ = ctx.saved_tensors
+    o2, l2 = ctx.recompute(q, k, v, _as_function(ctx.nm, vals))
     inputs = [t for t in (q, k, v, vals) if t is not None]
     outs = [(o, g) for o, g in ((o2, dout), (l2, dlse)) if g is not None]
     grads = torch.autograd.grad(
@@ -210,15 +208,17 @@ def _differentiable_grads(ctx, dout, dlse):
 
 
 def native_mod_attention(q, k, v, nm, *, mask, bias, causal, scale, keep_t, inv_keep, seed,
-                         plan):  # fmt: skip
+                         plan, recompute):  # fmt: skip
     """`native.native_attention` with a built-in score function planned as `nm`; `plan`: a
-    structured mask's `MaskPlan` (its dense part arrives as `mask`) or None."""
+    structured mask's `MaskPlan` (its dense part arrives as `mask`) or None; `recompute(q, k, v,
+    fn)`: (out, lse) in differentiable PyTorch operations, for second-order gradients."""
     q32, k32, v32 = (t.to(torch.float32).contiguous() for t in (q, k, v))
     bias32 = None if bias is None else bias.detach().to(torch.float32)
     vals = None
     if nm.table is not None:  # (R, H)[L] -> (H, L): differentiable, so the table gets d vals
         vals = nm.table[nm.lut].t().to(torch.float32).contiguous()
+    how = (nm, recompute)
     out, lse = _EagerMod.apply(
-        q32, k32, v32, vals, nm, mask, bias32, causal, scale, keep_t, inv_keep, seed, plan
+        q32, k32, v32, vals, how, mask, bias32, causal, scale, keep_t, inv_keep, seed, plan
     )
     return out.to(q.dtype), lse

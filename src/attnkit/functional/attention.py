@@ -200,7 +200,9 @@ def attention(
     if structured and name != "chunked":  # only the chunked kernels read the structure
         mask = mask.dense(q.device)
     if name == "fused" and score_mod is not None:
-        bias = _mod_as_bias(score_mod, q, k, bias)
+        from attnkit.functional.score_mods import dense_bias
+
+        bias = dense_bias(score_mod, q, k, bias)  # the stand-in: O(H·N·S)
     if name == "reference":
         res = AttentionOutput(
             *reference(q, k, v, mask, bias, causal, scale, p, need_weights, score_mod)
@@ -408,16 +410,6 @@ def _probe_sdpa_empty_rows() -> bool:
 # counter, a compiled or exported trace, which must neither see the probe's calls nor branch on
 # its result. A constant, so traced code reads it as one.
 _SDPA_ZEROES_EMPTY_ROWS = _probe_sdpa_empty_rows()
-
-
-def _mod_as_bias(score_mod, q: Tensor, k: Tensor, bias: Tensor | None) -> Tensor:
-    """An additive score function as a dense (1, H, N, S) bias for SDPA, plus `bias`: the
-    fused backend's stand-in (O(H·N·S) memory), added after it as everywhere."""
-    from attnkit.functional.score_mods import dense_bias
-
-    work = torch.promote_types(q.dtype, torch.float32)
-    dense = dense_bias(score_mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], work, q.device)
-    return dense if bias is None else dense + bias
 
 
 def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:

@@ -148,11 +148,16 @@ class AlibiBias(nn.Module):
         with torch.no_grad():
             self.slopes.copy_(alibi_slopes(self.num_heads, dtype=self.slopes.dtype))
 
-    def score_mod(self, n: int, s: int | None = None) -> score_mods.ScoreMod:
+    def score_mod(
+        self, n: int, s: int | None = None, *, positions: Tensor | None = None
+    ) -> score_mods.ScoreMod:
         """The same bias as a score function for ``attention(..., score_mod=)``: queries at the
-        last `n` of `s` key positions, never an (N, S) tensor (`attnkit.score_mods.alibi`)."""
+        last `n` of `s` key positions, never an (N, S) tensor (`attnkit.score_mods.alibi`);
+        `positions` (B, S) as in `forward`."""
         s = _lengths(n, s)
-        return score_mods.alibi(self.slopes, offset=s - n, symmetric=self.symmetric)
+        return score_mods.alibi(
+            self.slopes, offset=s - n, symmetric=self.symmetric, positions=positions
+        )
 
     def forward(self, n: int, s: int | None = None, *, positions: Tensor | None = None) -> Tensor:
         """(1, H, N, S) bias, or (B, H, N, S) with (B, S) key `positions`. O(N·S) memory:
