@@ -23,7 +23,7 @@ import math
 import torch
 from torch import Tensor
 
-from attnkit.functional import native
+from attnkit.functional import _chunked_mod, native
 from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
 from attnkit.functional._double_backward import kernel_grads
 from attnkit.functional._dropout import (
@@ -309,6 +309,7 @@ def chunked_attention(
     block_q: int | None = None,
     block_k: int | None = None,
     kernel: str = "auto",
+    score_mod=None,
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention in blocks; returns ``(out, lse)``.
 
@@ -335,6 +336,10 @@ def chunked_attention(
     PyTorch one below (any device, float64, gradients for ``bias``, chosen block sizes);
     "auto" takes the compiled one wherever `native.supports` the call and no block size is
     given. Both compute the same function and drop the same entries.
+
+    ``score_mod(score, b, h, q_idx, kv_idx)`` (`attnkit.score_mods`) is applied to each block
+    of scaled scores before ``bias`` and the masks; a call with one runs the PyTorch kernel of
+    `_chunked_mod` (checkpointed query blocks, gradients through the function).
     """
     if kernel not in ("auto", "native", "torch"):
         raise ValueError(f"kernel must be 'auto', 'native' or 'torch', got {kernel!r}")
@@ -355,6 +360,15 @@ def chunked_attention(
     # Dv = 0: the compiled kernel's BLAS (oneMKL) prints an error line per product; the
     # PyTorch kernel gives the same empty out, lse and dropout draws, silently.
     native_fits = v.shape[-1] > 0 and native.supports(q, bias)
+    if score_mod is not None:  # the compiled kernel's built-ins, or differentiable blocks
+        bq = block_q or (CAUSAL_BLOCK_Q if causal else DEFAULT_BLOCK_Q)
+        bk = block_k or (CAUSAL_BLOCK_K if causal else DROPOUT_BLOCK_K)
+        pl = _Plan(q, k, v, causal, bq, bk, structure)
+        pl.scale, pl.inv_keep = scale, inv_keep
+        fits = native_fits and kernel != "torch" and block_q is None and block_k is None
+        return _chunked_mod.with_score_mod(
+            pl, q, k, v, _as4d(mask), _as4d(bias), score_mod, t_keep, seed, fits, kernel
+        )
     if kernel == "native" or (
         kernel == "auto" and block_q is None and block_k is None and native_fits
     ):

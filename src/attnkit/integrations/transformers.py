@@ -14,17 +14,28 @@ What the model hands over and what attnkit gets:
 
 * q (B, H, N, D), k and v (B, Hkv, S, D): passed as they are; Hkv < H (GQA/MQA) is
   handled by attnkit without repeating k and v.
-* Masks: transformers' boolean masks (True = may attend, the attnkit polarity). For a
-  causal layer whose queries end at the last key (no cache, or a dynamic cache), the
-  mask is only the padding, (B, 1, 1, S), and attnkit applies ``causal=True``
-  (bottom-right aligned), so no N x S mask is built. Every other pattern (sliding
-  windows, packed sequences, static caches) arrives as the full (B, 1, N, S) mask.
-  Float masks (Swin's shift mask plus relative bias, user masks) are additive: `bias`.
+* Masks: the mask interface (`attnkit_mask`, in `attnkit.integrations._hf_masks`) reads
+  the mask function transformers composes for each layer. Causal, sliding-window (causal
+  or not; alternating layers get theirs each), chunked (Llama 4), packed documents and key
+  padding become an attnkit description (row intervals & documents), or, for a causal
+  layer whose queries end at the last key, the padding alone (B, 1, 1, S) with
+  ``causal=True`` here: no N x S mask is built and the kernels skip what is masked. Other
+  patterns (overlays of image tokens, a user's mask function, static caches, compiled
+  code) arrive as transformers' full boolean (B, 1, N, S) mask. Float masks (Swin's shift
+  mask plus relative bias, user masks) are additive: `bias`.
+* Packing without padding (``DataCollatorWithFlattening``): ``cu_seq_lens_q/k``, or
+  position ids that restart, make each document attend only to itself, as the
+  flash-attention backends do, so each document's outputs and gradients are those of the
+  document alone. eager and sdpa let documents attend into each other whenever
+  transformers does not see the packing (a cache, as in a decoder's default eval mode, or
+  an encoder).
+* ``softcap`` (Gemma 2's attn_logit_softcapping): cap · tanh(s / cap) on the scaled scores,
+  computed block by block (`attnkit.score_mods.softcap`).
 * Query rows that may attend to nothing (left padding in a decoder) give output 0
   here, where eager spreads them uniformly over the masked keys: they are padding,
   and no real token reads them.
-* Unsupported and refused with a ValueError naming them: ``softcap`` (Gemma 2 style
-  logit soft-capping), ``s_aux`` (attention sinks) and paged caches.
+* Unsupported and refused with a ValueError naming them: ``s_aux`` (attention sinks) and
+  paged caches.
 """
 
 from __future__ import annotations
@@ -37,15 +48,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface
-from transformers.masking_utils import (
-    AttentionMaskInterface,
-    causal_mask_function,
-    prepare_padding_mask,
-    sdpa_mask,
-)
+from transformers.masking_utils import AttentionMaskInterface
 
+from attnkit.functional import score_mods
 from attnkit.functional.attention import attention
-from attnkit.integrations import _hf_checkpoint
+from attnkit.functional.structured import StructuredMask, document
+from attnkit.integrations import _hf_checkpoint, _hf_masks
+from attnkit.integrations._hf_masks import layer_mask as attnkit_mask
 from attnkit.viz import record as _record
 from attnkit.viz.labels import CONTINUATION, WORD_START
 
@@ -68,55 +77,7 @@ __all__ = [
 NAME = "attnkit"
 
 
-def attnkit_mask(
-    batch_size: int,
-    q_length: int,
-    kv_length: int,
-    q_offset: Any = 0,
-    kv_offset: Any = 0,
-    mask_function=causal_mask_function,
-    attention_mask: Tensor | None = None,
-    allow_is_causal_skip: bool = True,
-    allow_is_bidirectional_skip: bool = False,
-    **kwargs: Any,
-) -> Tensor | None:
-    """The mask transformers builds for an attnkit layer: boolean, True = may attend.
-
-    Returns None (no mask), the padding alone as (B, 1, 1, S) for a plain causal
-    pattern whose last query is the last key (the attention function then passes
-    ``causal=True``), or the full (B, 1, N, S) mask of any other pattern.
-    """
-    aligned = (
-        isinstance(q_offset, int)
-        and isinstance(kv_offset, int)
-        and q_offset + q_length == kv_offset + kv_length
-    )
-    if mask_function is causal_mask_function and aligned and not torch.compiler.is_compiling():
-        padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
-        if padding is None:
-            return None
-        padding = padding[:, kv_offset : kv_offset + kv_length].bool()  # (B, S)
-        if bool(padding.all()):
-            return None
-        return padding[:, None, None, :]  # (B, 1, 1, S)
-    return sdpa_mask(
-        batch_size=batch_size,
-        q_length=q_length,
-        kv_length=kv_length,
-        q_offset=q_offset,
-        kv_offset=kv_offset,
-        mask_function=mask_function,
-        attention_mask=attention_mask,
-        allow_is_causal_skip=False,  # the full pattern: its alignment may not be bottom-right
-        allow_is_bidirectional_skip=allow_is_bidirectional_skip,
-        **{k: v for k, v in kwargs.items() if k in ("use_vmap", "device", "local_size")},
-    )
-
-
-_UNSUPPORTED = {
-    "softcap": "logit soft-capping (Gemma 2 style)",
-    "s_aux": "attention sinks",
-}
+_UNSUPPORTED = {"s_aux": "attention sinks"}
 
 
 def attnkit_attention_forward(
@@ -151,30 +112,59 @@ def attnkit_attention_forward(
         )
     n = query.shape[2]
     causal_layer = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    mask = bias = None
-    if attention_mask is not None and attention_mask.dtype == torch.bool:
-        mask = attention_mask
-    elif attention_mask is not None:
-        bias = attention_mask
-    # Only a padding-only mask (or none) leaves the causal pattern to attnkit: a full mask
-    # already holds it, with transformers' own alignment.
-    causal = (
-        bool(causal_layer)
-        and n > 1
-        and (attention_mask is None or (mask is not None and mask.shape[-2] == 1))
-    )
+    mask, bias, causal = _mask_and_causal(attention_mask, bool(causal_layer) and n > 1)
+    explicit = kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None
+    if explicit or attention_mask is None or _unpadded_description(attention_mask):
+        docs = _hf_masks.documents(kwargs, query.shape[0], n, key.shape[2])
+        if docs is not None:  # packed sequences: each document attends only to itself
+            docs = docs.to(query.device)
+            if isinstance(mask, StructuredMask):
+                mask = _hf_masks.with_documents(mask, docs)
+            else:
+                same = document(docs, causal=causal)
+                mask = same if mask is None else same & mask
+            causal = False
     if position_bias is not None:  # T5-style learned bias, (B or 1, H, N, S)
         bias = position_bias if bias is None else bias + position_bias
+    softcap = kwargs.get("softcap")  # Gemma 2's attn_logit_softcapping: cap · tanh(s / cap)
+    score_mod = score_mods.softcap(softcap) if softcap is not None else None
     sink = _record.recording_sink(module)
     need_weights = sink is not None or bool(kwargs.get("output_attentions", False))
     out, weights, _ = attention(
         query, key, value, mask=mask, bias=bias, causal=causal, scale=scaling,
         dropout_p=dropout, training=module.training, need_weights=need_weights,
+        score_mod=score_mod,
     )  # fmt: skip
     if sink is not None:
         sink(weights)
     out = out.transpose(1, 2).contiguous()  # (B, H, N, Dv) -> (B, N, H, Dv)
     return out, weights if kwargs.get("output_attentions", False) else None
+
+
+def _mask_and_causal(attention_mask, causal_layer: bool):
+    """(mask, bias, causal) for `attention` from what the model passed as its mask.
+
+    A description holds the whole pattern; a (B, 1, 1, S) boolean is the padding of a causal
+    layer whose causality attnkit adds; a stride-0 view (B, 1, N, S) of one is the padding of
+    a bidirectional layer (see `attnkit_mask`); any other boolean holds the whole pattern; a
+    float mask is additive."""
+    if attention_mask is None:
+        return None, None, causal_layer
+    if isinstance(attention_mask, StructuredMask):
+        return attention_mask, None, False
+    if attention_mask.dtype != torch.bool:
+        return None, attention_mask, False
+    if attention_mask.shape[-2] == 1:
+        return attention_mask, None, causal_layer
+    if attention_mask.stride(-2) == 0:
+        return attention_mask[:, :, :1], None, False  # (B, 1, N, S) view -> (B, 1, 1, S)
+    return attention_mask, None, False
+
+
+def _unpadded_description(attention_mask) -> bool:
+    """Position ids are read as packing (as flash-attention does) only where the batch holds no
+    padding: a padded batch's position ids restart at its padding (generate's layout)."""
+    return isinstance(attention_mask, StructuredMask) and not _hf_masks.is_padded(attention_mask)
 
 
 def _claims(model: nn.Module) -> bool:
