@@ -149,10 +149,39 @@ def run_tests(out: Path, budget_s: float) -> dict:
     }
 
 
+def mha_train_step_ms(device: str, *, repeats: int = 5, shape=(8, 512, 512, 8)) -> dict:
+    """One training step (forward + backward, dropout 0.1, need_weights=False) of
+    `torch.nn.MultiheadAttention` and of `attnkit.nn.MultiheadAttention` with the same weights,
+    float32: median ms each. shape: (B, N, C, heads)."""
+    import torch
+
+    from attnkit.analysis.bench_device import time_steps
+    from attnkit.nn import MultiheadAttention
+
+    device = torch.device(device)
+    b, n, c, heads = shape
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(c, heads, dropout=0.1, batch_first=True)
+    ours = MultiheadAttention(c, heads, dropout=0.1, batch_first=True)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(b, n, c, device=device)
+
+    def step_of(module):
+        module.to(device=device, dtype=x.dtype).train()
+
+        def step() -> None:
+            module.zero_grad(set_to_none=True)
+            out, _ = module(x, x, x, need_weights=False)
+            out.float().sum().backward()
+
+        return step
+
+    return time_steps({"torch": step_of(ref), "attnkit": step_of(ours)}, device, repeats)
+
+
 def run_bench(out: Path, device: str, budget_s: float, quick: bool) -> dict:
     from attnkit.analysis.bench_device import (
         device_plan,
-        mha_train_step_ms,
         results_json,
         rows_markdown,
         run_rows,

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from attnkit.functional.attention import attention
 from attnkit.functional.structured import window
 
-__all__ = ["DeviceRow", "device_plan", "mha_train_step_ms", "rows_markdown", "run_rows", "sync"]
+__all__ = ["DeviceRow", "device_plan", "rows_markdown", "run_rows", "sync", "time_steps"]
 
 MASKS = ("none", "causal", "padding", "window")
 
@@ -257,32 +257,3 @@ def rows_markdown(results: list[DeviceResult], title: str) -> str:
 
 def results_json(results: list[DeviceResult]) -> str:
     return json.dumps([r.as_dict() for r in results], indent=1)
-
-
-def mha_train_step_ms(
-    device: torch.device | str, dtype: str = "float32", *, repeats: int = 5, shape=(8, 512, 512, 8)
-) -> dict[str, float]:
-    """One training step (forward + backward, dropout 0.1, need_weights=False) of
-    `torch.nn.MultiheadAttention` and of `attnkit.nn.MultiheadAttention` with the same weights:
-    median ms each. shape: (B, N, C, heads)."""
-    from attnkit.nn import MultiheadAttention
-
-    device = torch.device(device)
-    b, n, c, heads = shape
-    torch.manual_seed(0)
-    ref = torch.nn.MultiheadAttention(c, heads, dropout=0.1, batch_first=True)
-    ours = MultiheadAttention(c, heads, dropout=0.1, batch_first=True)
-    ours.load_state_dict(ref.state_dict())
-    x = torch.randn(b, n, c, device=device, dtype=getattr(torch, dtype))
-
-    def step_of(module):
-        module.to(device=device, dtype=x.dtype).train()
-
-        def step() -> None:
-            module.zero_grad(set_to_none=True)
-            out, _ = module(x, x, x, need_weights=False)
-            out.float().sum().backward()
-
-        return step
-
-    return time_steps({"torch": step_of(ref), "attnkit": step_of(ours)}, device, repeats)
