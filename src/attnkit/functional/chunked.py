@@ -309,6 +309,7 @@ def chunked_attention(
     block_q: int | None = None,
     block_k: int | None = None,
     kernel: str = "auto",
+    score_mod=None,
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention in blocks; returns ``(out, lse)``.
 
@@ -335,6 +336,10 @@ def chunked_attention(
     PyTorch one below (any device, float64, gradients for ``bias``, chosen block sizes);
     "auto" takes the compiled one wherever `native.supports` the call and no block size is
     given. Both compute the same function and drop the same entries.
+
+    ``score_mod(score, b, h, q_idx, kv_idx)`` (`attnkit.score_mods`) is applied to each block
+    of scaled scores before ``bias`` and the masks; a call with one runs the PyTorch kernel of
+    `_chunked_mod` (checkpointed query blocks, gradients through the function).
     """
     if kernel not in ("auto", "native", "torch"):
         raise ValueError(f"kernel must be 'auto', 'native' or 'torch', got {kernel!r}")
@@ -354,6 +359,11 @@ def chunked_attention(
         mask = structure.dense
     # Dv = 0: the compiled kernel's BLAS (oneMKL) prints an error line per product; the
     # PyTorch kernel gives the same empty out, lse and dropout draws, silently.
+    if score_mod is not None:
+        return _with_score_mod(
+            q, k, v, mask, bias, causal, scale, t_keep, seed, block_q, block_k, structure,
+            score_mod,
+        )  # fmt: skip
     native_fits = v.shape[-1] > 0 and native.supports(q, bias)
     if kernel == "native" or (
         kernel == "auto" and block_q is None and block_k is None and native_fits
@@ -368,3 +378,14 @@ def chunked_attention(
     )
     args = (causal, scale, t_keep, seed, bq, bk, structure)
     return _ChunkedAttention.apply(q, k, v, mask, bias, *args)
+
+
+def _with_score_mod(q, k, v, mask, bias, causal, scale, t_keep, seed, bq, bk, structure, fn):
+    """`chunked_attention` with a score function, on the PyTorch kernel of `_chunked_mod`."""
+    from attnkit.functional._chunked_mod import mod_attention  # it imports this module's parts
+
+    bq = bq or (CAUSAL_BLOCK_Q if causal else DEFAULT_BLOCK_Q)
+    bk = bk or (CAUSAL_BLOCK_K if causal else DROPOUT_BLOCK_K)
+    pl = _Plan(q, k, v, causal, bq, bk, structure)
+    pl.scale, pl.inv_keep = scale, (NO_DROPOUT / t_keep if t_keep else 0.0)
+    return mod_attention(pl, q, k, v, _as4d(mask), _as4d(bias), fn, seed, t_keep)
