@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit._cpu import has_native_bf16
+from attnkit.functional._causal_bias import causal_bias_parts, is_causal_bias
 from attnkit.functional._double_backward import exact_sdpa_second_order
 from attnkit.functional._reference import _allowed, _eager_cpu, _repeat_kv, reference
 from attnkit.functional._trace import tracing
@@ -165,6 +166,9 @@ def attention(
        there may spread through the blocked product (0 · NaN) on some backends and not on
        others, depending on their blocking. Zero padding and unused cache slots.
     """
+    if is_causal_bias(mask) or is_causal_bias(bias):
+        _validate(q, k, v, None, None, dropout_p, scale)  # q and k give N and S
+        mask, bias, causal = _causal_bias_call(mask, bias, causal, q, k)
     _validate(q, k, v, mask, bias, dropout_p, scale)
     if score_mod is not None and not callable(score_mod):
         raise ValueError(
@@ -277,6 +281,23 @@ def _structured_call(mask: StructuredMask, causal: bool, q: Tensor, k: Tensor):
     if causal:
         mask = mask & causal_intervals(q.shape[2], k.shape[2], device=q.device)
     return mask, False
+
+
+def _causal_bias_call(mask, bias, causal: bool, q: Tensor, k: Tensor):
+    """torch's CausalBias, passed as `mask` or `bias` (torch passes it as SDPA's attn_mask), as
+    attnkit's causal limit or upper-left row intervals (`_causal_bias`), ANDed with the rest."""
+    limits = []
+    if is_causal_bias(mask):
+        limits.append(causal_bias_parts(mask, q.shape[2], k.shape[2], q.device))
+        mask = None
+    if is_causal_bias(bias):
+        limits.append(causal_bias_parts(bias, q.shape[2], k.shape[2], q.device))
+        bias = None
+    for rows, bottom_right in limits:
+        causal = causal or bottom_right
+        if rows is not None:
+            mask = rows if mask is None else rows & mask
+    return mask, bias, causal
 
 
 def _mask_elems(q: Tensor, k: Tensor, mask, bias: Tensor | None, causal: bool):
