@@ -19,7 +19,7 @@ import torch
 
 from attnkit.functional.structured import RowIntervals
 
-__all__ = ["causal_bias_parts", "is_causal_bias"]
+__all__ = ["causal_bias_call", "causal_bias_parts", "is_causal_bias"]
 
 
 def is_causal_bias(x) -> bool:
@@ -45,3 +45,21 @@ def causal_bias_parts(cb, n: int, s: int, device) -> tuple[RowIntervals | None, 
         raise ValueError(f"CausalBias.variant must be a CausalVariant, got {cb.variant!r}")
     hi = (torch.arange(n, device=device) + 1).clamp(max=s)  # (N,): keys 0..min(i, S-1)
     return RowIntervals(torch.zeros_like(hi), hi, s, "causal_upper_left"), False
+
+
+def causal_bias_call(mask, bias, causal: bool, n: int, s: int, device):
+    """`attention`'s (mask, bias, causal) with a CausalBias passed as `mask` or `bias` (torch
+    passes it as SDPA's attn_mask) turned into the causal limit or upper-left row intervals,
+    ANDed with the rest."""
+    limits = []
+    if is_causal_bias(mask):
+        limits.append(causal_bias_parts(mask, n, s, device))
+        mask = None
+    if is_causal_bias(bias):
+        limits.append(causal_bias_parts(bias, n, s, device))
+        bias = None
+    for rows, bottom_right in limits:
+        causal = causal or bottom_right
+        if rows is not None:
+            mask = rows if mask is None else rows & mask
+    return mask, bias, causal
