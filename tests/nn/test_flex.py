@@ -177,6 +177,39 @@ def test_no_block_mask_and_return_aux():
         flex_attention(q, k, v, return_lse=True, return_aux=AuxRequest(lse=True))
 
 
+def test_score_mod_written_for_per_element_calls_works_with_gradients():
+    """Vectorised, stack().min() would reduce the whole block without an error: detected on
+    the first block and called per element, the table still gets its gradient."""
+    table = torch.randn(9, dtype=F64, requires_grad=True)
+
+    def per_element(score, b, h, q_idx, kv_idx):
+        return score + table[torch.stack([q_idx, kv_idx]).min() % 9]
+
+    def vectorised(score, b, h, q_idx, kv_idx):
+        return score + table[torch.minimum(q_idx, kv_idx) % 9]
+
+    bm = _block_mask(_masks(N)["sliding_window"])
+    allowed = torch_flex.create_mask(_masks(N)["sliding_window"], 1, 1, N, N, device="cpu")
+    q, k, v = _inputs()
+    got = flex_attention(q, k, v, per_element, bm)
+    want = _naive(q, k, v, allowed, vectorised)[0]
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    dout = torch.randn_like(got)
+    g = torch.autograd.grad(got, (q, table), dout)
+    w = torch.autograd.grad(want, (q, table), dout)
+    for a, b in zip(g, w, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_score_mod_that_cannot_be_evaluated_names_vectorisation():
+    def python_if(score, b, h, q_idx, kv_idx):
+        return score if q_idx > 3 else -score
+
+    q, k, v = _inputs()
+    with pytest.raises(ValueError, match=r"vectorised.*torch\.vmap.*tensor operations"):
+        flex_attention(q, k, v, python_if)
+
+
 def test_fully_masked_rows_give_zero_and_minus_inf():
     def none_for_odd(b, h, q_idx, kv_idx):
         return (q_idx % 2 == 0) & (kv_idx <= q_idx)

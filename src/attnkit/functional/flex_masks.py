@@ -135,8 +135,15 @@ def from_block_mask(block_mask) -> StructuredMask:
     masked. attnkit's kernels skip the unlisted blocks, apply nothing to full ones and
     evaluate the mask_mod only on the partial ones, one block at a time (vectorised over the
     block, or per element under torch.vmap if it was written that way); nothing N × S is built.
-    A sliced BlockMask (``block_mask[0]``) raises RuntimeError, as in FlexAttention."""
-    return FlexBlocks(block_mask)
+    A sliced BlockMask (``block_mask[0]``) raises RuntimeError, as in FlexAttention.
+
+    The result is kept on the BlockMask, so a block mask made once and passed at every
+    training step is planned once (its tiles built on the first step), as in FlexAttention."""
+    kept = getattr(block_mask, "__dict__", {}).get("_attnkit_mask")
+    if kept is None:
+        kept = FlexBlocks(block_mask)
+        block_mask.__dict__["_attnkit_mask"] = kept
+    return kept
 
 
 def _flex_classes(block_mask, n: int, s: int) -> Tensor:

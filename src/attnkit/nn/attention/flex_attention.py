@@ -28,8 +28,10 @@ from torch.nn.attention.flex_attention import (
     or_masks,
 )
 
+from attnkit.functional._index_fns import ScoreFn
 from attnkit.functional.attention import attention
 from attnkit.functional.flex_masks import from_block_mask, is_noop_block_mask
+from attnkit.functional.score_mods import ScoreMod
 
 __all__ = [
     "AuxOutput",
@@ -64,8 +66,10 @@ def flex_attention(
         key: (B, Hkv, S, E); Hkv must equal Hq unless `enable_gqa` (then it divides Hq).
         value: (B, Hkv, S, Ev).
         score_mod: ``score_mod(score, b, h, q_idx, kv_idx) -> score`` (FlexAttention's), or
-            None. Called on blocks of scores with broadcastable index tensors, so it must be
-            vectorised (attention-gym's are); gradients reach the tensors it closes over.
+            None. Called on blocks of scores with broadcastable index tensors (attention-gym's
+            are written for that); one written for FlexAttention's per-element calls is
+            detected on its first block and called per element under vmap. Gradients reach
+            the tensors it closes over.
         block_mask: a `BlockMask` from `create_block_mask` (or ``BlockMask.from_kv_blocks``)
             for L queries and S keys, or None (every key). Keys in unlisted blocks are masked,
             in full blocks allowed, in partial blocks where ``mask_mod`` holds. A mask_mod written
@@ -105,6 +109,8 @@ def flex_attention(
     mask = None
     if block_mask is not None and not is_noop_block_mask(block_mask):
         mask = from_block_mask(block_mask)
+    if score_mod is not None and not isinstance(score_mod, ScoreMod):
+        score_mod = ScoreFn(score_mod)  # per element under vmap if written that way
     want_lse = return_lse or (return_aux is not None and return_aux.lse)
     res = attention(query, key, value, mask=mask, scale=scale, score_mod=score_mod)
     if want_lse and res.lse is None:  # the backend chosen (SDPA) gives none: chunked does
