@@ -86,7 +86,9 @@ def test_combines_with_a_boolean_mask_in_attention():
 
 
 @pytest.mark.parametrize(
-    ("variant", "n", "s"), [(causal_upper_left, 13, 7), (causal_lower_right, 7, 13)], ids=str
+    ("variant", "n", "s"),
+    [(causal_upper_left, 13, 7), (causal_lower_right, 7, 13)],
+    ids=["upper_left-13-7", "lower_right-7-13"],
 )
 def test_under_torch_compile_with_the_bias_as_input(variant, n, s):
     q, k, v = _inputs(n, s, torch.float32)

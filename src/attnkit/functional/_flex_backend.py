@@ -62,7 +62,7 @@ def run(q, k, v, mask: StructuredMask | None, causal: bool, scale: float, score_
 
     n, s = q.shape[2], k.shape[2]
     if causal:
-        limit = causal_intervals(n, s, device=q.device)
+        limit = _causal_limit(n, s, q.device)
         mask = limit if mask is None else mask & limit
     block_mask = None if mask is None else block_mask_for(mask, q.device)
     fn = flex_attention if tracing() else _compiled_flex()
@@ -76,6 +76,20 @@ def run(q, k, v, mask: StructuredMask | None, causal: bool, scale: float, score_
         return got, None
     out, aux = got  # (out, AuxOutput(lse, max_scores=None))
     return out, aux.lse
+
+
+_CAUSAL: dict = {}  # (N, S, device) -> causal_intervals, the few shapes a model runs
+
+
+def _causal_limit(n: int, s: int, device) -> StructuredMask:
+    """The bottom-right causal limit as one mask object per shape, so that its BlockMask (and
+    the mask_mod FlexAttention compiled for it) is built once, not at every call."""
+    key = (n, s, str(device))
+    if key not in _CAUSAL:
+        if len(_CAUSAL) >= 64:
+            _CAUSAL.clear()
+        _CAUSAL[key] = causal_intervals(n, s, device=device)
+    return _CAUSAL[key]
 
 
 def _compiled_flex():

@@ -122,12 +122,17 @@ def flex_attention(
     return (res.out, res.lse) if return_lse else res.out
 
 
+class NotFourDError(ValueError, NotImplementedError):
+    """Inputs that are not 4-D: a ValueError (attnkit's rule for bad input) that is also the
+    NotImplementedError FlexAttention raises for them."""
+
+
 def _check(query, key, value, enable_gqa: bool, block_mask) -> None:
     """FlexAttention's refusals, as ValueError with the shapes (attention checks the rest)."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(f"flex_attention: {name} must be 4-D (B, H, L|S, E), got {got}")
+            raise NotFourDError(f"flex_attention: {name} must be 4-D (B, H, L|S, E), got {got}")
     hq, hkv = query.shape[1], key.shape[1]
     if not enable_gqa and hq != hkv:
         raise ValueError(
