@@ -81,6 +81,15 @@ class FlexBlocks(StructuredMask):
         self.mod = IndexFn(block_mask.mask_mod, self.batch, self.heads, self.device)
 
     def block(self, i0, i1, j0, j1):
+        shape = (self.batch, self.heads, i1 - i0, j1 - j0)
+        sub = self.classes[
+            :, :, i0 // self.bq : -(-i1 // self.bq), j0 // self.bk : -(-j1 // self.bk)
+        ]
+        if sub.numel() and bool((sub == sub.flatten()[0]).all()):  # one class: no per-key map
+            cls = int(sub.flatten()[0])
+            if cls == PARTIAL and not self.noop:
+                return self.mod(i0, i1, j0, j1)
+            return torch.full(shape, cls != EMPTY, dtype=torch.bool, device=self.device)
         rows = torch.arange(i0, i1, device=self.device) // self.bq  # (nq,)
         cols = torch.arange(j0, j1, device=self.device) // self.bk  # (nk,)
         cls = self.classes[:, :, rows][..., cols]  # (B|1, H|1, nq, nk)
@@ -103,17 +112,25 @@ class FlexBlocks(StructuredMask):
         table = torch.full((b, h, nqb, nkb), TILE_EMPTY, dtype=torch.int32)
         table[meets_any & ~meets_partial] = TILE_FULL
         tiles: list[Tensor] = []
-        for qb, kb in meets_partial.any(1).any(0).nonzero().tolist():
-            i0, i1, j0, j1 = qb * bq, min(qb * bq + bq, self.n), kb * bk, min(kb * bk + bk, self.s)
-            got = self.block(i0, i1, j0, j1).cpu()  # (B|1, H|1, nq, nk)
-            cls = _classify(got, bk)[..., 0]  # (B|1, H|1)
-            part = cls == PARTIAL
-            ids = torch.full(cls.shape, TILE_EMPTY, dtype=torch.int32)
-            ids[cls == FULL] = TILE_FULL
-            ids[part] = torch.arange(len(tiles), len(tiles) + int(part.sum()), dtype=torch.int32)
-            table[:, :, qb, kb] = ids
-            padded = torch.nn.functional.pad(got, (0, bk - (j1 - j0), 0, bq - (i1 - i0)))
-            tiles.extend(padded[part].to(torch.uint8))  # (bq, bk) each, in table order
+        candidates = meets_partial.any(1).any(0)  # (nqb, nkb): some batch row / head needs it
+        for qb in range(nqb):
+            i0, i1 = qb * bq, min(qb * bq + bq, self.n)
+            for k0, k1 in _runs(candidates[qb]):  # one mask_mod call per run of tiles
+                j0, j1 = k0 * bk, min(k1 * bk, self.s)
+                got = self.block(i0, i1, j0, j1).cpu()  # (B|1, H|1, nq, run of keys)
+                cls = _classify(got, bk)  # (B|1, H|1, k1 - k0)
+                part = cls == PARTIAL
+                ids = torch.full(cls.shape, TILE_EMPTY, dtype=torch.int32)
+                ids[cls == FULL] = TILE_FULL
+                ids[part] = torch.arange(
+                    len(tiles), len(tiles) + int(part.sum()), dtype=torch.int32
+                )
+                table[:, :, qb, k0:k1] = ids
+                padded = torch.nn.functional.pad(
+                    got, (0, (k1 - k0) * bk - (j1 - j0), 0, bq - (i1 - i0))
+                )
+                grid = padded.view(b, h, bq, k1 - k0, bk).transpose(2, 3)  # (B|1, H|1, run, bq, bk)
+                tiles.extend(grid[part].to(torch.uint8))  # (bq, bk) each, in table order
         stacked = torch.stack(tiles) if tiles else torch.zeros(0, bq, bk, dtype=torch.uint8)
         return table.to(device), stacked.to(device)
 
@@ -164,6 +181,18 @@ def _flex_classes(block_mask, n: int, s: int) -> Tensor:
             out = torch.zeros(*idx.shape[:3], nkb + 1, dtype=torch.int8, device=idx.device)
         out.scatter_(-1, idx, torch.full_like(idx, cls, dtype=torch.int8))
     return out[..., :nkb]
+
+
+def _runs(flags: Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of True in a 1-D bool tensor."""
+    idx = flags.nonzero().flatten().tolist()
+    runs: list[tuple[int, int]] = []
+    for i in idx:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
 
 
 def _regrid(classes: Tensor, n, s, fq, fk, bq, bk) -> tuple[Tensor, Tensor]:
