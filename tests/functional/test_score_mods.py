@@ -49,7 +49,7 @@ def _inputs(n=N, s=S, hkv=HKV, dtype=F64, seed=0):
 def _mods(dtype=F64):
     """name -> (score function, tensors it closes over that want gradients)."""
     t5 = torch.randn(32, H, dtype=dtype).requires_grad_()
-    swin = torch.randn(13**2, H, dtype=dtype).requires_grad_()  # window 7: (2·7 - 1)²
+    swin = torch.randn(15**2, H, dtype=dtype).requires_grad_()  # window 8: (2·8 - 1)²
     free = torch.randn(H, 9, dtype=dtype).requires_grad_()
     slopes = alibi_slopes(H, dtype=dtype)
 
@@ -62,7 +62,7 @@ def _mods(dtype=F64):
         "alibi-symmetric-offset": (sm.alibi(slopes, offset=16, symmetric=True), []),
         "t5": (sm.relative_bias(t5, sm.t5_buckets(32, 20)), [t5]),
         "t5-causal": (sm.relative_bias(t5, sm.t5_buckets(32, 20, bidirectional=False)), [t5]),
-        "swin": (sm.relative_bias(swin, sm.window_offsets(7)), [swin]),
+        "swin": (sm.relative_bias(swin, sm.window_offsets(8)), [swin]),
         "user": (user, [free]),
         "alibi+softcap": (sm.alibi(slopes) + sm.softcap(2.0), []),
         "t5+softcap+alibi": (
@@ -253,7 +253,7 @@ def test_composition_and_addition():
 
 
 def test_errors_name_the_problem():
-    q, k, v = _inputs(n=5, s=6)
+    q, k, v = _inputs(n=5, s=10)
 
     def per_element(score, b, h, q_idx, kv_idx):
         return score if q_idx > kv_idx else score * 2  # a Python `if` on a tensor
@@ -279,3 +279,72 @@ def test_errors_name_the_problem():
         sm.window_offsets(0)
     with pytest.raises(ValueError, match="at least one"):
         sm.compose()
+    slopes = alibi_slopes(3)
+    with pytest.raises(ValueError, match=r"slopes of shape \(3,\) has 3 heads, the call H=4"):
+        attnkit.attention(q, k, v, score_mod=sm.alibi(slopes) + sm.softcap(1.0))
+    table = torch.zeros(25, 4, dtype=F64)
+    with pytest.raises(ValueError, match="one 3×3 window holds 9 tokens"):
+        attnkit.attention(q, k, v, score_mod=sm.relative_bias(table, sm.window_offsets(3)))
+
+
+def test_attention_gym_alibi_as_written_equals_the_builtin():
+    """attention-gym's `generate_alibi_bias` score_mod, as written there, is `alibi(slopes)`."""
+
+    def alibi_mod(score, b, h, q_idx, kv_idx):  # attn_gym/mods/alibi.py, H = 4
+        scale = torch.exp2(-((h + 1) * 8.0 / H))
+        bias = (kv_idx - q_idx) * scale
+        return score + bias
+
+    q, k, v = _inputs()
+    got = attnkit.attention(q, k, v, causal=True, score_mod=alibi_mod, backend="chunked")
+    want = attnkit.attention(q, k, v, causal=True, score_mod=sm.alibi(alibi_slopes(H, dtype=F64)))
+    torch.testing.assert_close(got.out, want.out)
+
+
+def test_auto_routes_score_functions():
+    """CPU: chunked. Off the CPU: SDPA with the dense bias for additive built-ins (the stand-in
+    until FlexAttention takes them), chunked otherwise. An explicit fused call refuses a
+    function it cannot take; `use_backend("fused")` sends such a call to chunked."""
+    from attnkit.functional.attention import _choose_backend
+
+    alibi, cap = sm.alibi(alibi_slopes(H)), sm.softcap(1.0)
+    kw = {"need_weights": False, "dropout": False}
+    assert _choose_backend("auto", **kw, score_mod=alibi) == "chunked"
+    assert _choose_backend("auto", **kw, score_mod=cap) == "chunked"
+    assert _choose_backend("auto", **kw, score_mod=alibi, device_type="cuda") == "fused"
+    assert _choose_backend("auto", **kw, score_mod=alibi + cap, device_type="cuda") == "chunked"
+    assert _choose_backend("auto", need_weights=True, dropout=False, score_mod=cap) == "reference"
+    with attnkit.use_backend("fused"):
+        assert _choose_backend("auto", **kw, score_mod=cap) == "chunked"
+        assert _choose_backend("auto", **kw, score_mod=alibi) == "fused"
+    with pytest.raises(ValueError, match="takes only additive"):
+        _choose_backend("fused", **kw, score_mod=lambda s, *_: s)
+
+
+def test_meta_device():
+    """Shapes only, on PyTorch's meta device: every backend that takes the function."""
+    q, k, v = (t.detach().to("meta") for t in _inputs())
+    table = torch.empty(32, H, device="meta")
+    fn = sm.relative_bias(table, sm.t5_buckets()) + sm.softcap(2.0)
+    for backend in ("reference", "chunked"):
+        r = attnkit.attention(q, k, v, causal=True, score_mod=fn, backend=backend)
+        assert r.out.shape == (B, H, N, D + 3) and r.out.device.type == "meta"
+    r = attnkit.attention(q, k, v, score_mod=sm.relative_bias(table, sm.t5_buckets()))
+    assert r.out.shape == (B, H, N, D + 3)
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked"])
+def test_minus_inf_from_a_score_function_masks_like_a_mask(backend):
+    """A function that returns -inf (FlexAttention users mask that way too) hides the key, and
+    a row it hides entirely gets out 0, lse -inf and gradient 0, like a masked row."""
+    q, k, v = _inputs(n=9, s=12)
+    allowed = torch.rand(9, 12, generator=torch.Generator().manual_seed(2)) > 0.5
+    allowed[4] = False
+
+    def hide(score, b, h, q_idx, kv_idx):
+        return torch.where(allowed[q_idx, kv_idx], score, float("-inf"))
+
+    got = attnkit.attention(q, k, v, score_mod=hide, backend=backend)
+    want = attnkit.attention(q, k, v, mask=allowed, backend="reference")
+    _check((got.out, got.lse), (want.out, want.lse), [q, k, v])
+    assert torch.equal(got.out[:, :, 4], torch.zeros_like(got.out[:, :, 4]))

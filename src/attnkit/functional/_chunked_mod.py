@@ -20,8 +20,9 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from attnkit.functional import score_mods
+from attnkit.functional import _native_mod, score_mods
 from attnkit.functional._dropout import block_keep, row_ids
+from attnkit.functional._trace import tracing
 
 _NEG_INF = float("-inf")
 
@@ -100,3 +101,25 @@ def mod_attention(pl, q, k, v, mask4, bias4, score_mod, seed, t_keep):
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # (B, H, N, Dv)
     lse = torch.cat(lses, dim=2) if len(lses) > 1 else lses[0]  # (B, H, N)
     return out.to(q.dtype), lse
+
+
+def with_score_mod(pl, q, k, v, mask4, bias4, fn, t_keep, seed, native_fits, kernel):
+    """`chunked_attention` with a score function: on the compiled kernel where it runs `fn` (a
+    built-in, `_native_mod`) and the call (`native_fits`: `native.supports` it, no block sizes
+    given; eager), else on the differentiable blocks above. `pl`: the chunked kernel's plan."""
+    nm = None
+    if native_fits and not tracing():
+        nm = _native_mod.plan(fn, pl.n, pl.s)
+    if nm is not None:
+
+        def recompute(q, k, v, same_fn):  # for second-order gradients
+            return mod_attention(pl, q, k, v, mask4, bias4, same_fn, seed, t_keep)
+
+        return _native_mod.native_mod_attention(
+            q, k, v, nm, mask=mask4, bias=bias4, causal=pl.causal, scale=pl.scale,
+            keep_t=t_keep, inv_keep=pl.inv_keep, seed=seed, plan=pl.structure,
+            recompute=recompute,
+        )  # fmt: skip
+    if kernel == "native":
+        raise ValueError(f"kernel='native' cannot run score_mod={fn!r}")
+    return mod_attention(pl, q, k, v, mask4, bias4, fn, seed, t_keep)

@@ -148,7 +148,9 @@ def attention(
             q_idx for the bottom-right frame of `causal`). Gradients flow through it into the
             tensors it closes over. The reference backend applies it to the whole score
             matrix, chunked per block; fused (SDPA) takes only additive built-ins
-            (`alibi`, `relative_bias`), as a dense bias.
+            (`alibi`, `relative_bias`), as a dense bias. The non-finite rules below apply to
+            the scores it returns (a soft cap turns a +inf score into the cap; a -inf it
+            returns hides that key, as a mask does).
 
     A query row that may attend to no key at all (every key masked, or S = 0) gets
     output exactly 0, lse -inf and gradient exactly 0 on every backend (never NaN).
@@ -181,6 +183,10 @@ def attention(
             "score_mod must be a function (score, b, h, q_idx, kv_idx) -> score, got "
             f"{type(score_mod).__name__}"
         )
+    if score_mod is not None:
+        from attnkit.functional.score_mods import check
+
+        check(score_mod, q.shape[1], q.shape[2], k.shape[2], q.device)
     if isinstance(mask, StructuredMask):
         mask, causal = _structured_call(mask, causal, q, k)
     structured = isinstance(mask, StructuredMask)  # traced code gets the dense form
@@ -207,7 +213,9 @@ def attention(
     if structured and name not in ("chunked", "flex"):  # the kernels that read the structure
         mask = mask.dense(q.device)
     if name == "fused" and score_mod is not None:
-        bias = _mod_as_bias(score_mod, q, k, bias)
+        from attnkit.functional.score_mods import dense_bias
+
+        bias = dense_bias(score_mod, q, k, bias)  # the stand-in: O(H·N·S)
     if name == "reference":
         res = AttentionOutput(
             *reference(q, k, v, mask, bias, causal, scale, p, need_weights, score_mod)
@@ -427,16 +435,6 @@ def _probe_sdpa_empty_rows() -> bool:
 # counter, a compiled or exported trace, which must neither see the probe's calls nor branch on
 # its result. A constant, so traced code reads it as one.
 _SDPA_ZEROES_EMPTY_ROWS = _probe_sdpa_empty_rows()
-
-
-def _mod_as_bias(score_mod, q: Tensor, k: Tensor, bias: Tensor | None) -> Tensor:
-    """An additive score function as a dense (1, H, N, S) bias for SDPA, plus `bias`: the
-    fused backend's stand-in (O(H·N·S) memory), added after it as everywhere."""
-    from attnkit.functional.score_mods import dense_bias
-
-    work = torch.promote_types(q.dtype, torch.float32)
-    dense = dense_bias(score_mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], work, q.device)
-    return dense if bias is None else dense + bias
 
 
 def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:

@@ -23,7 +23,7 @@ import math
 import torch
 from torch import Tensor
 
-from attnkit.functional import native
+from attnkit.functional import _chunked_mod, native
 from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
 from attnkit.functional._double_backward import kernel_grads
 from attnkit.functional._dropout import (
@@ -359,12 +359,16 @@ def chunked_attention(
         mask = structure.dense
     # Dv = 0: the compiled kernel's BLAS (oneMKL) prints an error line per product; the
     # PyTorch kernel gives the same empty out, lse and dropout draws, silently.
-    if score_mod is not None:
-        return _with_score_mod(
-            q, k, v, mask, bias, causal, scale, t_keep, seed, block_q, block_k, structure,
-            score_mod,
-        )  # fmt: skip
     native_fits = v.shape[-1] > 0 and native.supports(q, bias)
+    if score_mod is not None:  # the compiled kernel's built-ins, or differentiable blocks
+        bq = block_q or (CAUSAL_BLOCK_Q if causal else DEFAULT_BLOCK_Q)
+        bk = block_k or (CAUSAL_BLOCK_K if causal else DROPOUT_BLOCK_K)
+        pl = _Plan(q, k, v, causal, bq, bk, structure)
+        pl.scale, pl.inv_keep = scale, inv_keep
+        fits = native_fits and kernel != "torch" and block_q is None and block_k is None
+        return _chunked_mod.with_score_mod(
+            pl, q, k, v, _as4d(mask), _as4d(bias), score_mod, t_keep, seed, fits, kernel
+        )
     if kernel == "native" or (
         kernel == "auto" and block_q is None and block_k is None and native_fits
     ):
@@ -378,14 +382,3 @@ def chunked_attention(
     )
     args = (causal, scale, t_keep, seed, bq, bk, structure)
     return _ChunkedAttention.apply(q, k, v, mask, bias, *args)
-
-
-def _with_score_mod(q, k, v, mask, bias, causal, scale, t_keep, seed, bq, bk, structure, fn):
-    """`chunked_attention` with a score function, on the PyTorch kernel of `_chunked_mod`."""
-    from attnkit.functional._chunked_mod import mod_attention  # it imports this module's parts
-
-    bq = bq or (CAUSAL_BLOCK_Q if causal else DEFAULT_BLOCK_Q)
-    bk = bk or (CAUSAL_BLOCK_K if causal else DROPOUT_BLOCK_K)
-    pl = _Plan(q, k, v, causal, bq, bk, structure)
-    pl.scale, pl.inv_keep = scale, (NO_DROPOUT / t_keep if t_keep else 0.0)
-    return mod_attention(pl, q, k, v, _as4d(mask), _as4d(bias), fn, seed, t_keep)

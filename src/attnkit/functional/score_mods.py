@@ -50,6 +50,7 @@ __all__ = [
     "ScoreMod",
     "alibi",
     "apply",
+    "check",
     "compose",
     "relative_bias",
     "softcap",
@@ -81,6 +82,10 @@ class ScoreMod:
         """The tensors this function closes over (tables, slopes)."""
         return ()
 
+    def check(self, heads: int, n: int, s: int, device: torch.device) -> None:
+        """Raise ValueError if this function cannot serve a call with H = `heads`, N = `n`,
+        S = `s` on `device` (a table of another head count, a window too small)."""
+
     def __add__(self, other):
         """``a + b``: a, then b (as `compose`)."""
         if not callable(other):
@@ -108,11 +113,16 @@ class _Softcap(ScoreMod):
 class _Alibi(ScoreMod):
     additive = True
 
-    def __init__(self, slopes: Tensor, offset: int, symmetric: bool):
+    def __init__(self, slopes: Tensor, offset: int, symmetric: bool, positions: Tensor | None):
         self.slopes, self.offset, self.symmetric = slopes, offset, symmetric
+        self.positions = positions
 
     def __call__(self, score, b, h, q_idx, kv_idx):
-        rel = kv_idx - (q_idx + self.offset)  # (…, nq, nk): p_j - p_i
+        if self.positions is None:
+            rel = kv_idx - (q_idx + self.offset)  # (…, nq, nk): p_j - p_i
+        else:  # (B, S) key positions; query i is key i + offset
+            pos = self.positions
+            rel = pos[b, kv_idx] - pos[b, q_idx + self.offset]  # (B, 1, nq, nk)
         if self.symmetric:
             rel = -rel.abs()
         return score + self.slopes[h] * rel.to(self.slopes.dtype)
@@ -120,8 +130,18 @@ class _Alibi(ScoreMod):
     def tensors(self):
         return (self.slopes,)
 
+    def check(self, heads, n, s, device):
+        _check_table("alibi: slopes", self.slopes, self.slopes.shape[0], heads, device)
+        pos = self.positions
+        if pos is not None and (pos.shape[1] != s or not 0 <= self.offset <= s - n):
+            raise ValueError(
+                f"alibi: positions of shape {tuple(pos.shape)} with offset={self.offset} do not "
+                f"fit N={n} queries over S={s} keys: they must be (B, {s}), offset in 0..{s - n}"
+            )
+
     def __repr__(self) -> str:
         extra = f", offset={self.offset}" if self.offset else ""
+        extra += ", positions" if self.positions is not None else ""
         return f"alibi(H={self.slopes.shape[0]}{extra}{', symmetric' if self.symmetric else ''})"
 
 
@@ -181,6 +201,15 @@ class _RelativeBias(ScoreMod):
     def tensors(self):
         return (self.table,)
 
+    def check(self, heads, n, s, device):
+        _check_table("relative_bias: table", self.table, self.table.shape[-1], heads, device)
+        if isinstance(self.index, _WindowOffsets) and max(n, s) > self.index.window_size**2:
+            m = self.index.window_size
+            raise ValueError(
+                f"relative_bias with window_offsets({m}): the call has N={n} queries and S={s} "
+                f"keys, but one {m}×{m} window holds {m * m} tokens; attend window by window"
+            )
+
     def __repr__(self) -> str:
         return f"relative_bias(table {tuple(self.table.shape)}, {self.index!r})"
 
@@ -206,6 +235,24 @@ class _Compose(ScoreMod):
         return "compose(" + ", ".join(repr(f) for f in self.fns) + ")"
 
 
+def _check_table(name: str, t: Tensor, got: int, heads: int, device) -> None:
+    if got != heads:
+        raise ValueError(
+            f"{name} of shape {tuple(t.shape)} has {got} heads, the call H={heads}: build it "
+            f"for {heads} heads"
+        )
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, the call's q on {device}")
+
+
+def check(fn, heads: int, n: int, s: int, device) -> None:
+    """Check every built-in part of `fn` against the call (see `ScoreMod.check`)."""
+    if isinstance(fn, ScoreMod):
+        for part in fn.parts:
+            if isinstance(part, ScoreMod):
+                part.check(heads, n, s, device)
+
+
 def _int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -220,21 +267,30 @@ def softcap(cap: float) -> ScoreMod:
     return _Softcap(float(cap))
 
 
-def alibi(slopes: Tensor, *, offset: int = 0, symmetric: bool = False) -> ScoreMod:
+def alibi(
+    slopes: Tensor, *, offset: int = 0, symmetric: bool = False, positions: Tensor | None = None
+) -> ScoreMod:
     """ALiBi (Press et al. 2022): s + m_h · (kv - (q + offset)), slopes m (H,) (e.g.
-    `attnkit.functional.alibi_slopes(H)`).
+    `attnkit.functional.alibi_slopes(H)`); attention-gym's ``generate_alibi_bias``.
 
     `offset` places query i at key position i + offset: pass S - N for attnkit's bottom-right
     frame (a decode step with a cache), which `attnkit.functional.alibi_bias` uses. With
-    `symmetric`, -m_h · |kv - (q + offset)| (encoders without a causal mask). The slopes get
-    gradients if they require them.
+    `symmetric`, -m_h · |kv - (q + offset)| (encoders without a causal mask). `positions`:
+    (B, S) integer key positions replacing the indices (`attnkit.functional.padding_positions`,
+    so left padding does not count as distance, as Bloom; runs on the PyTorch kernels). The
+    slopes get gradients if they require them.
     """
     if not isinstance(slopes, Tensor) or slopes.dim() != 1 or not slopes.dtype.is_floating_point:
         got = f"{slopes.dtype} {tuple(slopes.shape)}" if isinstance(slopes, Tensor) else slopes
         raise ValueError(f"alibi: slopes must be a float tensor of shape (H,), got {got!r}")
     if isinstance(offset, bool) or not isinstance(offset, int):
         raise ValueError(f"alibi: offset must be an integer, got {offset!r}")
-    return _Alibi(slopes, offset, bool(symmetric))
+    if positions is not None and (
+        not isinstance(positions, Tensor) or positions.dim() != 2 or positions.is_floating_point()
+    ):
+        got = tuple(positions.shape) if isinstance(positions, Tensor) else type(positions)
+        raise ValueError(f"alibi: positions must be an integer tensor (B, S), got {got}")
+    return _Alibi(slopes, offset, bool(symmetric), positions)
 
 
 def t5_buckets(
@@ -308,7 +364,8 @@ def apply(fn: ScoreFn, score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_id
         out = fn(score, b, h, q_idx, kv_idx)
     except (RuntimeError, TypeError) as e:
         text = str(e)
-        if "ambiguous" in text or "only one element" in text or "converted to Python" in text:
+        words = ("ambiguous", "only one element", "converted to Python", "converted to Scalar")
+        if any(w in text for w in words):
             raise ValueError(f"{_VECTORISE}; calling it raised: {text}") from e
         raise
     if not isinstance(out, Tensor) or not out.dtype.is_floating_point:
@@ -337,9 +394,12 @@ def indices(b: int, h: int, i0: int, i1: int, j0: int, j1: int, device):
     )
 
 
-def dense_bias(fn: ScoreMod, b: int, h: int, n: int, s: int, dtype, device) -> Tensor:
-    """An additive score function as the dense (B|1, H, N, S) bias it adds: what SDPA (the
-    fused backend) is handed, in O(B·H·N·S) memory; the other backends never build it."""
-    zero = torch.zeros((), dtype=dtype, device=device)
-    bi, hi, qi, ki = indices(1, h, 0, n, 0, s, device)
-    return fn(zero, bi, hi, qi, ki).expand(1, h, n, s)
+def dense_bias(fn: ScoreMod, q: Tensor, k: Tensor, bias: Tensor | None) -> Tensor:
+    """An additive score function for q (B, H, N, D), k (B, Hkv, S, D) as the dense
+    (B|1, H, N, S) bias it adds, plus `bias`: what SDPA (the fused backend) is handed, in
+    O(B·H·N·S) memory; the other backends never build it."""
+    h, n, s = q.shape[1], q.shape[2], k.shape[2]
+    zero = torch.zeros((), dtype=torch.promote_types(q.dtype, torch.float32), device=q.device)
+    dense = fn(zero, *indices(q.shape[0], h, 0, n, 0, s, q.device))  # (B|1, H|1, N|1, S|1)
+    dense = dense.expand(dense.shape[0], h, n, s)
+    return dense if bias is None else dense + bias

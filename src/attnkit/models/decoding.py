@@ -129,7 +129,8 @@ class CachedMultiHeadAttention(MultiHeadAttention):
     mask: boolean, True = may attend, broadcastable to (B, H, N, S) — for
     cross-attention the source padding mask (B, 1, 1, S).
     bias: additive (B, H, N, S) over all S cached + new keys, e.g. ALiBi or T5
-    bias for the last N of S positions (`attnkit.modules.AlibiBias(n, s)`).
+    bias for the last N of S positions (`attnkit.modules.AlibiBias(n, s)`); or, without the
+    (N, S) tensor, ``score_mod=AlibiBias.score_mod(n, s)`` (`attnkit.score_mods`).
     With a `rotary` embedding the new queries and keys are rotated at positions
     S_past .. S_past + N - 1, S_past the cached length (= `cache.length` when
     every step goes through this module).
@@ -147,6 +148,7 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         pos: Tensor | None = None,
         context_pos: Tensor | None = None,
         position_ids: Tensor | None = None,
+        score_mod=None,
     ) -> Tensor:
         """x (B, N, C), context (B, S, Cc) or None -> (B, N, Co); `pos` (B, N, C),
         `context_pos` (B, S, Cc) and `position_ids` (N,) or (B, N) as in
@@ -155,9 +157,10 @@ class CachedMultiHeadAttention(MultiHeadAttention):
         if cache is None:
             return super().forward(
                 x, context, mask=mask, bias=bias, causal=causal, pos=pos, context_pos=context_pos,
-                position_ids=position_ids,
+                position_ids=position_ids, score_mod=score_mod,
             )  # fmt: skip
-        if position_ids is None and self._one_new_token(x, context, mask, bias, pos):
+        plain = position_ids is None and score_mod is None
+        if plain and self._one_new_token(x, context, mask, bias, pos):
             return self._decode_one(x, cache)
         cached = cache.entries.get(self)
         if context is None:
@@ -178,8 +181,8 @@ class CachedMultiHeadAttention(MultiHeadAttention):
             # An empty context projects only the queries; the keys/values are cached.
             q, _, _ = self.heads_qkv(x, context[:, :0], pos=pos)  # (B, H, N, Dh)
             k, v = cached
-        o = self.attend(q, k, v, mask=mask, bias=bias, causal=causal).out  # (B, H, N, Dh)
-        return self.proj(self.merge_heads(o))
+        o = self.attend(q, k, v, mask=mask, bias=bias, causal=causal, score_mod=score_mod).out
+        return self.proj(self.merge_heads(o))  # o: (B, H, N, Dh)
 
     def _one_new_token(self, x, context, mask, bias, pos) -> bool:
         """Whether this call is the plain decode step `_decode_one` serves: one new token of
