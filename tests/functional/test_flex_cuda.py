@@ -66,7 +66,8 @@ def _to_cuda(mod):
     return mod
 
 
-def test_flex_attention_drop_in_equals_torch_flex_on_cuda():
+def test_flex_attention_drop_in_equals_torch_flex_on_cuda(monkeypatch):
+    """The drop-in hands the user's BlockMask and score_mod to torch's FlexAttention."""
     from torch.nn.attention.flex_attention import create_block_mask
     from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
@@ -75,8 +76,15 @@ def test_flex_attention_drop_in_equals_torch_flex_on_cuda():
     def causal(b, h, q_idx, kv_idx):
         return q_idx >= kv_idx
 
+    def relative(score, b, h, q_idx, kv_idx):
+        return score + (q_idx - kv_idx) / 64
+
+    calls = []
+    run = _flex_backend.run
+    monkeypatch.setattr(_flex_backend, "run", lambda *a: calls.append(1) or run(*a))
     bm = create_block_mask(causal, None, None, 256, 256, device="cuda")
     q, k, v = (torch.randn(1, 4, 256, 64, device="cuda") for _ in range(3))
-    want = torch.compile(torch_flex)(q, k, v, block_mask=bm)
-    got = flex_attention(q, k, v, block_mask=bm)
+    want = torch.compile(torch_flex)(q, k, v, relative, block_mask=bm)
+    got = flex_attention(q, k, v, relative, block_mask=bm)
+    assert calls, "the drop-in did not take the FlexAttention route"
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)

@@ -15,6 +15,7 @@ import attnkit
 from attnkit import masks
 from attnkit import score_mods as sm
 from attnkit.functional import _flex_backend
+from attnkit.functional._index_fns import ScoreFn
 from attnkit.functional.attention import _choose_backend
 
 attention_module = importlib.import_module("attnkit.functional.attention")
@@ -36,6 +37,7 @@ ROUTES = [
     ("cuda", False, None, True, {}, "fused"),  # no structure, no score function: SDPA
     ("cuda", False, ALIBI, False, {}, "fused"),  # additive built-in as a dense bias
     ("cuda", False, _custom, False, {}, "chunked"),  # a function of the user's own
+    ("cuda", True, ScoreFn(_custom), True, {}, "flex"),  # one given to the Flex drop-in
     ("cuda", True, None, True, {"need_weights": True}, "reference"),
     ("cpu", True, None, True, {}, "chunked"),  # the CPU keeps its own kernel
     ("cpu", False, SOFTCAP, True, {}, "chunked"),
@@ -79,6 +81,7 @@ def _meta(dtype=torch.float16, d=64, dv=64):
         ({"bias": True}, False),  # a dense bias: SDPA
         ({"tensor_mask": True}, False),  # a boolean tensor: SDPA
         ({"score_mod": _custom}, False),  # not a built-in
+        ({"score_mod": ScoreFn(_custom)}, True),  # given to the FlexAttention drop-in
         ({"score_mod": sm.compose(SOFTCAP, ALIBI)}, True),
     ],
 )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnkit.functional._index_fns import ScoreFn
 from attnkit.functional._trace import tracing
 from attnkit.functional.flex_masks import to_block_mask
 from attnkit.functional.structured import StructuredMask, causal_intervals
@@ -31,7 +32,9 @@ def fits(q: Tensor, v: Tensor, *, mask, bias, score_mod, dropout: bool, need_wei
     """Whether FlexAttention runs this call: no dropout, no weights, no dense bias and no mask
     tensor (a structured mask or none: Flex takes neither tensor), float16/bfloat16/float32,
     head widths D and Dv powers of two in [16, 256] (what its Triton kernels are built for),
-    and a score function that is a built-in (`attnkit.score_mods`, traceable) or none."""
+    and a score function that is a built-in (`attnkit.score_mods`, traceable), one given to
+    the FlexAttention drop-in (`attnkit.nn.attention.flex_attention`, written for Flex), or
+    none."""
     if dropout or need_weights or bias is not None or q.dtype not in _DTYPES:
         return False
     if mask is not None and not isinstance(mask, StructuredMask):
@@ -39,7 +42,8 @@ def fits(q: Tensor, v: Tensor, *, mask, bias, score_mod, dropout: bool, need_wei
     if score_mod is not None:
         from attnkit.functional.score_mods import ScoreMod
 
-        if not isinstance(score_mod, ScoreMod):
+        # a built-in, or a function the FlexAttention drop-in was given (written for Flex)
+        if not isinstance(score_mod, ScoreMod | ScoreFn):
             return False
     return all(16 <= d <= 256 and d & (d - 1) == 0 for d in (q.shape[-1], v.shape[-1]))
 
@@ -66,6 +70,8 @@ def run(q, k, v, mask: StructuredMask | None, causal: bool, scale: float, score_
         mask = limit if mask is None else mask & limit
     block_mask = None if mask is None else block_mask_for(mask, q.device)
     fn = flex_attention if tracing() else _compiled_flex()
+    if isinstance(score_mod, ScoreFn):  # Flex calls it per element itself
+        score_mod = score_mod.fn
     want_lse = q.device.type not in _NO_LSE
     got = fn(
         q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,

@@ -87,7 +87,9 @@ def flex_attention(
     `return_aux` ``(out, AuxOutput)``. lse is float32 (float64 for float64 input) and -inf
     for a row that may attend to nothing, whose output is 0 (FlexAttention's rule too).
 
-    Differences from FlexAttention: it needs no torch.compile and has a backward on the CPU;
+    On CUDA the call goes to torch's compiled FlexAttention with this block mask and score_mod
+    (where Flex runs it: see `attnkit.attention`'s auto). Differences from FlexAttention on the
+    CPU: it needs no torch.compile and has a backward;
     the uncompiled FlexAttention fallback applies mask_mod everywhere and ignores the block
     lists, attnkit follows the lists as FlexAttention's compiled kernels do.
     """
