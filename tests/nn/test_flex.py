@@ -292,6 +292,21 @@ def _flex_training_script(flex_module, steps=4):
     return losses
 
 
+def test_under_torch_compile_it_runs_eagerly_with_a_backward():
+    """A script that compiles flex_attention (FlexAttention's habit) gets attnkit's eager call
+    inside the compiled code (a graph break): the same numbers and gradients, bit for bit."""
+    q, k, v = _inputs(dtype=torch.float32)
+    bm = _block_mask(_masks(N)["document"])
+    score_mod, _ = _score_mods(torch.float32)["softcap"]
+    compiled = torch.compile(flex_attention, backend="aot_eager")
+    got = compiled(q, k, v, score_mod, bm)
+    want = flex_attention(q, k, v, score_mod, bm)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    (g,) = torch.autograd.grad(got.sum(), q)
+    (w,) = torch.autograd.grad(want.sum(), q)
+    torch.testing.assert_close(g, w, atol=0, rtol=0)
+
+
 def test_flex_training_script_trains_with_only_the_import_changed():
     with pytest.raises(NotImplementedError, match="backward on CPU"):
         _flex_training_script(torch_flex)  # torch's FlexAttention on the CPU

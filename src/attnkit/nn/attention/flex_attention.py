@@ -16,6 +16,7 @@ on the CPU the compiled chunked kernel (forward and backward), on CUDA FlexAtten
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import (
     AuxOutput,
@@ -89,10 +90,27 @@ def flex_attention(
 
     On CUDA the call goes to torch's compiled FlexAttention with this block mask and score_mod
     (where Flex runs it: see `attnkit.attention`'s auto). Differences from FlexAttention on the
-    CPU: it needs no torch.compile and has a backward;
-    the uncompiled FlexAttention fallback applies mask_mod everywhere and ignores the block
-    lists, attnkit follows the lists as FlexAttention's compiled kernels do.
+    CPU: it needs no torch.compile and has a backward; under torch.compile it runs eagerly (a
+    graph break: ``fullgraph=True`` refuses it), the rest of the model compiled; the uncompiled
+    FlexAttention fallback applies mask_mod everywhere and ignores the block lists, attnkit
+    follows the lists as FlexAttention's compiled kernels do.
     """
+    return _flex_attention(
+        query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse, kernel_options,
+        return_aux,
+    )  # fmt: skip
+
+
+# torch.compile runs this eagerly (a graph break around each call), also when the public
+# function itself is compiled (torch.compile unwraps a disabled function it is handed, not one
+# called inside): the mask's plan and the compiled CPU kernel are what make it fast, while a
+# traced graph would hold the mask as an (L, S) tensor; FlexAttention's CUDA route compiles
+# its own kernel anyway.
+@torch.compiler.disable
+def _flex_attention(
+    query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse, kernel_options,
+    return_aux,
+):  # fmt: skip
     if return_lse and return_aux is not None:
         raise ValueError(
             "Cannot specify both return_lse and return_aux. "
