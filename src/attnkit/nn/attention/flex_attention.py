@@ -70,7 +70,9 @@ def flex_attention(
             None. Called on blocks of scores with broadcastable index tensors (attention-gym's
             are written for that); one written for FlexAttention's per-element calls is
             detected on its first block and called per element under vmap. Gradients reach
-            the tensors it closes over.
+            the tensors it closes over. A function of your own runs on the PyTorch kernel;
+            attnkit's built-ins (`attnkit.score_mods.softcap`, `alibi`, `relative_bias`, the
+            same signature) run in the compiled one.
         block_mask: a `BlockMask` from `create_block_mask` (or ``BlockMask.from_kv_blocks``)
             for L queries and S keys, or None (every key). Keys in unlisted blocks are masked,
             in full blocks allowed, in partial blocks where ``mask_mod`` holds. A mask_mod written
