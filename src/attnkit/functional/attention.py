@@ -161,7 +161,9 @@ def attention(
     the gradient again in differentiable PyTorch ops, with the same mask, bias, causal limit,
     GQA and dropout entries, in O(B·H·N·S) memory. Dropout that SDPA draws inside a fused
     kernel (CUDA) cannot be replayed: a second-order gradient there raises NotImplementedError
-    naming the way out, ``backend="chunked"`` or ``"reference"``.
+    naming the way out, ``backend="chunked"`` or ``"reference"``. FlexAttention (auto's route
+    for structure on CUDA) has no double backward of its own: for second-order gradients there,
+    pass ``backend="chunked"`` (not yet checked on a GPU).
 
     Non-finite input has one meaning on every backend (tested):
 
