@@ -348,3 +348,17 @@ def test_minus_inf_from_a_score_function_masks_like_a_mask(backend):
     want = attnkit.attention(q, k, v, mask=allowed, backend="reference")
     _check((got.out, got.lse), (want.out, want.lse), [q, k, v])
     assert torch.equal(got.out[:, :, 4], torch.zeros_like(got.out[:, :, 4]))
+
+
+@pytest.mark.parametrize(("n", "s"), [(0, 5), (3, 0)])
+def test_no_queries_or_no_keys(n, s):
+    from attnkit.functional.chunked import chunked_attention
+
+    q, k = torch.randn(1, 2, n, 4, dtype=F64), torch.randn(1, 2, s, 4, dtype=F64)
+    fn = sm.softcap(1.0)
+    o, lse = chunked_attention(q, k, k, mask=None, bias=None, causal=False, scale=0.5,
+                               dropout_p=0.0, training=False, score_mod=fn)  # fmt: skip
+    assert o.shape == (1, 2, n, 4) and not o.any() and torch.isneginf(lse).all()
+    for backend in ("reference", "chunked"):
+        r = attnkit.attention(q, k, k, score_mod=fn, backend=backend)
+        assert r.out.shape == (1, 2, n, 4) and not r.out.any()

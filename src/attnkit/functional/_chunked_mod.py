@@ -98,6 +98,9 @@ def mod_attention(pl, q, k, v, mask4, bias4, score_mod, seed, t_keep):
             o, lse = _row_block(*args)
         outs.append(o)
         lses.append(lse)
+    if not outs:  # N = 0
+        like = {"dtype": pl.cdt, "device": pl.dev}
+        return q.new_zeros(pl.b, pl.h, 0, pl.dv), torch.zeros(pl.b, pl.h, 0, **like)
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # (B, H, N, Dv)
     lse = torch.cat(lses, dim=2) if len(lses) > 1 else lses[0]  # (B, H, N)
     return out.to(q.dtype), lse

@@ -79,7 +79,9 @@ def _plan(mask: StructuredMask, block_q: int, block_k: int, device) -> MaskPlan:
         other = rest[0]
         for f in rest[1:]:
             other = other & f
-        table, tiles = _tiles(other, block_q, block_k, device)
+        # a mask that knows its own block structure (a FlexAttention BlockMask) tiles itself
+        tile = getattr(other, "plan_tiles", None) or (lambda *a: _tiles(other, *a))
+        table, tiles = tile(block_q, block_k, device)
     return MaskPlan(stacked, dense, table, tiles)
 
 

@@ -17,6 +17,8 @@ Backends compute the same thing and are pinned together by the tests:
   ``attnkit::attention_fwd``/``attention_bwd``), elsewhere PyTorch ops on the inputs' device.
   O(block·S) memory in forward and backward for any mask, bias, causal, GQA and dropout;
   returns the log-sum-exp.
+* ``flex`` (chosen by ``auto`` only, on CUDA) — torch's compiled FlexAttention, for structured
+  masks (as a `BlockMask`, `flex_masks.to_block_mask`) and built-in score functions.
 * ``auto`` — the fastest backend that supports the call (see `_choose_backend`), per device,
   chosen from static facts only (shapes, dtypes, flags, the device type, facts about this
   machine read at import), so that torch.compile and torch.export trace one fixed choice.
@@ -35,6 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit._cpu import has_native_bf16
+from attnkit.functional import _flex_backend
+from attnkit.functional._causal_bias import causal_bias_call, is_causal_bias
 from attnkit.functional._double_backward import exact_sdpa_second_order
 from attnkit.functional._reference import _allowed, _eager_cpu, _repeat_kv, reference
 from attnkit.functional._trace import tracing
@@ -123,7 +127,10 @@ def attention(
             would broadcast as (N, S) or (H, N, S) without error): pass those 4-D.
             Or a structured mask (`attnkit.masks.window`, `document`, `prefix`,
             `from_function` and their ``&``/``|``), which means its ``.dense()``: on the
-            CPU auto runs it on the chunked kernels, which skip the blocks it hides.
+            CPU auto runs it on the chunked kernels, which skip the blocks it hides, on
+            CUDA on FlexAttention's. Or torch's `CausalBias` (``causal_upper_left(N, S)``:
+            query i sees keys j <= i; ``causal_lower_right(N, S)``: the bottom-right
+            `causal`), here or as `bias` (as torch's SDPA takes it), never materialised.
         bias: additive float scores, broadcastable to (B, H, N, S); may hold -inf.
         causal: query i attends to keys j <= i + (S - N), i.e. the mask is
             aligned bottom-right when N != S (what decoding with a cache needs).
@@ -154,7 +161,9 @@ def attention(
     the gradient again in differentiable PyTorch ops, with the same mask, bias, causal limit,
     GQA and dropout entries, in O(B·H·N·S) memory. Dropout that SDPA draws inside a fused
     kernel (CUDA) cannot be replayed: a second-order gradient there raises NotImplementedError
-    naming the way out, ``backend="chunked"`` or ``"reference"``.
+    naming the way out, ``backend="chunked"`` or ``"reference"``. FlexAttention (auto's route
+    for structure on CUDA) has no double backward of its own: for second-order gradients there,
+    pass ``backend="chunked"`` (not yet checked on a GPU).
 
     Non-finite input has one meaning on every backend (tested):
 
@@ -167,6 +176,9 @@ def attention(
        there may spread through the blocked product (0 · NaN) on some backends and not on
        others, depending on their blocking. Zero padding and unused cache slots.
     """
+    if is_causal_bias(mask) or is_causal_bias(bias):
+        _validate(q, k, v, None, None, dropout_p, scale)  # q and k give N and S
+        mask, bias, causal = causal_bias_call(mask, bias, causal, q.shape[2], k.shape[2], q.device)
     _validate(q, k, v, mask, bias, dropout_p, scale)
     if score_mod is not None and not callable(score_mod):
         raise ValueError(
@@ -192,12 +204,15 @@ def attention(
     elems = _mask_elems(q, k, mask, bias, causal)
     low_grad = q.dtype == torch.bfloat16 and torch.is_grad_enabled()
     low_grad = low_grad and (q.requires_grad or k.requires_grad or v.requires_grad)
+    flex_fits = q.device.type == "cuda" and _flex_backend.fits(
+        q, v, mask=mask, bias=bias, score_mod=score_mod, dropout=p > 0, need_weights=need_weights
+    )
     name = _choose_backend(
         backend, need_weights=need_weights, dropout=p > 0, mask_elems=elems,
         low_precision_grad=low_grad, device_type=q.device.type, structured=structured,
-        score_mod=score_mod,
+        score_mod=score_mod, flex_fits=flex_fits,
     )  # fmt: skip
-    if structured and name != "chunked":  # only the chunked kernels read the structure
+    if structured and name not in ("chunked", "flex"):  # the kernels that read the structure
         mask = mask.dense(q.device)
     if name == "fused" and score_mod is not None:
         from attnkit.functional.score_mods import dense_bias
@@ -209,6 +224,8 @@ def attention(
         )
     elif name == "fused":
         res = _fused(q, k, v, mask, bias, causal, scale, p)
+    elif name == "flex":
+        res = AttentionOutput(*_flex_backend.run(q, k, v, mask, causal, scale, score_mod))
     else:
         from attnkit.functional.chunked import chunked_attention
 
@@ -321,15 +338,18 @@ def _choose_backend(
     device_type: str = "cpu",
     structured: bool = False,
     score_mod=None,
+    flex_fits: bool = False,
 ) -> str:
     """The backend a call runs on, from static facts only.
 
     `mask_elems` is what `_mask_elems` returns for the call; `low_precision_grad` says that
     the inputs are bfloat16 and a gradient will be taken; `structured` that the mask is a
-    `StructuredMask`. Off the CPU (CUDA, MPS, ...) auto runs SDPA, whose kernels there do
-    dropout and masks themselves (a structured mask goes as its dense form). A `score_mod` runs
-    on chunked, except an additive built-in off the CPU, which SDPA takes as a dense bias
-    (a stand-in until FlexAttention takes score functions there).
+    `StructuredMask`; `flex_fits` that FlexAttention can run the call (`_flex_backend.fits`).
+    On CUDA a structured mask or a built-in score function goes to FlexAttention ("flex", an
+    auto-only choice) where it fits. Otherwise, off the CPU (CUDA, MPS, ...) auto runs SDPA,
+    whose kernels there do dropout and masks themselves (a structured mask goes as its dense
+    form). A `score_mod` runs on chunked, except an additive built-in off the CPU, which SDPA
+    takes as a dense bias.
     """
     if requested not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
@@ -353,6 +373,13 @@ def _choose_backend(
         if _override == "fused" and score_mod is not None and not additive:
             return "chunked"
         return _override
+    # CUDA: structure and built-in score functions go to FlexAttention's kernels, which skip
+    # what the BlockMask hides and compute the score function in the kernel (SDPA would take
+    # the mask or the additive score function as a dense (N, S) tensor). `flex_fits` (see
+    # `_flex_backend.fits`) says Flex runs the call: no dropout, bias or tensor mask, a
+    # built-in score function, a dtype and head widths its kernels are built for.
+    if device_type == "cuda" and flex_fits and (structured or score_mod is not None):
+        return "flex"
     if score_mod is not None:
         # CUDA: dense-bias fallback for additive built-ins (O(B·H·N·S)), marked as a stand-in
         return "fused" if device_type != "cpu" and additive else "chunked"

@@ -20,6 +20,8 @@ query is the newest token and sees every cached key).
 Structured masks (`window`, `document`, `prefix`, `from_function`, and their `&` / `|`
 with each other and with boolean tensors) describe themselves instead of holding an (N, S)
 tensor: kernels skip the blocks they hide. See `attnkit.functional.structured`.
+`from_block_mask` reads FlexAttention's `BlockMask` as one, `to_block_mask` writes one as a
+`BlockMask` (`attnkit.functional.flex_masks`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from attnkit.functional.flex_masks import from_block_mask, to_block_mask
 from attnkit.functional.structured import (
     StructuredMask,
     document,
@@ -45,6 +48,7 @@ __all__ = [
     "combine",
     "document",
     "document_ids",
+    "from_block_mask",
     "from_function",
     "from_hf_attention_mask",
     "from_keras_attention_mask",
@@ -54,6 +58,7 @@ __all__ = [
     "padding",
     "prefix",
     "sliding_window",
+    "to_block_mask",
     "window",
 ]
 

@@ -2,6 +2,7 @@
 
     from attnkit.nn import MultiheadAttention            # in place of torch.nn.MultiheadAttention
     from attnkit.nn.functional import scaled_dot_product_attention  # in place of torch's SDPA
+    from attnkit.nn.attention.flex_attention import flex_attention  # torch.nn.attention's Flex
 
 Nothing else changes in the calling code, checkpoints included; what attnkit adds is its
 speed (the backend `auto` picks, e.g. the compiled kernel when dropout is on) and its rule
@@ -15,7 +16,8 @@ of them (a sequence-first one, `batch_first=False`, only when `batch_first=True`
 acknowledges that the copy reads (B, N, C)).
 """
 
-from attnkit.nn import functional
+from attnkit.nn import attention, functional
+from attnkit.nn.attention.flex_attention import flex_attention
 from attnkit.nn.multihead import MultiheadAttention
 
-__all__ = ["MultiheadAttention", "functional"]
+__all__ = ["MultiheadAttention", "attention", "flex_attention", "functional"]

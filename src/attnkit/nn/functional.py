@@ -17,6 +17,7 @@ import math
 import torch
 from torch import Tensor
 
+from attnkit.functional._causal_bias import causal_bias_parts, is_causal_bias
 from attnkit.functional.attention import attention
 from attnkit.nn._errors import TorchRuntimeError
 
@@ -40,7 +41,10 @@ def scaled_dot_product_attention(
         key: (..., Hkv, S, E).
         value: (..., Hkv, S, Ev).
         attn_mask: boolean, **True = may attend** (torch's SDPA convention, also attnkit's),
-            or a float tensor added to the scores; broadcastable to (..., H, L, S).
+            or a float tensor added to the scores; broadcastable to (..., H, L, S). Or torch's
+            `CausalBias` (``torch.nn.attention.bias.causal_upper_left(L, S)``: query i sees
+            keys j <= i; ``causal_lower_right(L, S)``: j <= i + S - L), computed as attnkit's
+            causal limit or row intervals, without an (L, S) tensor.
         dropout_p: dropout on the probabilities, applied whenever > 0 (as torch's SDPA does:
             pass 0.0 in evaluation).
         is_causal: query i attends to keys j <= i, aligned **top-left** when L != S (torch's
@@ -61,6 +65,12 @@ def scaled_dot_product_attention(
         if not isinstance(t, Tensor) or t.dim() < 2:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise TorchRuntimeError(f"{name} must have shape (..., L|S, E) (rank >= 2), got {got}")
+    causal_bias = attn_mask if is_causal_bias(attn_mask) else None  # causal_upper_left / ...
+    attn_mask = None if causal_bias is not None else attn_mask
+    if causal_bias is not None and is_causal:  # torch's CausalBias refuses the pair too
+        raise TorchRuntimeError(
+            "scaled_dot_product_attention: pass a CausalBias attn_mask or is_causal=True, not both"
+        )
     heads, kv_heads = _heads(query), _heads(key)
     gqa_ok = enable_gqa and 0 < kv_heads <= heads and heads % kv_heads == 0
     if kv_heads not in (heads, 1) and not gqa_ok:  # one key/value head broadcasts, as in torch
@@ -80,7 +90,9 @@ def scaled_dot_product_attention(
     n, s = q.shape[2], k.shape[2]
     mask = bias = None
     causal = False
-    if attn_mask is not None:
+    if causal_bias is not None:
+        mask, causal = causal_bias_parts(causal_bias, n, s, q.device)
+    elif attn_mask is not None:
         _check_mask(attn_mask, (*batch, q.shape[1], n, s))
         m = _mask_4d(attn_mask, max(rank, 3), batch)  # (B|1, H|1, L|1, S|1)
         if m.dtype == torch.bool:
