@@ -36,6 +36,7 @@ from attnkit.functional._dropout import (
 from attnkit.functional._mask_plan import (
     TILE_FULL,
     dense_with_plan,
+    kernel_plan,
     key_blocks,
     plan_mask,
     with_sentinels,
@@ -347,17 +348,21 @@ def chunked_attention(
             f"gradient: {bias is not None and bias.requires_grad}, kernel built: "
             f"{native.available()})"
         )
-    structure = None
-    if isinstance(mask, StructuredMask):
-        grid = (block_q or STRUCTURED_BLOCK_Q, block_k or STRUCTURED_BLOCK_K)
-        structure = plan_mask(mask, *grid, q.device)
-        mask = structure.dense
     # Dv = 0: the compiled kernel's BLAS (oneMKL) prints an error line per product; the
     # PyTorch kernel gives the same empty out, lse and dropout draws, silently.
     native_fits = v.shape[-1] > 0 and native.supports(q, bias)
-    if kernel == "native" or (
+    on_native = kernel == "native" or (
         kernel == "auto" and block_q is None and block_k is None and native_fits
-    ):
+    )
+    structure = None
+    if isinstance(mask, StructuredMask):
+        if on_native and block_q is None and block_k is None:  # blocks sized to the mask
+            structure = kernel_plan(mask, q.device)
+        else:
+            grid = (block_q or STRUCTURED_BLOCK_Q, block_k or STRUCTURED_BLOCK_K)
+            structure = plan_mask(mask, *grid, q.device)
+        mask = structure.dense
+    if on_native:
         return native.native_attention(
             q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, keep_t=t_keep,
             inv_keep=inv_keep, seed=seed, plan=structure,
