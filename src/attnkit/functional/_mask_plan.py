@@ -133,6 +133,8 @@ def _tiles(mask: StructuredMask, bq: int, bk: int, device) -> tuple[Tensor, Tens
     count = 0
     for qb, kb0, block_row in blocks_by_chunk(mask, bq, bk):
         nq, width = block_row.shape[2], block_row.shape[3]
+        if qb == kb0 == 0:
+            _check_repeatable(mask, block_row)
         cls = _classify(block_row, bk)  # (B|1, H|1, chunk blocks)
         part = cls == PARTIAL
         idx = torch.full(cls.shape, TILE_EMPTY, dtype=torch.int32)
@@ -148,6 +150,19 @@ def _tiles(mask: StructuredMask, bq: int, bk: int, device) -> tuple[Tensor, Tens
             count += found
     tiles = torch.cat(kept) if kept else torch.zeros(0, bq, bk, dtype=torch.uint8)
     return table.to(device), tiles.contiguous().to(device)
+
+
+def _check_repeatable(mask: StructuredMask, first: Tensor) -> None:
+    """The plan is computed once and cached on the mask: a predicate whose answers change
+    between calls (random draws, a tensor it reads being changed) would be skipped by a stale
+    plan. Catch what one second evaluation of the first block can."""
+    again = mask.block(0, first.shape[2], 0, first.shape[3]).cpu()
+    if not torch.equal(first, again):
+        raise ValueError(
+            f"{mask.describe()}: the mask gave different booleans for the same block on two "
+            "evaluations; a predicate (masks.from_function) must be deterministic, since its "
+            "plan is computed on first use and cached on the mask"
+        )
 
 
 def key_blocks(

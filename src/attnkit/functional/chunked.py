@@ -41,6 +41,7 @@ from attnkit.functional._mask_plan import (
     plan_mask,
     with_sentinels,
 )
+from attnkit.functional.reordered import reordered_call, run_reordered
 from attnkit.functional.structured import StructuredMask, intervals_block
 
 # The PyTorch kernel's blocks, tuned on the 2-core CPU (1 MiB L2 per core), N=2048, H=8, D=64,
@@ -348,6 +349,17 @@ def chunked_attention(
             f"gradient: {bias is not None and bias.requires_grad}, kernel built: "
             f"{native.available()})"
         )
+    if reordered_call(
+        mask, q, k, bias, t_keep < NO_DROPOUT, causal
+    ):  # gather, attend, scatter back
+        sizes = dict(block_q=block_q, block_k=block_k, kernel=kernel)
+        return run_reordered(
+            mask, q, k, v,
+            lambda q2, k2, v2, inner: chunked_attention(
+                q2, k2, v2, mask=inner, bias=None, causal=False, scale=scale, dropout_p=0.0,
+                training=False, **sizes,
+            ),
+        )  # fmt: skip
     # Dv = 0: the compiled kernel's BLAS (oneMKL) prints an error line per product; the
     # PyTorch kernel gives the same empty out, lse and dropout draws, silently.
     native_fits = v.shape[-1] > 0 and native.supports(q, bias)
