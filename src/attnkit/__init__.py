@@ -12,6 +12,7 @@ _LAZY = {
     "masks": "attnkit.functional.masks",
     "nn": "attnkit.nn",
     "positional": "attnkit.functional.positional",
+    "score_mods": "attnkit.functional.score_mods",
     "BACKENDS": "attnkit.functional.attention",
     "AttentionOutput": "attnkit.functional.attention",
     "attention": "attnkit.functional.attention",
@@ -44,7 +45,7 @@ def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'attnkit' has no attribute {name!r}")
     module = importlib.import_module(_LAZY[name])
-    value = module if name in ("masks", "nn", "positional") else getattr(module, name)
+    value = module if name in ("masks", "nn", "positional", "score_mods") else getattr(module, name)
     globals()[name] = value
     return value
 
@@ -80,5 +81,6 @@ __all__ = [
     "positional",
     "record_attention",
     "rotary_tables",
+    "score_mods",
     "use_backend",
 ]

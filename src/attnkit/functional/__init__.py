@@ -1,6 +1,6 @@
 """Parameter-free core: attention, masks, positional encodings, relative positions."""
 
-from attnkit.functional import masks, positional
+from attnkit.functional import masks, positional, score_mods
 from attnkit.functional.attention import BACKENDS, AttentionOutput, attention, use_backend
 from attnkit.functional.relative import (
     alibi_bias,
@@ -22,5 +22,6 @@ __all__ = [
     "positional",
     "relative_position_bucket",
     "rotary_tables",
+    "score_mods",
     "use_backend",
 ]

@@ -56,7 +56,7 @@ from attnkit._io import atomic_write_bytes
 __all__ = ["load"]
 
 _SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
-_ABI = 4
+_ABI = 5
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.functional import masks as _masks
+from attnkit.functional import score_mods as _score_mods
 from attnkit.functional._trace import tracing as _tracing
 
 __all__ = ["reference"]
@@ -43,8 +44,12 @@ def _scaled_copy(q: Tensor, scale: float, dtype: torch.dtype) -> Tensor:
     return torch.mul(q, scale, out=torch.empty(q.shape, dtype=dtype, device=q.device))
 
 
-def reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights):
-    """The reference backend: (out, weights or None, lse or None), as `AttentionOutput` holds."""
+def reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights, score_mod=None):
+    """The reference backend: (out, weights or None, lse or None), as `AttentionOutput` holds.
+
+    `score_mod` is applied to the whole (B, H, N, S) score tensor (the truth the blocked
+    backends are tested against), then bias and masks, out of place: the function's backward
+    may need its output."""
     work = torch.promote_types(q.dtype, torch.float32)
     heads, n, s = q.shape[1], q.shape[2], k.shape[2]
     kw = _repeat_kv(k, heads).to(work)  # (B, H, S, D)
@@ -52,11 +57,19 @@ def reference(q, k, v, mask, bias, causal, scale, dropout_p, need_weights):
     # scale q (N·D) rather than the scores (N·S), straight into the contiguous copy bmm needs
     qs = _scaled_copy(q, scale, work)
     scores = torch.matmul(qs, kw.transpose(-2, -1))  # (B, H, N, S)
-    if bias is not None:
+    if score_mod is not None:
+        idx = _score_mods.indices(q.shape[0], heads, 0, n, 0, s, q.device)
+        scores = _score_mods.apply(score_mod, scores, *idx)
+        if bias is not None:
+            scores = scores + bias.to(work)
+    elif bias is not None:
         scores = scores.add_(bias.to(work))
     allowed = _allowed(mask, causal, n, s, q.device)
     if allowed is not None:
-        scores = scores.masked_fill_(~allowed, float("-inf"))
+        if score_mod is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        else:
+            scores = scores.masked_fill_(~allowed, float("-inf"))
     # The weights hold lse (lse_i = s_ij - log p_ij), so a call that asks for them skips it;
     # torch's MHA computes neither (this keeps record_attention at its speed).
     want_lse = not need_weights

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,9 @@ from attnkit.functional._reference import _allowed, _eager_cpu, _repeat_kv, refe
 from attnkit.functional._trace import tracing
 from attnkit.functional._validate import validate as _validate
 from attnkit.functional.structured import StructuredMask, causal_intervals
+
+if TYPE_CHECKING:
+    from attnkit.functional.score_mods import ScoreFn
 
 __all__ = ["BACKENDS", "AttentionOutput", "attention", "use_backend"]
 
@@ -103,6 +106,7 @@ def attention(
     training: bool = False,
     need_weights: bool = False,
     backend: str = "auto",
+    score_mod: ScoreFn | None = None,
 ) -> AttentionOutput:
     """Scaled dot-product attention.
 
@@ -129,6 +133,15 @@ def attention(
             each probability is kept with probability 1 - p and scaled by 1/(1 - p).
         need_weights: also return the probabilities (forces the reference path).
         backend: "auto", "reference", "fused" or "chunked".
+        score_mod: FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx)`` (`attnkit.score_mods`:
+            `softcap`, `alibi`, `relative_bias`, `compose`, or a vectorised function of your own),
+            applied to the scaled scores ``scale · q·kᵀ`` block by block, **before** `bias` and
+            the masks (which then set -inf). b, h, q_idx, kv_idx are int64 tensors broadcasting
+            against the score block; q_idx, kv_idx are raw indices 0..N-1, 0..S-1 (add S - N to
+            q_idx for the bottom-right frame of `causal`). Gradients flow through it into the
+            tensors it closes over. The reference backend applies it to the whole score
+            matrix, chunked per block; fused (SDPA) takes only additive built-ins
+            (`alibi`, `relative_bias`), as a dense bias.
 
     A query row that may attend to no key at all (every key masked, or S = 0) gets
     output exactly 0, lse -inf and gradient exactly 0 on every backend (never NaN).
@@ -153,6 +166,15 @@ def attention(
        others, depending on their blocking. Zero padding and unused cache slots.
     """
     _validate(q, k, v, mask, bias, dropout_p, scale)
+    if score_mod is not None and not callable(score_mod):
+        raise ValueError(
+            "score_mod must be a function (score, b, h, q_idx, kv_idx) -> score, got "
+            f"{type(score_mod).__name__}"
+        )
+    if score_mod is not None:
+        from attnkit.functional.score_mods import check
+
+        check(score_mod, q.shape[1], q.shape[2], k.shape[2], q.device)
     if isinstance(mask, StructuredMask):
         mask, causal = _structured_call(mask, causal, q, k)
     structured = isinstance(mask, StructuredMask)  # traced code gets the dense form
@@ -171,11 +193,16 @@ def attention(
     name = _choose_backend(
         backend, need_weights=need_weights, dropout=p > 0, mask_elems=elems,
         low_precision_grad=low_grad, device_type=q.device.type, structured=structured,
+        score_mod=score_mod,
     )  # fmt: skip
     if structured and name != "chunked":  # only the chunked kernels read the structure
         mask = mask.dense(q.device)
+    if name == "fused" and score_mod is not None:
+        bias = _mod_as_bias(score_mod, q, k, bias)
     if name == "reference":
-        res = AttentionOutput(*reference(q, k, v, mask, bias, causal, scale, p, need_weights))
+        res = AttentionOutput(
+            *reference(q, k, v, mask, bias, causal, scale, p, need_weights, score_mod)
+        )
     elif name == "fused":
         res = _fused(q, k, v, mask, bias, causal, scale, p)
     else:
@@ -183,7 +210,7 @@ def attention(
 
         out, lse = chunked_attention(
             q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, dropout_p=p,
-            training=p > 0,
+            training=p > 0, score_mod=score_mod,
         )  # fmt: skip
         res = AttentionOutput(out, None, lse)
     return _nan_where_q_is_not_finite(res, q)
@@ -289,27 +316,42 @@ def _choose_backend(
     low_precision_grad: bool = False,
     device_type: str = "cpu",
     structured: bool = False,
+    score_mod=None,
 ) -> str:
     """The backend a call runs on, from static facts only.
 
     `mask_elems` is what `_mask_elems` returns for the call; `low_precision_grad` says that
     the inputs are bfloat16 and a gradient will be taken; `structured` that the mask is a
     `StructuredMask`. Off the CPU (CUDA, MPS, ...) auto runs SDPA, whose kernels there do
-    dropout and masks themselves (a structured mask goes as its dense form).
+    dropout and masks themselves (a structured mask goes as its dense form). A `score_mod` runs
+    on chunked, except an additive built-in off the CPU, which SDPA takes as a dense bias
+    (a stand-in until FlexAttention takes score functions there).
     """
     if requested not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
+    additive = bool(getattr(score_mod, "additive", False))
     if requested != "auto":
         if need_weights and requested != "reference":
             raise ValueError(
                 f"need_weights=True needs backend 'reference' (or 'auto'); got {requested!r}, "
                 "which does not materialise the probabilities"
             )
+        if requested == "fused" and score_mod is not None and not additive:
+            raise ValueError(
+                f"backend 'fused' (SDPA) takes only additive score functions (attnkit."
+                f"score_mods.alibi, relative_bias), as a dense bias; got score_mod={score_mod!r}: "
+                "use backend 'chunked' or 'reference'"
+            )
         return requested
     if need_weights:
         return "reference"
     if _override is not None:
+        if _override == "fused" and score_mod is not None and not additive:
+            return "chunked"
         return _override
+    if score_mod is not None:
+        # CUDA: dense-bias fallback for additive built-ins (O(B·H·N·S)), marked as a stand-in
+        return "fused" if device_type != "cpu" and additive else "chunked"
     if device_type != "cpu":
         return "fused"
     # The chunked kernels skip the blocks a structured mask hides: time follows the density
@@ -364,6 +406,16 @@ def _probe_sdpa_empty_rows() -> bool:
 # counter, a compiled or exported trace, which must neither see the probe's calls nor branch on
 # its result. A constant, so traced code reads it as one.
 _SDPA_ZEROES_EMPTY_ROWS = _probe_sdpa_empty_rows()
+
+
+def _mod_as_bias(score_mod, q: Tensor, k: Tensor, bias: Tensor | None) -> Tensor:
+    """An additive score function as a dense (1, H, N, S) bias for SDPA, plus `bias`: the
+    fused backend's stand-in (O(H·N·S) memory), added after it as everywhere."""
+    from attnkit.functional.score_mods import dense_bias
+
+    work = torch.promote_types(q.dtype, torch.float32)
+    dense = dense_bias(score_mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], work, q.device)
+    return dense if bias is None else dense + bias
 
 
 def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:

@@ -23,7 +23,7 @@ import math
 import torch
 from torch import Tensor
 
-from attnkit.functional import native
+from attnkit.functional import _native_mod, native
 from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
 from attnkit.functional._double_backward import kernel_grads
 from attnkit.functional._dropout import (
@@ -41,6 +41,7 @@ from attnkit.functional._mask_plan import (
     plan_mask,
     with_sentinels,
 )
+from attnkit.functional._trace import tracing
 from attnkit.functional.reordered import reordered_call, run_reordered
 from attnkit.functional.structured import StructuredMask, intervals_block
 
@@ -311,6 +312,7 @@ def chunked_attention(
     block_q: int | None = None,
     block_k: int | None = None,
     kernel: str = "auto",
+    score_mod=None,
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention in blocks; returns ``(out, lse)``.
 
@@ -337,6 +339,10 @@ def chunked_attention(
     PyTorch one below (any device, float64, gradients for ``bias``, chosen block sizes);
     "auto" takes the compiled one wherever `native.supports` the call and no block size is
     given. Both compute the same function and drop the same entries.
+
+    ``score_mod(score, b, h, q_idx, kv_idx)`` (`attnkit.score_mods`) is applied to each block
+    of scaled scores before ``bias`` and the masks; a call with one runs the PyTorch kernel of
+    `_chunked_mod` (checkpointed query blocks, gradients through the function).
     """
     if kernel not in ("auto", "native", "torch"):
         raise ValueError(f"kernel must be 'auto', 'native' or 'torch', got {kernel!r}")
@@ -349,11 +355,10 @@ def chunked_attention(
             f"gradient: {bias is not None and bias.requires_grad}, kernel built: "
             f"{native.available()})"
         )
-    if reordered_call(
-        mask, q, k, bias, t_keep < NO_DROPOUT, causal
-    ):  # gather, attend, scatter back
+    plain = score_mod is None  # a score function reads the positions: no reordering
+    if plain and reordered_call(mask, q, k, bias, t_keep < NO_DROPOUT, causal):
         sizes = dict(block_q=block_q, block_k=block_k, kernel=kernel)
-        return run_reordered(
+        return run_reordered(  # gather, attend, put back
             mask, q, k, v,
             lambda q2, k2, v2, inner: chunked_attention(
                 q2, k2, v2, mask=inner, bias=None, causal=False, scale=scale, dropout_p=0.0,
@@ -368,12 +373,27 @@ def chunked_attention(
     )
     structure = None
     if isinstance(mask, StructuredMask):
-        if on_native and block_q is None and block_k is None:  # blocks sized to the mask
+        if plain and on_native and block_q is None and block_k is None:  # blocks fit the mask
             structure = kernel_plan(mask, q.device)
         else:
             grid = (block_q or STRUCTURED_BLOCK_Q, block_k or STRUCTURED_BLOCK_K)
             structure = plan_mask(mask, *grid, q.device)
         mask = structure.dense
+    if score_mod is not None:
+        nm = None
+        if kernel != "torch" and block_q is None and block_k is None and v.shape[-1] > 0:
+            nm = _native_mod.plan(score_mod, q.shape[2], k.shape[2])
+        if nm is not None and native.supports(q, bias) and not tracing():
+            return _native_mod.native_mod_attention(
+                q, k, v, score_mod, nm, mask=mask, bias=bias, causal=causal, scale=scale,
+                keep_t=t_keep, inv_keep=inv_keep, seed=seed, plan=structure,
+            )  # fmt: skip
+        if kernel == "native":
+            raise ValueError(f"kernel='native' cannot run score_mod={score_mod!r}")
+        return _with_score_mod(
+            q, k, v, mask, bias, causal, scale, t_keep, seed, block_q, block_k, structure,
+            score_mod,
+        )  # fmt: skip
     if on_native:
         return native.native_attention(
             q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, keep_t=t_keep,
@@ -385,3 +405,14 @@ def chunked_attention(
     )
     args = (causal, scale, t_keep, seed, bq, bk, structure)
     return _ChunkedAttention.apply(q, k, v, mask, bias, *args)
+
+
+def _with_score_mod(q, k, v, mask, bias, causal, scale, t_keep, seed, bq, bk, structure, fn):
+    """`chunked_attention` with a score function, on the PyTorch kernel of `_chunked_mod`."""
+    from attnkit.functional._chunked_mod import mod_attention  # it imports this module's parts
+
+    bq = bq or (CAUSAL_BLOCK_Q if causal else DEFAULT_BLOCK_Q)
+    bk = bk or (CAUSAL_BLOCK_K if causal else DROPOUT_BLOCK_K)
+    pl = _Plan(q, k, v, causal, bq, bk, structure)
+    pl.scale, pl.inv_keep = scale, (NO_DROPOUT / t_keep if t_keep else 0.0)
+    return mod_attention(pl, q, k, v, _as4d(mask), _as4d(bias), fn, seed, t_keep)

@@ -77,6 +77,20 @@ class _Args(ctypes.Structure):
         ("table_st", ctypes.c_int64 * 2),
         ("tiles", ctypes.c_void_p),
         ("work", ctypes.c_void_p),
+        # score functions (`_native_mod`)
+        ("softcap", ctypes.c_float),
+        ("alibi", ctypes.c_void_p),
+        ("alibi_offset", ctypes.c_int64),
+        ("alibi_symmetric", ctypes.c_int64),
+        ("alibi_post", ctypes.c_int64),
+        ("rel", ctypes.c_void_p),
+        ("rel_qpos", ctypes.c_void_p),
+        ("rel_kpos", ctypes.c_void_p),
+        ("rel_lut", ctypes.c_void_p),
+        ("rel_zero", ctypes.c_int64),
+        ("rel_post", ctypes.c_int64),
+        ("rel_rows", ctypes.c_int64),
+        ("rel_grad", ctypes.c_void_p),
     ]
 
 

@@ -7,6 +7,8 @@ heads, Dk query/key head width, Dv value head width, Co output width.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
@@ -14,6 +16,9 @@ from attnkit.functional.attention import AttentionOutput, attention
 from attnkit.modules._checks import positive_int, probability
 from attnkit.modules._recording import sinks as recording_sinks
 from attnkit.modules.projection import FusedQKV, SeparateQKV, SplitQKV
+
+if TYPE_CHECKING:
+    from attnkit.functional.score_mods import ScoreFn
 
 __all__ = ["Attend", "MultiHeadAttention"]
 
@@ -41,8 +46,10 @@ class Attend(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         causal: bool = False,
+        score_mod: ScoreFn | None = None,
     ) -> AttentionOutput:
-        """q (B, H, N, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv) -> AttentionOutput."""
+        """q (B, H, N, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv) -> AttentionOutput.
+        `score_mod`: as in `attnkit.attention` (`attnkit.score_mods`)."""
         sinks = recording_sinks(self)
         need_weights = self.need_weights or bool(sinks)
         res = attention(
@@ -57,6 +64,7 @@ class Attend(nn.Module):
             training=self.training,
             need_weights=need_weights,
             backend="reference" if need_weights else self.backend,
+            score_mod=score_mod,
         )
         for sink in sinks:
             sink(res.weights)  # (B, H, N, S)
@@ -227,6 +235,7 @@ class MultiHeadAttention(nn.Module):
         pos: Tensor | None = None,
         context_pos: Tensor | None = None,
         position_ids: Tensor | None = None,
+        score_mod: ScoreFn | None = None,
     ) -> Tensor:
         """query (B, N, C), key (B, S, Ck), value (B, S, Cv) -> (B, N, Co).
 
@@ -244,6 +253,9 @@ class MultiHeadAttention(nn.Module):
             rotates q and k (self-attention with a rotary only; default 0 .. N-1). A packed
             batch passes positions that restart at each document
             (`attnkit.masks.document_positions`) with ``mask=masks.document(ids)``.
+        score_mod: a score function (`attnkit.score_mods`; e.g. ``AlibiBias.score_mod(n, s)``,
+            ``RelativePositionBias.score_mod(n, s)``), applied block by block before `bias`
+            and the masks: O(N) memory where a dense `bias` is O(N·S).
 
         Queries whose mask row is all False get output `proj(0)` = the output
         bias (attention output 0), never NaN.
@@ -254,8 +266,8 @@ class MultiHeadAttention(nn.Module):
             key = context
         q, k, v = self.heads_qkv(query, key, value, pos=pos, context_pos=context_pos)
         q, k = self.rotate(q, k, key, position_ids=position_ids)
-        o = self.attend(q, k, v, mask=mask, bias=bias, causal=causal).out  # (B, H, N, Dv)
-        return self.proj(self.merge_heads(o))
+        o = self.attend(q, k, v, mask=mask, bias=bias, causal=causal, score_mod=score_mod).out
+        return self.proj(self.merge_heads(o))  # o: (B, H, N, Dv)
 
     def _check(self, query, key, value, pos, context_pos) -> None:
         _check_input("query", query, None, self.dim)

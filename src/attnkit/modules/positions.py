@@ -5,9 +5,11 @@ length, D head width, R rotary width.
 
 `RotaryEmbedding` rotates q and k (pass it as ``MultiHeadAttention(...,
 rotary=)``); `AlibiBias` and `RelativePositionBias` return an additive bias
-(1, H, N, S) for ``MultiHeadAttention(..., bias=)``. All three take the key
-length S and the query length N with queries at the last N key positions, so a
-decoder step with a cache of S - N tokens gets the right positions.
+(1, H, N, S) for ``MultiHeadAttention(..., bias=)``, or, with O(N) memory instead of
+O(N·S), a score function (`attnkit.score_mods`) for ``MultiHeadAttention(..., score_mod=)``
+that the attention kernels evaluate block by block (``.score_mod(n, s)``; same numbers). All
+three take the key length S and the query length N with queries at the last N key positions,
+so a decoder step with a cache of S - N tokens gets the right positions.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.functional import score_mods
 from attnkit.functional._trace import tracing
 from attnkit.functional.relative import alibi_bias, alibi_slopes, relative_position_bucket
 from attnkit.functional.rotary import apply_rotary, rotary_tables
@@ -145,8 +148,15 @@ class AlibiBias(nn.Module):
         with torch.no_grad():
             self.slopes.copy_(alibi_slopes(self.num_heads, dtype=self.slopes.dtype))
 
+    def score_mod(self, n: int, s: int | None = None) -> score_mods.ScoreMod:
+        """The same bias as a score function for ``attention(..., score_mod=)``: queries at the
+        last `n` of `s` key positions, never an (N, S) tensor (`attnkit.score_mods.alibi`)."""
+        s = _lengths(n, s)
+        return score_mods.alibi(self.slopes, offset=s - n, symmetric=self.symmetric)
+
     def forward(self, n: int, s: int | None = None, *, positions: Tensor | None = None) -> Tensor:
-        """(1, H, N, S) bias, or (B, H, N, S) with (B, S) key `positions`."""
+        """(1, H, N, S) bias, or (B, H, N, S) with (B, S) key `positions`. O(N·S) memory:
+        `score_mod` gives the same scores in O(N)."""
         return alibi_bias(
             self.num_heads, n, s, positions=positions, symmetric=self.symmetric,
             dtype=self.slopes.dtype, device=self.slopes.device,
@@ -197,13 +207,23 @@ class RelativePositionBias(nn.Module):
             "max_distance": self.max_distance,
         }
 
+    def score_mod(
+        self, n: int, s: int | None = None, *, offset: int | None = None
+    ) -> score_mods.ScoreMod:
+        """The same bias as a score function for ``attention(..., score_mod=)``: the kernels
+        read the (num_buckets, H) table (which gets its gradient) and never build (N, S)
+        (`attnkit.score_mods.relative_bias` with `t5_buckets`). Queries as in `forward`."""
+        s = _lengths(n, s)
+        offset = s - n if offset is None else offset
+        index = score_mods.t5_buckets(
+            self.num_buckets, self.max_distance, bidirectional=self.bidirectional, offset=offset
+        )
+        return score_mods.relative_bias(self.table.weight, index)
+
     def forward(self, n: int, s: int | None = None, *, offset: int | None = None) -> Tensor:
-        """(1, H, N, S) bias of queries offset .. offset + N - 1 against keys 0 .. S - 1."""
-        s = n if s is None else s
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"n must be an integer >= 0, got {n!r}")
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise ValueError(f"s must be an integer >= 0, got {s!r}")
+        """(1, H, N, S) bias of queries offset .. offset + N - 1 against keys 0 .. S - 1 (O(N·S)
+        memory; `score_mod` is the same in O(N))."""
+        s = _lengths(n, s)
         offset = s - n if offset is None else offset
         device = self.table.weight.device
         query = torch.arange(offset, offset + n, device=device)[:, None]  # (N, 1)
@@ -216,3 +236,13 @@ class RelativePositionBias(nn.Module):
             f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, "
             f"max_distance={self.max_distance}, bidirectional={self.bidirectional}"
         )
+
+
+def _lengths(n, s) -> int:
+    """Check the query and key lengths; s (default n)."""
+    s = n if s is None else s
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be an integer >= 0, got {n!r}")
+    if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+        raise ValueError(f"s must be an integer >= 0, got {s!r}")
+    return s

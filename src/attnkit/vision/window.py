@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.functional import score_mods
 from attnkit.modules._checks import positive_int, positive_number, probability
 from attnkit.modules.attention import MultiHeadAttention
 from attnkit.modules.blocks import EncoderBlock
@@ -175,7 +176,8 @@ class WindowAttention(nn.Module):
         self.index.copy_(relative_position_index(self.window_size, self.index.device))
 
     def relative_bias(self) -> Tensor:
-        """(Hh, M², M²) additive scores, the same for every window."""
+        """(Hh, M², M²) additive scores, the same for every window (what `forward` adds, as
+        the score function ``relative_bias(bias_table, window_offsets(M))``)."""
         m2 = self.window_size**2
         return self.bias_table[self.index.flatten()].view(m2, m2, -1).permute(2, 0, 1)
 
@@ -204,8 +206,9 @@ class WindowAttention(nn.Module):
         if allowed is not None:
             allowed = allowed.repeat(b, 1, 1).unsqueeze(1)  # (B·nW, 1, M², M²)
         q, k, v = self.attn.heads_qkv(windows)  # (B·nW, Hh, M², Dh) each
-        bias = self.relative_bias().unsqueeze(0)  # (1, Hh, M², M²): one table for all windows
-        o = self.attn.attend(q, k, v, mask=allowed, bias=bias).out
+        # the table read at each score (kernels compute the index, never a (Hh, M², M²) bias)
+        rel = score_mods.relative_bias(self.bias_table, score_mods.window_offsets(m))
+        o = self.attn.attend(q, k, v, mask=allowed, score_mod=rel).out
         windows = self.attn.proj(self.attn.merge_heads(o))  # (B·nW, M², C)
         x = window_reverse(windows, m, hp, wp)  # (B, Hp, Wp, C)
         if s:

@@ -149,6 +149,22 @@ struct Args {
     int64_t table_st[2];  // batch and head strides of the table (elements)
     const uint8_t* tiles; // (T, bq, bk): the partial blocks' booleans
     int64_t* work;        // may be null: score entries computed are added here
+    // Score functions (attnkit/functional/score_mods.py, `_native_mod.py`), applied to
+    // scale q k^T before bias and masks: s -> post(cap(pre(s))), where ALiBi and the relative
+    // table are each added before the cap (pre) or after it (post).
+    float softcap;          // 0: none; else s -> softcap * tanh(s / softcap)
+    const float* alibi;     // may be null: slopes (H,); s += slope_h * (j - (i + alibi_offset)),
+    int64_t alibi_offset;   // or -slope_h * |j - (i + alibi_offset)| when alibi_symmetric
+    int64_t alibi_symmetric;
+    int64_t alibi_post;     // 1: added after the cap
+    const float* rel;       // may be null: table (R, H); s += rel[row * H + h] with
+    const int64_t* rel_qpos;  // (N,) and
+    const int64_t* rel_kpos;  // (S,) positions: row = rel_lut[kpos[j] - qpos[i] + rel_zero]
+    const int32_t* rel_lut;
+    int64_t rel_zero;
+    int64_t rel_post;       // 1: added after the cap
+    int64_t rel_rows;       // R
+    float* rel_grad;        // backward, may be null: (R, H), dtable accumulated (zeroed by caller)
 };
 
 }  // extern "C"
@@ -236,6 +252,90 @@ void mask_row_structured(const Args& a, const KeyBlock& kb, int64_t lo, int64_t 
     }
 }
 
+// ------------------------------------------------------------------ score functions
+
+// tanh(x) in float32, branch-free so the loops vectorise: Cephes' tanhf (an odd polynomial for
+// |x| < 0.625, 1 - 2 / (exp(2|x|) + 1) beyond, about 2 ulp); tanh(±inf) = ±1, NaN stays NaN.
+inline float tanh_f(float x) {
+    const float ax = std::fabs(x), z = x * x;
+    float p = -5.70498872745e-3f;
+    p = p * z + 2.06390887954e-2f;
+    p = p * z - 5.37397155531e-2f;
+    p = p * z + 1.33314422036e-1f;
+    p = p * z - 3.33332819422e-1f;
+    const float small = p * z * x + x;
+    const float big = 1.0f - 2.0f / (exp_f(2.0f * ax) + 1.0f);
+    return ax < 0.625f ? small : std::copysign(big, x);
+}
+
+// The additive terms of one stage (post = 0 before the cap, 1 after) on row i, keys j0..j0+nk.
+void score_mod_add(const Args& a, int64_t post, int64_t h, int64_t i, int64_t j0, int64_t nk,
+                   float* s) {
+    if (a.alibi && a.alibi_post == post) {
+        const float m = a.alibi[h];
+        const int64_t d0 = j0 - (i + a.alibi_offset);
+        if (a.alibi_symmetric) {
+#pragma omp simd
+            for (int64_t c = 0; c < nk; ++c) s[c] += -m * std::fabs(static_cast<float>(d0 + c));
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < nk; ++c) s[c] += m * static_cast<float>(d0 + c);
+        }
+    }
+    if (a.rel && a.rel_post == post) {
+        const int32_t* lut = a.rel_lut + a.rel_zero - a.rel_qpos[i];
+        const int64_t* kp = a.rel_kpos + j0;
+        const float* tab = a.rel + h;
+        for (int64_t c = 0; c < nk; ++c) s[c] += tab[static_cast<int64_t>(lut[kp[c]]) * a.H];
+    }
+}
+
+inline bool has_score_mod(const Args& a) { return a.softcap > 0.0f || a.alibi || a.rel; }
+
+// Forward: the score function on one row of raw scores s (before bias and masks). With g
+// non-null (backward), g[c] = d cap / d s = 1 - tanh^2 is kept for `score_mod_row_bwd`.
+void score_mod_row_fwd(const Args& a, int64_t h, int64_t i, int64_t j0, int64_t nk, float* s,
+                       float* g) {
+    if (!has_score_mod(a)) return;
+    score_mod_add(a, 0, h, i, j0, nk, s);
+    if (a.softcap > 0.0f) {
+        const float cap = a.softcap, inv = 1.0f / a.softcap;
+        if (g) {
+#pragma omp simd
+            for (int64_t c = 0; c < nk; ++c) {
+                const float t = tanh_f(s[c] * inv);
+                s[c] = cap * t;
+                g[c] = 1.0f - t * t;
+            }
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < nk; ++c) s[c] = cap * tanh_f(s[c] * inv);
+        }
+    }
+    score_mod_add(a, 1, h, i, j0, nk, s);
+}
+
+// Gradient of one row's relative-table entries: dtable[row, h] += ds[c].
+void rel_grad_add(const Args& a, int64_t h, int64_t i, int64_t j0, int64_t nk, const float* ds,
+                  float* dtab) {
+    const int32_t* lut = a.rel_lut + a.rel_zero - a.rel_qpos[i];
+    const int64_t* kp = a.rel_kpos + j0;
+    for (int64_t c = 0; c < nk; ++c) dtab[static_cast<int64_t>(lut[kp[c]]) * a.H + h] += ds[c];
+}
+
+// Backward: ds (dS of the final scores) becomes dS of the raw scores, in place; the relative
+// table's gradient goes to dtab (this thread's (R, H) copy, null when not wanted).
+void score_mod_row_bwd(const Args& a, int64_t h, int64_t i, int64_t j0, int64_t nk, float* ds,
+                       const float* g, float* dtab) {
+    if (!has_score_mod(a)) return;
+    if (dtab && a.rel_post == 1) rel_grad_add(a, h, i, j0, nk, ds, dtab);
+    if (a.softcap > 0.0f) {
+#pragma omp simd
+        for (int64_t c = 0; c < nk; ++c) ds[c] *= g[c];
+    }
+    if (dtab && a.rel_post == 0) rel_grad_add(a, h, i, j0, nk, ds, dtab);
+}
+
 // End (exclusive) of the keys that rows i0..i1-1 may see at all under `causal`.
 inline int64_t key_end(const Args& a, int64_t i1) {
     return a.causal ? std::min(a.S, std::max<int64_t>(i1 + a.S - a.N, 0)) : a.S;
@@ -281,6 +381,7 @@ void key_blocks(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
 
 struct Scratch {
     std::vector<float> s, dp, qs, acc, dob, m, l, dlt, dk, dv;
+    std::vector<float> g, dtab;  // score functions: the cap's derivative, this thread's dtable
     std::vector<KeyBlock> blocks;
     std::vector<int64_t> lo, hi;  // each row's key interval (structured masks)
     int64_t work = 0;             // score entries computed by this thread
@@ -313,6 +414,7 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1, 
         for (int64_t r = 0; r < nq; ++r) {
             float* sr = s + r * nk;
             const int64_t i = i0 + r;
+            score_mod_row_fwd(a, h, i, j0, nk, sr, nullptr);
             mask_row(a, b, h, i, j0, nk, sr);
             mask_row_structured(a, blk, w.lo[r], w.hi[r], r, sr);
             const float m_new = std::max(w.m[r], row_max(sr, nk));
@@ -393,6 +495,8 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
                 std::fill(dr, dr + nk, 0.0f);
                 continue;
             }
+            float* gr = w.g.empty() ? nullptr : w.g.data() + r * nk;
+            score_mod_row_fwd(a, h, i, j0, nk, sr, gr);
             mask_row(a, b, h, i, j0, nk, sr);
             mask_row_structured(a, blk, w.lo[r], w.hi[r], r, sr);
             const float l = lse[r], di = dlt[r];
@@ -413,6 +517,7 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
                     sr[c] = p;
                 }
             }
+            score_mod_row_bwd(a, h, i, j0, nk, dr, gr, w.dtab.empty() ? nullptr : w.dtab.data());
         }
         mm_tn(nk, Dv, nq, s, nk, dob, Dv, 1.0f, dv_acc + j0 * Dv, Dv);  // dV += (P K)^T dO'
         mm_nn(nq, D, nk, dp, nk, kb + j0 * D, D, 1.0f, dq, D);          // dQ += dS k
@@ -429,7 +534,7 @@ int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
 extern "C" {
 
-int attnkit_abi_version() { return 4; }
+int attnkit_abi_version() { return 5; }
 
 // Forward: fills out and lse. Work items are (b, h, query block), spread over the threads.
 void attnkit_attention_forward(const Args* args) {
@@ -466,6 +571,8 @@ void attnkit_attention_backward(const Args* args) {
         w.dp.resize(a.bq * a.bk);
         w.dob.resize(a.bq * a.Dv);
         w.dlt.resize(a.bq);
+        if (a.softcap > 0.0f) w.g.resize(a.bq * a.bk);
+        if (a.rel && a.rel_grad) w.dtab.assign(a.rel_rows * a.H, 0.0f);
         if (splits > 1) {
             w.dk.resize(a.S * a.D);
             w.dv.resize(a.S * a.Dv);
@@ -496,6 +603,10 @@ void attnkit_attention_backward(const Args* args) {
                     for (int64_t e = 0; e < a.S * a.Dv; ++e) dv[e] += w.dv[e];
                 }
             }
+        }
+        if (!w.dtab.empty()) {
+#pragma omp critical(attnkit_dtab)
+            for (int64_t e = 0; e < a.rel_rows * a.H; ++e) a.rel_grad[e] += w.dtab[e];
         }
         if (a.work) {
 #pragma omp atomic
