@@ -283,15 +283,35 @@ def memory_row(n: int = 65536, window: int = 512, heads: int = 2, d: int = 64) -
             "io_mib": io / 2**20, "budget_mib": io / 2**20 + 256}  # fmt: skip
 
 
-def structured_plan(quick: bool) -> list[tuple[StructuredCase, int]]:
-    """(case, repeats) of the table: every kind at N = 4096 and 16384, 1 and 2 threads; or
-    N=1024 at one thread with `quick`."""
+SIZES, THREADS = (4096, 16384), (1, 2)
+
+
+def check_size(n: int) -> None:
+    """A size every kind takes: N a square (the 2-D neighbourhood's grid) whose side is a
+    multiple of 16 (16 documents of equal length, frames of 256 tokens)."""
+    side = math.isqrt(n)
+    if side * side != n or side % 16:
+        raise ValueError(
+            f"--sizes {n}: the structured table needs N = (16·m)², a square grid for the 2-D "
+            "neighbourhood (1024, 4096, 16384, 65536, ...)"
+        )
+
+
+def structured_plan(
+    quick: bool, sizes: tuple[int, ...] | None = None, threads: tuple[int, ...] | None = None
+) -> list[tuple[StructuredCase, int]]:
+    """(case, repeats) of the table: every kind at N = `SIZES`, `THREADS` threads (or the
+    `sizes` / `threads` given), 3 repeats up to N=4096 and 1 above; N=1024 at one thread with
+    `quick`."""
     if quick:
-        return [(StructuredCase(kind, 1024, 1), 2) for kind in KINDS]
+        sizes, threads = sizes or (1024,), threads or (1,)
+    for n in sizes or ():
+        check_size(n)
     cases = []
-    for threads in (1, 2):
-        cases += [(StructuredCase(kind, 4096, threads), 3) for kind in KINDS]
-        cases += [(StructuredCase(kind, 16384, threads), 1) for kind in KINDS]
+    for t in threads or THREADS:
+        for n in sizes or SIZES:
+            reps = 2 if quick else (3 if n <= 4096 else 1)
+            cases += [(StructuredCase(kind, n, t), reps) for kind in KINDS]
     return cases
 
 
@@ -339,10 +359,10 @@ def structured_markdown(rows: list[dict], memory: dict | None, machine: str) -> 
     return text
 
 
-def run_structured(quick: bool, log: Callable[[str], None]) -> dict:
+def run_structured(quick: bool, log: Callable[[str], None], sizes=None, threads=None) -> dict:
     """Every row of `structured_plan` (and the memory row, unless `quick`): the JSON payload.
     `log` hears one line per row started and per row's FlexAttention compile."""
-    todo = structured_plan(quick)
+    todo = structured_plan(quick, sizes, threads)
     rows = []
     for i, (case, repeats) in enumerate(todo, 1):
         log(f"[{i}/{len(todo)}] {case.kind}, N={case.n}, threads={case.threads}")
