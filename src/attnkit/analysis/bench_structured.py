@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit._cpu import cpu_name
+from attnkit._cpu import cpu_flags, cpu_name
 from attnkit.analysis.bench import time_interleaved
 from attnkit.analysis.peak_tensors import PeakTensors
 from attnkit.functional import masks, score_mods
@@ -369,4 +369,11 @@ def run_structured(quick: bool, log: Callable[[str], None], sizes=None, threads=
         rows.append(structured_row(case, repeats, log=log))
     torch.set_num_threads(1)
     memory = None if quick else memory_row()
-    return {"machine": f"{cpu_name()}, torch {torch.__version__}", "rows": rows, "memory": memory}
+    return {"machine": machine(), "rows": rows, "memory": memory}
+
+
+def machine() -> str:
+    """The CPU with its widest vector units (the kernel's code paths follow them) and torch."""
+    flags = cpu_flags()
+    isa = "AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
+    return f"{cpu_name()} ({isa}), torch {torch.__version__}"

@@ -51,14 +51,18 @@ def register(subparsers) -> None:
     add_out_options(p, "bench", "bench.json, bench.md and readme.md")
     add_report_options(p)
     p.add_argument(
-        "--threads", type=thread_count, metavar="T", help="torch threads (default: torch's)"
+        "--threads",
+        type=thread_count,
+        metavar="T",
+        help="torch threads (default: torch's; --structured: 1 and 2)",
     )
     p.add_argument(
         "--sizes",
         type=positive_int,
         nargs="+",
         metavar="N",
-        help="override the kernel N list (checked against free memory and time first)",
+        help="override the kernel N list (checked against free memory and time first); "
+        "with --structured, the table's N",
     )
     p.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), help="kernel dtypes")
     p.add_argument("--repeats", type=positive_int, metavar="R", help="timed repeats per row")
