@@ -107,8 +107,8 @@ def choose_tile_grid(mask) -> tuple[int, int]:
     touched = torch.zeros(b, h, -(-n // fq), -(-s // fk), dtype=torch.bool)
     for qb, kb0, chunk in blocks_by_chunk(mask, fq, fk):
         width = chunk.shape[3]
-        padded = torch.nn.functional.pad(chunk, (0, -width % fk))  # (B|1, H|1, nq, w)
-        cells = padded.view(b, h, chunk.shape[2], -1, fk).any(4).any(2)  # (B|1, H|1, w / fk)
+        padded = torch.nn.functional.pad(chunk.view(torch.uint8), (0, -width % fk))
+        cells = padded.view(b, h, chunk.shape[2], -1, fk).amax((2, 4)) > 0  # (B|1, H|1, w/fk)
         touched[:, :, qb, kb0 : kb0 + cells.shape[2]] = cells
     flat = touched.flatten(0, 1)[:, None].float()  # (B·H, 1, N / 16, S / 32)
     best, best_cost = (STRUCTURED_BLOCK_Q, STRUCTURED_BLOCK_K), None
