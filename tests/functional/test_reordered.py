@@ -62,6 +62,7 @@ KINDS = list(_kinds())
 def test_dense_is_the_definition_and_the_inner_mask_is_it_reordered(kind):
     mask, want = _kinds()[kind]
     assert torch.equal(mask.dense()[0, 0], want)
+    assert mask.density == pytest.approx(want.double().mean().item(), abs=1e-12)
     order = mask.order
     assert torch.equal(mask.inner.dense()[0, 0], want[order][:, order])
     if kind.startswith(("dilated", "strided")):

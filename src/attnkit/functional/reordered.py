@@ -46,6 +46,12 @@ class Reordered(_Function):
     def describe(self):
         return self.name
 
+    @property
+    def density(self) -> float:
+        """The reordered mask's (a permutation of rows and keys keeps the count): O(N) for row
+        intervals, where the token-order predicate would be evaluated N · S times."""
+        return self.inner.density
+
     def to(self, device):
         return Reordered(self.fn, self.n, self.order, self.inner.to(device), self.name, device)
 
