@@ -41,6 +41,7 @@ from attnkit.functional.structured import (
 
 __all__ = [
     "MaskPlan",
+    "call_plan",
     "dense_with_plan",
     "kernel_plan",
     "key_blocks",
@@ -87,6 +88,14 @@ def kernel_plan(mask: StructuredMask, device) -> MaskPlan:
                 set_query_block(plan.rows, choose_block_q(plan.rows, mask.s))
         cache[key] = plan
     return cache[key]
+
+
+def call_plan(mask: StructuredMask, device, block_q, block_k, fit: bool) -> MaskPlan:
+    """The plan of one kernel call: blocks sized to the mask where `fit` (the compiled kernel,
+    no block sizes given), else the given blocks or the structured grid."""
+    if fit:
+        return kernel_plan(mask, device)
+    return plan_mask(mask, block_q or STRUCTURED_BLOCK_Q, block_k or STRUCTURED_BLOCK_K, device)
 
 
 def _split(mask: StructuredMask):

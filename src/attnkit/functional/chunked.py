@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 
 from attnkit.functional import _native_mod, native
-from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
 from attnkit.functional._double_backward import kernel_grads
 from attnkit.functional._dropout import (
     NO_DROPOUT,
@@ -35,10 +34,9 @@ from attnkit.functional._dropout import (
 )
 from attnkit.functional._mask_plan import (
     TILE_FULL,
+    call_plan,
     dense_with_plan,
-    kernel_plan,
     key_blocks,
-    plan_mask,
     with_sentinels,
 )
 from attnkit.functional._trace import tracing
@@ -357,14 +355,9 @@ def chunked_attention(
         )
     plain = score_mod is None  # a score function reads the positions: no reordering
     if plain and reordered_call(mask, q, k, bias, t_keep < NO_DROPOUT, causal):
-        sizes = dict(block_q=block_q, block_k=block_k, kernel=kernel)
-        return run_reordered(  # gather, attend, put back
-            mask, q, k, v,
-            lambda q2, k2, v2, inner: chunked_attention(
-                q2, k2, v2, mask=inner, bias=None, causal=False, scale=scale, dropout_p=0.0,
-                training=False, **sizes,
-            ),
-        )  # fmt: skip
+        kw = dict(bias=None, causal=False, scale=scale, dropout_p=0.0, training=False,
+                  block_q=block_q, block_k=block_k, kernel=kernel)  # fmt: skip
+        return run_reordered(mask, q, k, v, lambda *qkv, m: chunked_attention(*qkv, mask=m, **kw))
     # Dv = 0: the compiled kernel's BLAS (oneMKL) prints an error line per product; the
     # PyTorch kernel gives the same empty out, lse and dropout draws, silently.
     native_fits = v.shape[-1] > 0 and native.supports(q, bias)
@@ -373,11 +366,8 @@ def chunked_attention(
     )
     structure = None
     if isinstance(mask, StructuredMask):
-        if plain and on_native and block_q is None and block_k is None:  # blocks fit the mask
-            structure = kernel_plan(mask, q.device)
-        else:
-            grid = (block_q or STRUCTURED_BLOCK_Q, block_k or STRUCTURED_BLOCK_K)
-            structure = plan_mask(mask, *grid, q.device)
+        fit = plain and on_native and block_q is None and block_k is None  # blocks fit the mask
+        structure = call_plan(mask, q.device, block_q, block_k, fit)
         mask = structure.dense
     if score_mod is not None:
         nm = None

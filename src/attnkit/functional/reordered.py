@@ -196,8 +196,8 @@ def reordered_call(mask, q: Tensor, k: Tensor, bias, dropout: bool, causal: bool
 
 
 def run_reordered(mask: Reordered, q, k, v, attend: Callable) -> tuple[Tensor, Tensor]:
-    """attend(q, k, v, inner mask) on the reordered tokens; out and lse put back in order."""
+    """attend(q, k, v, m=inner mask) on the reordered tokens; out and lse put back in order."""
     order = mask.order.to(q.device)
-    out, lse = attend(*(t.index_select(2, order) for t in (q, k, v)), mask.inner)
+    out, lse = attend(*(t.index_select(2, order) for t in (q, k, v)), m=mask.inner)
     back = mask.inverse.to(q.device)
     return out.index_select(2, back), lse.index_select(2, back)
