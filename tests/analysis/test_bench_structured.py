@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from attnkit._cpu import cpu_name
 from attnkit.analysis.bench_structured import KINDS, StructuredCase, memory_row, structured_row
 from attnkit.functional import native
 
@@ -28,9 +29,37 @@ def test_a_window_needs_no_n_by_s_memory():
 def test_the_cli_table_refuses_options_it_does_not_use(capsys, tmp_path):
     from attnkit.cli.main import main
 
-    code = main(["bench", "--structured", "--sizes", "64", "--out", str(tmp_path / "o")])
+    code = main(["bench", "--structured", "--repeats", "2", "--out", str(tmp_path / "o")])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].endswith("--sizes: --structured runs its own table (its sizes, float32, 1 and "
-                            "2 threads); leave them out")  # fmt: skip
+    assert err[-1].endswith("--repeats: --structured runs its own table (float32, its "
+                            "repeats); leave them out")  # fmt: skip
+    code = main(["bench", "--structured", "--sizes", "1000", "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert "--sizes 1000: the structured table needs N = (16·m)²" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_kind_of_the_zoo_runs_at_a_tiny_size(kind):
+    row = structured_row(StructuredCase(kind, 256, 1), repeats=1, log=lambda m: None, flex=False)
+    assert {"structured", "structured_fb", "dense", "dense_fb"} <= set(row["ms"])
+    assert ("sdpa" in row["ms"]) == (kind != "soft-capping 30, causal")  # no SDPA form
+    assert 0 < row["density"] <= 1
+
+
+def test_the_cli_writes_the_table_at_a_tiny_size(monkeypatch, capsys, tmp_path):
+    """The whole command at N=256, one thread, FlexAttention left out (its compiles take
+    seconds per row): every kind gets a row, the CPU is named, the summary line says where."""
+    from attnkit.analysis import bench_structured
+    from attnkit.cli.main import main
+
+    monkeypatch.setattr(bench_structured, "_flex", lambda *a: None)
+    out = tmp_path / "o"
+    code = main(["bench", "--structured", "--quick", "--sizes", "256", "--quiet", "--out",
+                 str(out)])  # fmt: skip
+    assert code == 0
+    table = (out / "structured.md").read_text()
+    assert all(f"| {kind} | 256 | 1 |" in table for kind in KINDS)
+    assert cpu_name() in table
+    assert capsys.readouterr().out.strip().endswith(f"({len(KINDS)} rows)")

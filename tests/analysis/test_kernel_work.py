@@ -10,6 +10,7 @@ from attnkit import masks
 from attnkit.analysis import kernel_work, mha_cost
 from attnkit.analysis.kernel_work import PASSES
 from attnkit.functional import native
+from attnkit.functional._grid import _TILE_GRIDS
 
 needs_kernel = pytest.mark.skipif(
     not native.available(), reason="the compiled kernel could not be built here"
@@ -92,12 +93,13 @@ def test_one_head_of_one_row_and_the_block_counts():
     mask = masks.window(n, 256, causal=True)
     assert kernel_work(mask).computed == _counted(mask, False, 1, 1, 1, n, n)[0]
     fwd = kernel_work(mask, pass_="forward")
-    # rows path: the 8 query blocks of 128 rows (the last 104) span w + bq - 1 keys, fewer at
-    # the start; in steps of 512 keys
-    assert (fwd.block_q, fwd.block_k) == (128, 512)
-    starts = range(0, n, 128)
-    spans = [min(i0 + 128, n) - max(i0 - 255, 0) for i0 in starts]
-    assert fwd.computed == sum(min(128, n - i0) * w for i0, w in zip(starts, spans, strict=True))
+    # rows path: query blocks of bq rows (chosen for the window, the last one shorter) span
+    # w + bq - 1 keys, fewer at the start; in steps of 512 keys
+    bq = fwd.block_q
+    assert bq in (16, 32, 64, 128) and fwd.block_k == 512
+    starts = range(0, n, bq)
+    spans = [min(i0 + bq, n) - max(i0 - 255, 0) for i0 in starts]
+    assert fwd.computed == sum(min(bq, n - i0) * w for i0, w in zip(starts, spans, strict=True))
     assert fwd.blocks == sum(-(-w // 512) for w in spans)
     assert fwd.allowed == sum(min(i + 1, 256) for i in range(n)) < fwd.computed < fwd.dense
 
@@ -105,8 +107,21 @@ def test_one_head_of_one_row_and_the_block_counts():
 def test_tiles_put_both_passes_on_the_tile_grid():
     mask = masks.from_function(lambda b, h, q, k: (q // 100) == (k // 100), 600)
     fwd, bwd = (kernel_work(mask, pass_=p) for p in ("forward", "backward"))
-    assert (fwd.block_q, fwd.block_k) == (bwd.block_q, bwd.block_k) == (128, 256)
+    assert (fwd.block_q, fwd.block_k) == (bwd.block_q, bwd.block_k)
+    assert (fwd.block_q, fwd.block_k) in _TILE_GRIDS
     assert fwd == bwd and fwd.allowed == 6 * 100 * 100
+
+
+def test_blocks_follow_a_narrow_mask():
+    """A 9-key window gets short query blocks and a scattered mask a fine tile grid: the
+    entries computed stay within 2.5x of those allowed (128-row blocks: ~8x)."""
+    n = 2048
+    narrow = kernel_work(masks.window(n, 9))
+    assert narrow.block_q < 128 and narrow.computed < 2.5 * narrow.allowed
+    band = masks.from_function(lambda b, h, q, k: (q // 16) == (k // 16), n)
+    tiled = kernel_work(band)
+    assert (tiled.block_q, tiled.block_k) != (128, 256)
+    assert tiled.computed < 2.5 * tiled.allowed
 
 
 def test_without_a_mask_every_entry_or_the_causal_blocks():

@@ -28,16 +28,16 @@ from attnkit.functional._blocks import (
     BACKWARD_BLOCK_Q,
     FORWARD_BLOCK_K,
     FORWARD_BLOCK_Q,
-    STRUCTURED_BLOCK_K,
-    STRUCTURED_BLOCK_Q,
 )
-from attnkit.functional._mask_plan import MaskPlan, key_blocks, plan_mask
+from attnkit.functional._grid import query_block
+from attnkit.functional._mask_plan import MaskPlan, kernel_plan, key_blocks
 from attnkit.functional.structured import StructuredMask, causal_intervals
 
 __all__ = ["PASSES", "KernelWork", "kernel_work"]
 
 # The compiled kernel's blocks per pass (bq, bk); a mask with tiles puts both passes on the
-# tile grid (STRUCTURED_BLOCK_Q × STRUCTURED_BLOCK_K).
+# tile grid chosen for the mask (`_grid.choose_tile_grid`); row intervals alone may shorten
+# the query blocks (`_grid.choose_block_q`).
 PASSES = {
     "forward": (FORWARD_BLOCK_Q, FORWARD_BLOCK_K),
     "backward": (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K),
@@ -105,8 +105,10 @@ def kernel_work(
     if mask is not None:
         if causal:  # what `attention` does: causal joins the mask as row intervals
             mask, causal = mask & causal_intervals(n, s), False
-        plan = plan_mask(mask, STRUCTURED_BLOCK_Q, STRUCTURED_BLOCK_K, "cpu")
+        plan = kernel_plan(mask, "cpu")
     bq, bk = PASSES[pass_] if plan is None or plan.tiles is None else tuple(plan.tiles.shape[1:])
+    if plan is not None and plan.tiles is None:  # rows alone: query blocks sized to them
+        bq = min(bq, query_block(plan.rows, bq))
     walks = _walks(plan)
     computed = blocks = 0
     for one in walks:

@@ -4,10 +4,12 @@
     attnkit bench --threads 1 --out DIR   # the full run (tens of minutes)
     attnkit bench --structured            # structured masks vs tensors, SDPA, FlexAttention
 
---structured times attnkit's structured masks (causal, windows 256 and 1024, 16 and 64 packed
-documents, prefix-LM; N = 4096, 16384, 65536; 1 and 2 threads) against the same masks as
-tensors, SDPA and compiled FlexAttention, forward and forward + backward, and the memory of a
-window-512 training step at N=65536 (about 15 minutes; --quick: N=1024, under a minute).
+--structured times the mask zoo (causal, window 256, prefix-LM, 16 documents causal and full,
+a dilated window, a 2-D neighbourhood, a strided mask; ALiBi, soft-capping and a T5 table as
+score functions) against SDPA with the dense mask and compiled FlexAttention, attnkit forward
+and forward + backward, N = 4096 and 16384, 1 and 2 threads (--sizes and --threads pick
+others), and the memory of a window-512 training step at N=65536 (an hour on 2 idle cores;
+--quick: N=1024, one thread, a few minutes for FlexAttention's compiles).
 
 --sizes are checked before anything runs: a size whose rows need more memory than this
 machine has free, or a plan whose kernel rows would take more than 2 hours even at this
@@ -49,14 +51,18 @@ def register(subparsers) -> None:
     add_out_options(p, "bench", "bench.json, bench.md and readme.md")
     add_report_options(p)
     p.add_argument(
-        "--threads", type=thread_count, metavar="T", help="torch threads (default: torch's)"
+        "--threads",
+        type=thread_count,
+        metavar="T",
+        help="torch threads (default: torch's; --structured: 1 and 2)",
     )
     p.add_argument(
         "--sizes",
         type=positive_int,
         nargs="+",
         metavar="N",
-        help="override the kernel N list (checked against free memory and time first)",
+        help="override the kernel N list (checked against free memory and time first); "
+        "with --structured, the table's N",
     )
     p.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), help="kernel dtypes")
     p.add_argument("--repeats", type=positive_int, metavar="R", help="timed repeats per row")
@@ -298,15 +304,20 @@ def _run_structured(args) -> int:
         structured_plan,
     )
 
-    given = [f"--{n}" for n in ("sizes", "dtypes", "repeats", "threads") if getattr(args, n)]
+    given = [f"--{n}" for n in ("dtypes", "repeats") if getattr(args, n)]
     if given:
         raise UsageError(
-            f"{', '.join(given)}: --structured runs its own table (its sizes, float32, 1 and 2 "
-            "threads); leave them out"
+            f"{', '.join(given)}: --structured runs its own table (float32, its repeats); "
+            "leave them out"
         )
+    sizes = tuple(args.sizes) if args.sizes else None
+    threads = (args.threads,) if args.threads else None
+    try:
+        todo = structured_plan(args.quick, sizes, threads)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     prepare_out(args.out, STRUCTURED_FILES, force=args.force)
     json_path, md_path = (args.out / name for name in STRUCTURED_FILES)
-    todo = structured_plan(args.quick)
     bar = tqdm(total=len(todo), desc="bench", disable=args.quiet, file=sys.stderr)
     stop = threading.Event()
 
@@ -319,7 +330,7 @@ def _run_structured(args) -> int:
             bar.set_postfix_str(msg.split("] ", 1)[1])
 
     with bar:
-        result = interruptible(lambda: run_structured(args.quick, log), stop)
+        result = interruptible(lambda: run_structured(args.quick, log, sizes, threads), stop)
         bar.update(len(todo) - bar.n)
     atomic_write_json(json_path, result)
     atomic_write_text(md_path, structured_markdown(result["rows"], result["memory"],

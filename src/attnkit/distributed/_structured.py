@@ -30,8 +30,8 @@ from torch import Tensor
 
 from attnkit.distributed._block import part, q_heads
 from attnkit.distributed.layout import positions
+from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
 from attnkit.functional._mask_plan import MaskPlan, plan_mask
-from attnkit.functional.chunked import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
 from attnkit.functional.structured import RowIntervals, StructuredMask, _And, _Dense
 
 __all__ = ["GlobalMask", "Schedule", "Span", "exchange_pattern"]

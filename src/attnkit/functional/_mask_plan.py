@@ -22,6 +22,13 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
+from attnkit.functional._grid import (
+    blocks_by_chunk,
+    choose_block_q,
+    choose_tile_grid,
+    set_query_block,
+)
 from attnkit.functional.structured import (
     FULL,
     PARTIAL,
@@ -32,7 +39,15 @@ from attnkit.functional.structured import (
     intervals_block,
 )
 
-__all__ = ["MaskPlan", "dense_with_plan", "key_blocks", "plan_mask", "with_sentinels"]
+__all__ = [
+    "MaskPlan",
+    "call_plan",
+    "dense_with_plan",
+    "kernel_plan",
+    "key_blocks",
+    "plan_mask",
+    "with_sentinels",
+]
 
 TILE_EMPTY, TILE_FULL = -1, -2
 
@@ -58,27 +73,64 @@ def plan_mask(mask: StructuredMask, block_q: int, block_k: int, device) -> MaskP
     return cache[key]
 
 
-def _plan(mask: StructuredMask, block_q: int, block_k: int, device) -> MaskPlan:
-    factors = mask.factors() if isinstance(mask, _And) else [mask]
-    rows, dense, rest = None, None, []
-    for f in factors:
-        iv = f.intervals()
-        if iv is not None:
-            lo, hi = (x.to(device) for x in iv)
-            if rows is not None:  # the intersection of intervals is an interval
-                lo, hi = torch.maximum(rows[0], lo), torch.minimum(rows[1], hi)
-            rows = (lo, hi)
-        elif isinstance(f, _Dense):
-            t = f.t.to(device)
-            dense = t if dense is None else dense & t
+def kernel_plan(mask: StructuredMask, device) -> MaskPlan:
+    """`plan_mask` on the blocks chosen for this mask (`_grid.choose_tile_grid` for tiles,
+    `_grid.choose_block_q` for row intervals alone); cached on the mask like `plan_mask`."""
+    key = ("auto", str(device))
+    cache = mask.__dict__.setdefault("_plans", {})
+    if key not in cache:
+        rest = _split(mask)[2]
+        # a mask that tiles itself (a FlexAttention BlockMask) keeps the structured grid: the
+        # grid search would evaluate it everywhere, which its block lists exist to avoid
+        if rest and not any(hasattr(f, "plan_tiles") for f in rest):
+            plan = plan_mask(mask, *choose_tile_grid(_and_all(rest)), device)
         else:
-            rest.append(f)
+            plan = plan_mask(mask, STRUCTURED_BLOCK_Q, STRUCTURED_BLOCK_K, device)
+            if plan.rows is not None:
+                set_query_block(plan.rows, choose_block_q(plan.rows, mask.s))
+        cache[key] = plan
+    return cache[key]
+
+
+def call_plan(mask: StructuredMask, device, block_q, block_k, fit: bool) -> MaskPlan:
+    """The plan of one kernel call: blocks sized to the mask where `fit` (the compiled kernel,
+    no block sizes given), else the given blocks or the structured grid."""
+    if fit:
+        return kernel_plan(mask, device)
+    return plan_mask(mask, block_q or STRUCTURED_BLOCK_Q, block_k or STRUCTURED_BLOCK_K, device)
+
+
+def _split(mask: StructuredMask):
+    """The factors of `mask`: row intervals, boolean tensors, and the rest."""
+    factors = mask.factors() if isinstance(mask, _And) else [mask]
+    rows = [f for f in factors if f.intervals() is not None]
+    dense = [f for f in factors if f.intervals() is None and isinstance(f, _Dense)]
+    rest = [f for f in factors if f.intervals() is None and not isinstance(f, _Dense)]
+    return rows, dense, rest
+
+
+def _and_all(parts: list[StructuredMask]) -> StructuredMask:
+    out = parts[0]
+    for f in parts[1:]:
+        out = out & f
+    return out
+
+
+def _plan(mask: StructuredMask, block_q: int, block_k: int, device) -> MaskPlan:
+    intervals, dense_parts, rest = _split(mask)
+    rows, dense = None, None
+    for f in intervals:
+        lo, hi = (x.to(device) for x in f.intervals())
+        if rows is not None:  # the intersection of intervals is an interval
+            lo, hi = torch.maximum(rows[0], lo), torch.minimum(rows[1], hi)
+        rows = (lo, hi)
+    for f in dense_parts:
+        t = f.t.to(device)
+        dense = t if dense is None else dense & t
     stacked = None if rows is None else torch.stack(torch.broadcast_tensors(*rows)).contiguous()
     table = tiles = None
     if rest:
-        other = rest[0]
-        for f in rest[1:]:
-            other = other & f
+        other = _and_all(rest)
         # a mask that knows its own block structure (a FlexAttention BlockMask) tiles itself
         tile = getattr(other, "plan_tiles", None) or (lambda *a: _tiles(other, *a))
         table, tiles = tile(block_q, block_k, device)
@@ -86,29 +138,45 @@ def _plan(mask: StructuredMask, block_q: int, block_k: int, device) -> MaskPlan:
 
 
 def _tiles(mask: StructuredMask, bq: int, bk: int, device) -> tuple[Tensor, Tensor]:
-    """Evaluate `mask` one row of blocks at a time; keep the booleans of partial blocks only."""
+    """Evaluate `mask` one row of blocks at a time, `key_chunk` keys at a time (so a predicate's
+    integer temporaries stay O(bq · chunk), not O(bq · S)); keep the partial blocks' booleans."""
     b, h, n, s = mask.shape
     nqb, nkb = -(-n // bq), -(-s // bk)
     table = torch.empty(b, h, nqb, nkb, dtype=torch.int32)
     kept: list[Tensor] = []
     count = 0
-    for qb in range(nqb):
-        i0, i1 = qb * bq, min((qb + 1) * bq, n)
-        block_row = mask.block(i0, i1, 0, s).cpu()  # (B|1, H|1, nq, S)
-        cls = _classify(block_row, bk)  # (B|1, H|1, nkb)
+    for qb, kb0, block_row in blocks_by_chunk(mask, bq, bk):
+        nq, width = block_row.shape[2], block_row.shape[3]
+        if qb == kb0 == 0:
+            _check_repeatable(mask, block_row)
+        cls = _classify(block_row, bk)  # (B|1, H|1, chunk blocks)
         part = cls == PARTIAL
         idx = torch.full(cls.shape, TILE_EMPTY, dtype=torch.int32)
         idx[cls == FULL] = TILE_FULL
         found = int(part.sum())
         idx[part] = torch.arange(count, count + found, dtype=torch.int32)
-        table[:, :, qb] = idx
+        table[:, :, qb, kb0 : kb0 + cls.shape[2]] = idx
         if found:
-            padded = torch.nn.functional.pad(block_row, (0, nkb * bk - s, 0, bq - (i1 - i0)))
-            grid = padded.view(b, h, bq, nkb, bk).permute(0, 1, 3, 2, 4)  # (B|1, H|1, nkb, bq, bk)
+            nb = cls.shape[2]
+            padded = torch.nn.functional.pad(block_row, (0, nb * bk - width, 0, bq - nq))
+            grid = padded.view(b, h, bq, nb, bk).permute(0, 1, 3, 2, 4)  # (B|1, H|1, nb, bq, bk)
             kept.append(grid[part].to(torch.uint8))  # (found, bq, bk), in table order
             count += found
     tiles = torch.cat(kept) if kept else torch.zeros(0, bq, bk, dtype=torch.uint8)
     return table.to(device), tiles.contiguous().to(device)
+
+
+def _check_repeatable(mask: StructuredMask, first: Tensor) -> None:
+    """The plan is computed once and cached on the mask: a predicate whose answers change
+    between calls (random draws, a tensor it reads being changed) would be skipped by a stale
+    plan. Catch what one second evaluation of the first block can."""
+    again = mask.block(0, first.shape[2], 0, first.shape[3]).cpu()
+    if not torch.equal(first, again):
+        raise ValueError(
+            f"{mask.describe()}: the mask gave different booleans for the same block on two "
+            "evaluations; a predicate (masks.from_function) must be deterministic, since its "
+            "plan is computed on first use and cached on the mask"
+        )
 
 
 def key_blocks(

@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 
 from attnkit.functional import _chunked_mod, native
-from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
 from attnkit.functional._double_backward import kernel_grads
 from attnkit.functional._dropout import (
     NO_DROPOUT,
@@ -35,11 +34,12 @@ from attnkit.functional._dropout import (
 )
 from attnkit.functional._mask_plan import (
     TILE_FULL,
+    call_plan,
     dense_with_plan,
     key_blocks,
-    plan_mask,
     with_sentinels,
 )
+from attnkit.functional.reordered import reordered_call, run_reordered
 from attnkit.functional.structured import StructuredMask, intervals_block
 
 # The PyTorch kernel's blocks, tuned on the 2-core CPU (1 MiB L2 per core), N=2048, H=8, D=64,
@@ -352,14 +352,22 @@ def chunked_attention(
             f"gradient: {bias is not None and bias.requires_grad}, kernel built: "
             f"{native.available()})"
         )
-    structure = None
-    if isinstance(mask, StructuredMask):
-        grid = (block_q or STRUCTURED_BLOCK_Q, block_k or STRUCTURED_BLOCK_K)
-        structure = plan_mask(mask, *grid, q.device)
-        mask = structure.dense
+    plain = score_mod is None  # a score function reads the positions: no reordering
+    if plain and reordered_call(mask, q, k, bias, t_keep < NO_DROPOUT, causal):
+        kw = dict(bias=None, causal=False, scale=scale, dropout_p=0.0, training=False,
+                  block_q=block_q, block_k=block_k, kernel=kernel)  # fmt: skip
+        return run_reordered(mask, q, k, v, lambda *qkv, m: chunked_attention(*qkv, mask=m, **kw))
     # Dv = 0: the compiled kernel's BLAS (oneMKL) prints an error line per product; the
     # PyTorch kernel gives the same empty out, lse and dropout draws, silently.
     native_fits = v.shape[-1] > 0 and native.supports(q, bias)
+    on_native = kernel == "native" or (
+        kernel == "auto" and block_q is None and block_k is None and native_fits
+    )
+    structure = None
+    if isinstance(mask, StructuredMask):
+        fit = plain and on_native and block_q is None and block_k is None  # blocks fit the mask
+        structure = call_plan(mask, q.device, block_q, block_k, fit)
+        mask = structure.dense
     if score_mod is not None:  # the compiled kernel's built-ins, or differentiable blocks
         bq = block_q or (CAUSAL_BLOCK_Q if causal else DEFAULT_BLOCK_Q)
         bk = block_k or (CAUSAL_BLOCK_K if causal else DROPOUT_BLOCK_K)
@@ -369,9 +377,7 @@ def chunked_attention(
         return _chunked_mod.with_score_mod(
             pl, q, k, v, _as4d(mask), _as4d(bias), score_mod, t_keep, seed, fits, kernel
         )
-    if kernel == "native" or (
-        kernel == "auto" and block_q is None and block_k is None and native_fits
-    ):
+    if on_native:
         return native.native_attention(
             q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, keep_t=t_keep,
             inv_keep=inv_keep, seed=seed, plan=structure,

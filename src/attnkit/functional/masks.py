@@ -17,8 +17,9 @@ Causal masks with N != S are aligned bottom-right: query i sees keys
 j <= i + (S - N). That is what decoding with a key/value cache needs (the last
 query is the newest token and sees every cached key).
 
-Structured masks (`window`, `document`, `prefix`, `from_function`, and their `&` / `|`
-with each other and with boolean tensors) describe themselves instead of holding an (N, S)
+Structured masks (`window`, `document`, `prefix`, `from_function`, `dilated_window`,
+`strided`, `neighborhood_2d`, `reorder`, and their `&` / `|` with each other and with boolean
+tensors) describe themselves instead of holding an (N, S)
 tensor: kernels skip the blocks they hide. See `attnkit.functional.structured`.
 `from_block_mask` reads FlexAttention's `BlockMask` as one, `to_block_mask` writes one as a
 `BlockMask` (`attnkit.functional.flex_masks`).
@@ -32,6 +33,7 @@ import torch
 from torch import Tensor
 
 from attnkit.functional.flex_masks import from_block_mask, to_block_mask
+from attnkit.functional.reordered import dilated_window, neighborhood_2d, reorder, strided
 from attnkit.functional.structured import (
     StructuredMask,
     document,
@@ -46,6 +48,7 @@ __all__ = [
     "StructuredMask",
     "causal",
     "combine",
+    "dilated_window",
     "document",
     "document_ids",
     "from_block_mask",
@@ -55,9 +58,12 @@ __all__ = [
     "from_torch_attn_mask",
     "from_torch_key_padding_mask",
     "from_zero_blocked",
+    "neighborhood_2d",
     "padding",
     "prefix",
+    "reorder",
     "sliding_window",
+    "strided",
     "to_block_mask",
     "window",
 ]

@@ -35,6 +35,7 @@ from attnkit.functional._blocks import (
     FORWARD_BLOCK_Q,
 )
 from attnkit.functional._double_backward import kernel_grads
+from attnkit.functional._grid import query_block
 from attnkit.functional._kernel_cache import load, origin
 from attnkit.functional._mask_plan import dense_with_plan
 from attnkit.functional._trace import tracing
@@ -128,6 +129,8 @@ def _args(q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, structure,
     rows, table, tiles = structure
     if tiles is not None:  # the tiles fix the grid of both passes
         blocks = tuple(tiles.shape[1:])
+    else:  # rows alone: query blocks sized to the rows' spans (`_grid.choose_block_q`)
+        blocks = (min(blocks[0], query_block(rows, blocks[0])), blocks[1])
     a = _Args(
         B=b, H=h, Hkv=k.shape[1], N=n, S=k.shape[2], D=d, Dv=v.shape[3], bq=blocks[0],
         bk=blocks[1], causal=int(causal), keep_t=keep_t, nthreads=torch.get_num_threads(),

@@ -1,0 +1,203 @@
+"""Masks that skip well in another order of the tokens: dilated windows, strided (video
+"temporal") masks, 2-D neighbourhoods, and any predicate given an order.
+
+Legend: B batch, H heads, N queries = S keys (self-attention); a permutation `order` (N,) puts
+token order[a] at position a.
+
+In token order these masks touch nearly every block (a dilation-4 window sees one key in four,
+a strided mask one token per frame), so a blocked kernel computes and then masks most of what
+it reads. Reordered, they are block-sparse: sorting tokens by their residue makes a dilated
+window a band within each residue class and a strided mask a set of contiguous documents (row
+intervals, skipped exactly), and 8 × 8 tiles make a 2-D neighbourhood a few dense blocks per
+query block. The chunked backend (eager, no bias, no dropout) gathers q, k, v into that order,
+attends with the reordered mask, and scatters out and lse back: the results are those of the
+mask in token order (autograd carries the gathers). Everywhere else (bias, dropout, other
+backends, `&`/`|` with other masks, `.dense()`) the mask is its token-order predicate, exact and
+without the speed-up. Dilated windows follow the attention-gym/DiNAT convention, strided masks
+Sparse Transformer's / video models' "same position in every frame", neighbourhoods NATTEN's
+(windows clamped at the borders, so every query sees kernel² keys; Hassani et al. 2023).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from attnkit.functional.structured import RowIntervals, StructuredMask, _Function
+
+__all__ = ["Reordered", "dilated_window", "neighborhood_2d", "reorder", "strided"]
+
+_TILE = 8  # 2-D neighbourhoods are reordered in 8 × 8 tiles of the image
+
+
+class Reordered(_Function):
+    """A predicate mask (token order) with the same mask in a cheaper order: `inner(a, c)` ==
+    `fn(order[a], order[c])`. Means exactly its token-order predicate."""
+
+    def __init__(self, fn, n, order: Tensor, inner: StructuredMask | None, name: str, device=None):
+        super().__init__(fn, n, n, 1, 1, device)
+        self.order = order.to(self.device)
+        self.inverse = torch.argsort(self.order)
+        self.inner = inner if inner is not None else _Gathered(fn, n, self.order, name)
+        self.name = name
+
+    def describe(self):
+        return self.name
+
+    @property
+    def density(self) -> float:
+        """The reordered mask's (a permutation of rows and keys keeps the count): O(N) for row
+        intervals, where the token-order predicate would be evaluated N · S times."""
+        return self.inner.density
+
+    def to(self, device):
+        return Reordered(self.fn, self.n, self.order, self.inner.to(device), self.name, device)
+
+
+class _Gathered(_Function):
+    """fn on gathered positions: position a of the reordered sequence is token order[a]."""
+
+    def __init__(self, fn, n, order: Tensor, name: str):
+        self.token_fn, self.order, self.name = fn, order, name
+        super().__init__(lambda b, h, q, k: fn(b, h, order[q], order[k]), n, n, 1, 1, order.device)
+
+    def describe(self):
+        return f"{self.name}, reordered"
+
+    def to(self, device):
+        return _Gathered(self.token_fn, self.n, self.order.to(device), self.name)
+
+
+def _check_int(name: str, what: str, x, low: int) -> None:
+    if isinstance(x, bool) or not isinstance(x, int) or x < low:
+        raise ValueError(f"{name}: {what} must be an integer >= {low}, got {x!r}")
+
+
+def _check_order(order, n: int) -> Tensor:
+    if not isinstance(order, Tensor) or order.dim() != 1 or order.dtype.is_floating_point:
+        got = f"{order.dtype} {tuple(order.shape)}" if isinstance(order, Tensor) else order
+        raise ValueError(f"reorder: order must be an integer tensor (N,), got {got!r}")
+    order = order.long()
+    if order.numel() != n or not torch.equal(torch.sort(order.cpu()).values, torch.arange(n)):
+        raise ValueError(f"reorder: order must be a permutation of 0..{n - 1}")
+    return order
+
+
+def reorder(mask: StructuredMask, order: Tensor) -> Reordered:
+    """`mask` (from `from_function`, N = S, one mask for every batch row and head), computed
+    in the token order `order` (a permutation (N,): position a holds token order[a]) by the
+    chunked backend: choose an order that makes the mask's blocks dense or empty (tokens that
+    attend to each other side by side). Same results as `mask`."""
+    if type(mask) is not _Function or mask.n != mask.s or (mask.batch, mask.heads) != (1, 1):
+        raise ValueError(
+            f"reorder: mask must come from masks.from_function with N = S and no batch or head "
+            f"dependence, got {mask.describe()} {mask.shape}"
+        )
+    order = _check_order(order, mask.n).to(mask.device)
+    return Reordered(mask.fn, mask.n, order, None, f"{mask.describe()}, reordered", mask.device)
+
+
+def _by_residue(n: int, d: int, device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Tokens sorted by residue mod d: the order, and for each position its class's start,
+    length and its index t in the class (token = residue + t * d)."""
+    pos = torch.arange(n, device=device)
+    order = torch.argsort(pos % d * n + pos)  # residue first, then position
+    r, t = order % d, order // d
+    length = (n - r + d - 1) // d  # tokens with residue r
+    sizes = (n - torch.arange(d, device=device) + d - 1) // d  # (d,)
+    starts = torch.cumsum(sizes, 0) - sizes
+    return order, starts[r], length, t
+
+
+def dilated_window(
+    n: int, window: int, dilation: int, *, causal: bool = False, device=None
+) -> Reordered:
+    """Dilated sliding window (DiNAT, LongNet's dilated segments): query i sees key j when
+    i - j is a multiple of `dilation` and |i - j| < window · dilation (with `causal`,
+    0 <= i - j < window · dilation): `window` keys either side, one in `dilation`.
+
+    Skipped as a band within each residue class (tokens reordered by i mod dilation)."""
+    _check_int("dilated_window", "n", n, 0)
+    _check_int("dilated_window", "window", window, 1)
+    _check_int("dilated_window", "dilation", dilation, 1)
+    name = f"dilated_window({window}, {dilation}{', causal' if causal else ''})"
+    return _dilated(n, window, dilation, causal, device, name)
+
+
+def _dilated(n, window, dilation, causal, device, name) -> Reordered:
+    span = window * dilation
+
+    def fn(b, h, q, kv):
+        diff = q - kv
+        near = (diff < span) & (diff >= 0) if causal else diff.abs() < span
+        return near & (diff % dilation == 0)
+
+    order, start, length, t = _by_residue(n, dilation, device)
+    lo = start + (t - window + 1).clamp(min=0)
+    hi = start + (t + 1 if causal else torch.minimum(t + window, length))
+    inner = RowIntervals(lo, hi, n, name + ", reordered")
+    return Reordered(fn, n, order, inner, name, device)
+
+
+def strided(n: int, stride: int, *, causal: bool = False, device=None) -> Reordered:
+    """Query i sees key j when i ≡ j (mod `stride`) (with `causal`, also j <= i): a video
+    model's "temporal" attention over frames of `stride` tokens (each token sees its own place
+    in every frame), Sparse Transformer's strided head. Skipped as contiguous documents
+    (tokens reordered by residue)."""
+    _check_int("strided", "n", n, 0)
+    _check_int("strided", "stride", stride, 1)
+    name = f"strided({stride}{', causal' if causal else ''})"
+    return _dilated(n, max(n, 1), stride, causal, device, name)
+
+
+def neighborhood_2d(height: int, width: int, kernel: int | tuple[int, int], *, device=None):
+    """NATTEN's 2-D neighbourhood on a height × width grid of tokens (row-major, N = height ·
+    width): query (y, x) sees the kernel_h × kernel_w keys around it, the window shifted
+    inwards at the borders so that every query sees kernel_h · kernel_w keys. `kernel`: odd,
+    at most the grid's side (an int for a square window).
+
+    Skipped on 8 × 8 tiles of the grid (tokens reordered tile by tile)."""
+    kh, kw = (kernel, kernel) if not isinstance(kernel, tuple) else kernel
+    _check_int("neighborhood_2d", "height", height, 1)
+    _check_int("neighborhood_2d", "width", width, 1)
+    for what, k, side in (("kernel height", kh, height), ("kernel width", kw, width)):
+        _check_int("neighborhood_2d", what, k, 1)
+        if k % 2 == 0 or k > side:
+            raise ValueError(f"neighborhood_2d: {what} must be odd and <= {side}, got {k}")
+    rh, rw = kh // 2, kw // 2
+
+    def fn(b, h, q, kv):
+        qy, qx, ky, kx = q // width, q % width, kv // width, kv % width
+        cy, cx = qy.clamp(rh, height - 1 - rh), qx.clamp(rw, width - 1 - rw)
+        return ((cy - ky).abs() <= rh) & ((cx - kx).abs() <= rw)
+
+    pos = torch.arange(height * width, device=device)
+    y, x = pos // width, pos % width
+    tiles_x = -(-width // _TILE)
+    tile = (y // _TILE) * tiles_x + x // _TILE
+    order = torch.argsort(tile * (_TILE * _TILE) + (y % _TILE) * _TILE + x % _TILE)
+    name = f"neighborhood_2d({height}x{width}, {kh}x{kw})"
+    return Reordered(fn, height * width, order, None, name, device)
+
+
+def reordered_call(mask, q: Tensor, k: Tensor, bias, dropout: bool, causal: bool) -> bool:
+    """Whether a chunked call may run `mask` reordered: a `Reordered` mask over these N = S
+    tokens, no bias (it would need the same gather), no dropout (whose bits follow the
+    positions), no causal limit (`attention` folds it into the mask)."""
+    return (
+        isinstance(mask, Reordered)
+        and bias is None
+        and not dropout
+        and not causal
+        and q.shape[2] == k.shape[2] == mask.n
+    )
+
+
+def run_reordered(mask: Reordered, q, k, v, attend: Callable) -> tuple[Tensor, Tensor]:
+    """attend(q, k, v, m=inner mask) on the reordered tokens; out and lse put back in order."""
+    order = mask.order.to(q.device)
+    out, lse = attend(*(t.index_select(2, order) for t in (q, k, v)), m=mask.inner)
+    back = mask.inverse.to(q.device)
+    return out.index_select(2, back), lse.index_select(2, back)
