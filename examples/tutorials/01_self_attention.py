@@ -284,7 +284,7 @@ print(f"the scaled scores get about 10^{math.log10(ratio):.0f} times more gradie
 # largest of 16 weights takes 0.95 on average, and the gradient that reaches the scores is
 # about a thousand times smaller than with the division: the queries and keys would barely
 # learn. attnkit divides by $\sqrt{D}$ by default; `attention(..., scale=s)` multiplies the
-# scores by another `s`.
+# scores by `s` instead of $1/\sqrt{D}$ (`scale=1.0` gives plain dot products).
 #
 # ## Attention grown from averaging the past
 #

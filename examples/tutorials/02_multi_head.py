@@ -338,7 +338,7 @@ print("equal:", torch.allclose(out, y, atol=1e-5))
 #
 # ## Exercises
 #
-# **1.** Count the parameters of a multi-head attention with $C = 512$ and $H = 8$ heads (the
+# **1.** Count the parameters of a multi-head attention with $C = 512$ and $h = 8$ heads (the
 # Transformer's base model), first by formula, then on the module.
 #
 # /// details | Answer
