@@ -354,6 +354,13 @@ print(masks.window(16, 4, causal=True))  # the text repr draws the block map
 # (blocks of 1×1)
 # ```
 #
+# **Try it.** Build a 16 × 16 mask yourself: click cells to allow or hide a (query, key) pair,
+# or start from one of attnkit's masks. The block map beside it sorts the 4 × 4 blocks as the
+# chunked kernel does (█ computed without a mask, ░ computed and masked, blank skipped), and
+# the density is the fraction of pairs that may attend.
+#
+# <div class="ak-play" data-play="mask"></div>
+#
 # The same kinds at $N = 16$, element by element, each over the weights it yields: three
 # packed documents of 5, 4 and 7 tokens, a causal window of 4 keys, a prefix-LM whose first
 # 6 positions see each other, and documents & window.
