@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import base64
 import json
+import posixpath
 import re
 from pathlib import Path
 
+SITE = "https://attnkit.github.io/attnkit/"  # mkdocs.yml's site_url
 TUTORIAL = re.compile(r"(?:^|/)tutorials/(\d\d-[^/]+)\.md$")
 _OUTPUT = re.compile(r"\A```text\n(.*?)\n```[ \t]*(?:\n|\Z)", re.S)
+_LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)")
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+\.(?:png|jpg|jpeg|gif|svg))\)")
 _PLAY = re.compile(r'^<div class="ak-play"[^>]*></div>\n?', re.M)
 _DETAILS = re.compile(r"^/// details \| (.+)$", re.M)
@@ -41,8 +44,25 @@ def _language(src_uri: str) -> str:
     return "zh" if src_uri.startswith("zh/") or "/zh/" in src_uri else "en"
 
 
-def _prose(text: str, folder: Path, attachments: dict) -> str:
-    """A markdown cell's text: site-only markup dropped, local images made attachments."""
+def _site_url(target: str, page_path: Path, site_url: str) -> str:
+    """A page-relative link as the published site's address: ../guides/x.md#a on
+    docs/zh/tutorials/p.md -> SITE/zh/guides/x/#a (assets are shared: SITE/assets/...)."""
+    path, _, anchor = target.partition("#")
+    docs = page_path.parents[2]  # docs/<lang>/tutorials/<page>.md
+    rel = Path(posixpath.normpath(posixpath.join(page_path.parent.as_posix(), path)))
+    parts = rel.relative_to(docs).parts
+    lang, rest = (parts[0], parts[1:]) if parts[0] in ("en", "zh") else ("en", parts)
+    url = "/".join(rest)
+    if url.endswith(".md"):
+        url = url[: -len(".md")]
+        url = url[: -len("index")] if url == "index" or url.endswith("/index") else url + "/"
+    prefix = "" if lang == "en" else f"{lang}/"
+    return site_url.rstrip("/") + "/" + prefix + url + (f"#{anchor}" if anchor else "")
+
+
+def _prose(text: str, folder: Path, attachments: dict, site_url: str) -> str:
+    """A markdown cell's text: site-only markup dropped, local images made attachments, links
+    to other pages made links to the published site."""
     text = _PLAY.sub("", text)
     text = _DETAILS.sub(lambda m: f"**{m.group(1)}**", text)
     text = _END.sub("", text)
@@ -57,10 +77,16 @@ def _prose(text: str, folder: Path, attachments: dict) -> str:
         attachments[path.name] = {mime: base64.b64encode(path.read_bytes()).decode("ascii")}
         return f"![{alt}](attachment:{path.name})"
 
-    return _IMAGE.sub(attach, text)
+    def link(match: re.Match) -> str:
+        label, target = match.groups()
+        if "://" in target or target.startswith(("#", "mailto:", "attachment:")):
+            return match.group(0)
+        return f"[{label}]({_site_url(target, folder / 'page.md', site_url)})"
+
+    return re.sub(r"\n{3,}", "\n\n", _LINK.sub(link, _IMAGE.sub(attach, text)))
 
 
-def notebook(markdown: str, page_path: Path) -> dict:
+def notebook(markdown: str, page_path: Path, site_url: str = SITE) -> dict:
     """The nbformat-4 notebook of a page: its code cells carry the outputs the page shows."""
     import jupytext
 
@@ -78,7 +104,7 @@ def notebook(markdown: str, page_path: Path) -> dict:
             cells[-1]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": out}]
             text = text[shown.end() :]
         attachments: dict = {}
-        text = _prose(text, page_path.parent, attachments).strip("\n")
+        text = _prose(text, page_path.parent, attachments, site_url).strip("\n")
         if not text:
             continue
         cell_out = {"cell_type": "markdown", "id": f"c{len(cells)}", "metadata": {}, "source": text}
@@ -106,7 +132,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     if name is None:
         return markdown
     lang = _language(page.file.src_uri)
-    page.ak_notebook = notebook(markdown, Path(page.file.abs_src_path))
+    page.ak_notebook = notebook(markdown, Path(page.file.abs_src_path), config.site_url or SITE)
     link = '<p class="ak-notebook">' + LINK[lang].format(name=f"{name}.ipynb") + "</p>"
     title, _, rest = markdown.partition("\n")
     return f"{title}\n\n{link}\n{rest}" if title.startswith("# ") else f"{link}\n\n{markdown}"
