@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, NullFormatter
 from torch import Tensor
 
 from attnkit.viz.lessons import _WIDTH, FONT, _figure
@@ -224,6 +224,9 @@ def curves_figure(
                 raise ValueError(f"panels[{title!r}][{name!r}]: {len(values)} values for {len(xs)} x")
             ax.plot(xs, values, marker="o" if len(xs) <= 12 else None, lw=2, label=name)
         ax.set_xscale("log" if logx else "linear")
+        if logx:  # ticks at the measured sizes, written out (not 2 × 10³)
+            ax.set_xticks(xs, [f"{v:g}" for v in xs])
+            ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_yscale("log" if logy else "linear")
         ax.set_title(title, fontsize=FONT + 1)
         ax.set_xlabel(xlabel, fontsize=FONT)
