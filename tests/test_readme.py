@@ -81,7 +81,7 @@ def test_every_readme_link_is_a_committed_file():
 def test_readme_links_every_tutorial_and_its_chinese_twin():
     targets = set(links(README.read_text()))
     tutorials = sorted((ROOT / "docs" / "en" / "tutorials").glob("*.md"))
-    assert len(tutorials) == 10
+    assert len(tutorials) == 14
     for page in tutorials:
         for lang in ("en", "zh"):
             assert f"docs/{lang}/tutorials/{page.name}" in targets, f"{lang} {page.name}"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 
-import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullFormatter
 from torch import Tensor
@@ -221,7 +220,9 @@ def curves_figure(
         for name, ys in series.items():
             values = [float(t) for t in ys]
             if len(values) != len(xs):
-                raise ValueError(f"panels[{title!r}][{name!r}]: {len(values)} values for {len(xs)} x")
+                raise ValueError(
+                    f"panels[{title!r}][{name!r}]: {len(values)} values for {len(xs)} x"
+                )
             ax.plot(xs, values, marker="o" if len(xs) <= 12 else None, lw=2, label=name)
         ax.set_xscale("log" if logx else "linear")
         if logx:  # ticks at the measured sizes, written out (not 2 × 10³)
