@@ -55,7 +55,6 @@ print(f"{len(x_keys)} keys and values, {len(x_queries)} queries")
 average = y_values.mean().expand(len(x_queries))  # the same answer for every query
 print(f"average of all values: mean squared error {error(average):.2f}")
 
-
 # %% [markdown]
 # ```text
 # 50 keys and values, 50 queries
@@ -84,9 +83,13 @@ print(f"average of all values: mean squared error {error(average):.2f}")
 # compare the query with each key. The weights are positive and sum to 1 in every row.
 
 # %%
+distance = x_queries[:, None] - x_keys[None, :]  # (N, S): every query minus every key
+print("distances:", tuple(distance.shape))
+
+
 def kernel_weights(x_q, x_k, w=1.0):
     """Gaussian-kernel weights (N, S); w is the inverse width of the kernel."""
-    return torch.softmax(-((x_q[:, None] - x_k[None, :]) * w) ** 2 / 2, dim=1)
+    return torch.softmax(-(((x_q[:, None] - x_k[None, :]) * w) ** 2) / 2, dim=1)
 
 
 weights_fixed = kernel_weights(x_queries, x_keys)  # (N, S)
@@ -96,6 +99,7 @@ print("rows sum to 1:", torch.allclose(weights_fixed.sum(1), torch.ones(len(x_qu
 
 # %% [markdown]
 # ```text
+# distances: (50, 50)
 # Gaussian kernel, width 1: mean squared error 0.68
 # rows sum to 1: True
 # ```
@@ -145,8 +149,8 @@ optimizer = torch.optim.SGD([w], lr=1.0)
 others = ~torch.eye(n, dtype=torch.bool)  # (S, S): every key but the point itself
 keys_loo = x_keys.expand(n, n)[others].reshape(n, n - 1)  # (S, S - 1)
 values_loo = y_values.expand(n, n)[others].reshape(n, n - 1)  # (S, S - 1)
-for step in range(100):
-    a = torch.softmax(-((x_keys[:, None] - keys_loo) * w) ** 2 / 2, dim=1)  # (S, S - 1)
+for _ in range(100):
+    a = torch.softmax(-(((x_keys[:, None] - keys_loo) * w) ** 2) / 2, dim=1)  # (S, S - 1)
     loss = ((a * values_loo).sum(1) - y_values).pow(2).mean() / 2
     optimizer.zero_grad()
     loss.backward()

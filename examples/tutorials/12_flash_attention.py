@@ -55,7 +55,6 @@ for block in row.split(128):  # 8 blocks, the last one shorter
 print(f"streamed log-sum-exp {m + math.log(l):.12f}")
 print(f"torch.logsumexp      {torch.logsumexp(row, 0).item():.12f}")
 
-
 # %% [markdown]
 # ```text
 # streamed log-sum-exp 10.725138668433
@@ -72,7 +71,10 @@ print(f"torch.logsumexp      {torch.logsumexp(row, 0).item():.12f}")
 # FlashAttention's forward pass (Algorithm 1 of FlashAttention-2, which divides by $\ell$ at the end):
 
 # %%
-def flash_attention(q, k, v, block_q=128, block_k=128):
+BLOCK = 128  # query rows and key rows per tile
+
+
+def flash_attention(q, k, v, block_q=BLOCK, block_k=BLOCK):
     """softmax(q kᵀ/√D) v, one (block_q, block_k) tile at a time; also the log-sum-exp per row.
 
     q (N, D), k (S, D), v (S, Dv) -> out (N, Dv), lse (N,)."""
@@ -114,7 +116,10 @@ chunked = attnkit.attention(q[None, None], k[None, None], v[None, None], backend
 diff = (out - ref.out[0, 0]).abs().max().item()
 print(f"largest difference from the reference: {diff:.0e} (float64 keeps 16 digits)")
 print("below 1e-14:", diff < 1e-14)
-print("same log-sum-exp as the chunked backend:", torch.allclose(lse, chunked.lse[0, 0], rtol=1e-15, atol=0))
+print(
+    "same log-sum-exp as the chunked backend:",
+    torch.allclose(lse, chunked.lse[0, 0], rtol=1e-15, atol=0),
+)
 
 # %% [markdown]
 # ```text
