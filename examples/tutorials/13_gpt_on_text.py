@@ -194,7 +194,7 @@ print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
 # ```text
 # warm-up over  1 steps: median |change| of a weight after step 1 = 1.00 × lr
 # warm-up over 20 steps: median |change| of a weight after step 1 = 0.05 × lr
-# 83,520 parameters
+# 82,752 parameters
 # ```
 #
 # Without warm-up ($W = 1$) the median weight moves by exactly the learning rate in the first step;
@@ -299,7 +299,7 @@ fig.savefig("13-loss-curves.png", dpi=100)
 # - **Warm-up** slows the first steps (the learning rate starts at a twentieth) and brings no gain
 #   here: the run without it learns faster from the start (in the runs we tried, it also ended
 #   lower; your CPU draws its own curves). A 2-layer pre-LN
-#   model with 83,520 parameters is not the model warm-up was invented for (see above); it earns
+#   model with 82,752 parameters is not the model warm-up was invented for (see above); it earns
 #   its place in deep models and at large learning rates.
 # - **Label smoothing** lifts the training curve: part of that loss is the floor of the smoothed
 #   target, not worse predictions. Compare held-out *plain* cross-entropies, as the code above
@@ -326,16 +326,16 @@ print(tokenizer.decode(out[0].tolist()))
 # One run printed:
 #
 # ```text
-#     def  not
-#  if  self  o if ,i
-#
-#                t c inoit
-#         if the self' =l insm)
-#         #
+#     def
+# TI | =   --,
+# N--L----====,==   T========
+# E#
+# E     #==OO |T          '
 # ```
 #
-# After 150 steps the model has some of the look of Python (indentation, `self`, `if`, `#`,
-# parentheses) and none of its sense. `attnkit lm train` trains the same model for longer, at
+# After 150 steps the model knows which tokens are frequent (runs of spaces, `=`, `#`, `-`,
+# newlines) and almost nothing of how they follow each other: a model this small needs thousands
+# of steps before names and calls appear. `attnkit lm train` trains the same model for longer, at
 # the character level; see [language models](../guides/language-models.md).
 #
 # ## Exercises
