@@ -292,13 +292,13 @@ fig = curves_figure(
 fig.savefig("13-loss-curves.png", dpi=100)
 
 # %% [markdown]
-# ![Left: three training-loss curves falling from about 6.2; the run without warm-up falls first, the warm-up runs start slower, the label-smoothed run lies highest because its loss has a floor. Right: the two learning-rate schedules, one starting at its peak, one rising over 20 steps, both decaying along a cosine](../../assets/tutorials/13-loss-curves.png)
+# ![Left: three training-loss curves falling from about 6.2; the run without warm-up falls first, the warm-up run starts slower and ends beside it, the label-smoothed run lies highest because its loss has a floor. Right: the two learning-rate schedules, one starting at its peak, one rising over 20 steps, both decaying along a cosine](../../assets/tutorials/13-loss-curves.png)
 #
 # What the curves say, at this size:
 #
-# - **Warm-up** slows the first steps (the learning rate starts at a twentieth) and brings no gain
-#   here: the run without it learns faster from the start (in the runs we tried, it also ended
-#   lower; your CPU draws its own curves). A 2-layer pre-LN
+# - **Warm-up** slows the first steps (the learning rate starts at a twentieth) and brings no
+#   clear gain here: the run without it learns faster at first, and the two end close together
+#   (which one ends lower changes with the seed and the CPU). A 2-layer pre-LN
 #   model with 82,752 parameters is not the model warm-up was invented for (see above); it earns
 #   its place in deep models and at large learning rates.
 # - **Label smoothing** lifts the training curve: part of that loss is the floor of the smoothed
@@ -400,7 +400,7 @@ print(f"largest probability any token gets: {p.max().item():.3f} (uniform: {1 / 
 #
 # ## Try next
 #
-# - Train with `steps=2000` (a few minutes): the samples grow names and calls that exist.
+# - Train with `steps=2000` (a few minutes) and compare the samples and the curves.
 # - Set `lr = 3e-2` or `1e-1`, with and without warm-up; set `n_layer=6`.
 # - [The Transformer](06-transformer.md): the encoder-decoder this GPT keeps the decoder of;
 #   [Language models](../guides/language-models.md): `attnkit lm`, packing, KV-cached decoding.
