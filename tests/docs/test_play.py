@@ -90,7 +90,7 @@ def test_mask_builder_gives_attnkits_block_map_and_density(page):
     n, block = DATA["mask"]["n"], DATA["mask"]["block"]
     mask = masks.from_function(lambda b, h, i, j: dense[i, j], n)
     expected = mask.block_map(block, block)[0, 0].tolist()
-    shown = json.loads(box.locator(".ak-blockmap").get_attribute("data-blocks"))
+    shown = json.loads(box.locator(".ak-blocks").get_attribute("data-blocks"))
     assert shown == expected
     assert {c for row in expected for c in row} == {0, 1, 2}  # all three kinds are on show
     density = float(box.locator(".ak-density").get_attribute("data-density"))

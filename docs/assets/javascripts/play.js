@@ -149,7 +149,18 @@
     var wrap = el("div", { class: "ak-mask-row" }, box);
     var grid = el("svg", { viewBox: "0 0 " + (n * cell + 2) + " " + (n * cell + 2), class: "ak-grid",
                            "aria-label": t.mask }, wrap, true);
-    var map = el("pre", { class: "ak-blockmap", "aria-label": t.blocks }, wrap);
+    var side = n * cell + 2, nb = Math.ceil(n / b);
+    var blockSvg = el("svg", { viewBox: "0 0 " + side + " " + side, class: "ak-grid ak-blocks",
+                               role: "img", "aria-label": t.blocks }, wrap, true);
+    var blockRects = [];
+    for (var bi = 0; bi < nb; bi++) {
+      for (var bj = 0; bj < nb; bj++) {
+        var x = 1 + bj * b * cell, y = 1 + bi * b * cell, w = b * cell - 1;
+        blockRects.push(el("rect", { x: x, y: y, width: w, height: w }, blockSvg, true));
+        blockRects.push(el("text", { x: x + w / 2, y: y + w / 2 + 8, "text-anchor": "middle",
+                                     class: "ak-block-sign" }, blockSvg, true));
+      }
+    }
     var info = el("p", { class: "ak-info ak-density" }, box);
     el("p", { class: "ak-info", text: t.full + " · " + t.partial + " · " + t.empty }, box);
     var rects = [];
@@ -182,10 +193,14 @@
           seen += mask[i][j];
         }
       var blocks = blockMap(mask, b, b);
-      map.textContent = blocks.map(function (row) {
-        return "|" + row.map(function (c) { return c === 2 ? "█" : c === 1 ? "░" : " "; }).join("") + "|";
-      }).join("\n");
-      map.setAttribute("data-blocks", JSON.stringify(blocks));
+      blocks.forEach(function (row, bi) {
+        row.forEach(function (c, bj) {
+          var k = 2 * (bi * row.length + bj);
+          blockRects[k].setAttribute("class", ["ak-empty", "ak-partial", "ak-full"][c]);
+          blockRects[k + 1].textContent = c === 2 ? "█" : c === 1 ? "░" : "";
+        });
+      });
+      blockSvg.setAttribute("data-blocks", JSON.stringify(blocks));
       info.textContent = t.density + " " + (seen / (n * n)).toFixed(3);
       info.setAttribute("data-density", String(seen / (n * n)));
     }
