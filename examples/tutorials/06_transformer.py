@@ -635,7 +635,8 @@ print("the last position changed:", not torch.allclose(before[:, -1], after[:, -
 # - Decode with `attnkit.models.beam_search` and compare with `greedy`.
 # - `attnkit seq2seq train --task reverse` trains the full-size task (lengths 10–20) with
 #   checkpoints and writes the same alignment pictures.
-# - Tutorial [04 — masks](04-masks.md) explains the causal and padding masks the decoder
-#   uses; [07 — the cost](07-cost.md) counts what every attention here costs.
+# - [Masks](04-masks.md) explains the causal and padding masks the decoder uses;
+#   [what attention costs](07-cost.md) counts what every attention here costs.
+# - [ViT and T2T-ViT](03-vit-t2t.md), the next tutorial: the same blocks on image patches.
 # - API reference: [`attnkit.models`](../api/models.md) (`Transformer`, `KVCache`, `greedy`,
 #   `beam_search`); the [`attnkit seq2seq`](../cli/seq2seq.md) command.
