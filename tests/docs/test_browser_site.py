@@ -161,12 +161,12 @@ def test_english_search_lists_no_chinese_page(page):
 
 @pytest.mark.parametrize("word", ["键值缓存", "注意力汇聚", "层规范化", "掩蔽"])
 def test_zh_d2l_terms_find_the_glossary(page, word):
-    """Only the pages that say the word: the glossary (and the changelog that announces it),
+    """Only the pages that say the word: the glossary (the changelog, tutorial 11 for 注意力汇聚),
     not the 25 to 43 pages Material's own worker listed."""
     listed = _search(page, "zh/", word)
     expected = search(page_tokens(load_index(build_site(), "zh")), word)
     assert listed == sorted(f"zh/{p}" for p in expected)
-    assert "zh/glossary/" in listed and len(listed) <= 2, listed
+    assert "zh/glossary/" in listed and len(listed) <= 4, listed
 
 
 def test_search_links_highlight_the_whole_chinese_word(page):
