@@ -130,7 +130,7 @@ print("state size:", d * dv + d, "numbers, for any N")
 #
 # Softmax attention as tutorial 1 writes it (`plain`), attnkit's own `attnkit.attention` (whose
 # CPU kernel is tiled: $O(N)$ memory, still $O(N^2)$ time), and `linear_attention`, for one head
-# of $D = 64$ in float32. Memory is the peak of the tensors alive at once, counted exactly by
+# of $D = 64$ in float32, on one thread. Memory is the peak of the tensors alive at once, counted exactly by
 # `PeakTensors` (tutorial 12); time is the best of several runs (as `timeit` advises: the slower
 # runs measure what else the machine was doing).
 
@@ -166,6 +166,8 @@ methods = {
 sizes = [512, 1024, 2048, 4096]
 seconds = {name: [] for name in methods}
 mib = {name: [] for name in methods}
+threads = torch.get_num_threads()
+torch.set_num_threads(1)  # one thread: a busy machine stalls a thread pool at every call
 for n in sizes:
     g = torch.Generator().manual_seed(n)
     qkv = [torch.randn(n, 64, generator=g) for _ in range(3)]  # q, k, v: (N, 64) each
@@ -175,6 +177,7 @@ for n in sizes:
         with PeakTensors() as meter:
             fn(*qkv)
         mib[name].append(meter.peak / 2**20)
+torch.set_num_threads(threads)
 print(f"{'N':>5} {'plain softmax MiB':>18} {'linear MiB':>11}")
 for i, n in enumerate(sizes):
     print(f"{n:5d} {mib['plain softmax'][i]:18.2f} {mib['linear'][i]:11.2f}")
