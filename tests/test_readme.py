@@ -15,6 +15,7 @@ from tests.docs.pages import mismatches, parse, run
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MAX_LINES = 200
+SITE = "https://attnkit.github.io/attnkit/"  # mkdocs.yml's site_url
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
 
 
@@ -67,9 +68,39 @@ def test_readme_python_blocks_run_and_print_what_it_shows(tmp_path):
     assert not bad, "\n\n".join(bad)
 
 
+def site_pages(text: str) -> list[str]:
+    """The pages of the published site (SITE) that a markdown text links, as docs/ paths:
+    SITE + "zh/tutorials/04-masks/#anchor" -> "docs/zh/tutorials/04-masks.md"."""
+    found = []
+    for target in _LINK.findall(text):
+        if not target.startswith(SITE):
+            continue
+        path = target[len(SITE) :].split("#")[0]
+        lang = "zh" if path.startswith("zh/") else "en"
+        path = path.removeprefix("zh/").rstrip("/")
+        found.append(f"docs/{lang}/{path or 'index'}.md")
+    return found
+
+
+def test_site_url_is_the_one_mkdocs_publishes():
+    assert f"site_url: {SITE}\n" in (ROOT / "mkdocs.yml").read_text()
+
+
+def test_every_site_link_is_a_page_in_the_docs():
+    """The README links pages of the published site (the raw docs/ files use MkDocs-only
+    syntax); each one must be a page the site builds from docs/en or docs/zh."""
+    pages = site_pages(README.read_text())
+    assert len(pages) >= 40
+    for page in pages:
+        path = ROOT / page
+        if not path.is_file():  # a section index: docs/en/cli/ -> docs/en/cli/index.md
+            path = ROOT / page.removesuffix(".md") / "index.md"
+        assert path.is_file(), f"the README links the site's {page}, which docs/ lacks"
+
+
 def test_every_readme_link_is_a_committed_file():
     targets = links(README.read_text())
-    assert len(targets) >= 30
+    assert len(targets) >= 3
     tracked = committed()
     for target in targets:
         path = (README.parent / target).resolve()
@@ -78,13 +109,15 @@ def test_every_readme_link_is_a_committed_file():
             assert path.relative_to(ROOT).as_posix() in tracked, f"{target} is not committed"
 
 
-def test_readme_links_every_tutorial_and_its_chinese_twin():
-    targets = set(links(README.read_text()))
+def test_readme_links_every_tutorial_and_guide_on_the_site_in_both_languages():
+    targets = set(site_pages(README.read_text()))
     tutorials = sorted((ROOT / "docs" / "en" / "tutorials").glob("*.md"))
-    assert len(tutorials) == 10
+    assert len(tutorials) == 14
     for page in tutorials:
         for lang in ("en", "zh"):
             assert f"docs/{lang}/tutorials/{page.name}" in targets, f"{lang} {page.name}"
+    for page in sorted((ROOT / "docs" / "en" / "guides").glob("*.md")):
+        assert f"docs/en/guides/{page.name}" in targets, page.name
 
 
 def test_readme_shows_the_head_view_picture():

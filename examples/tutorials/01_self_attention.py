@@ -246,6 +246,12 @@ print(f"mean largest weight over 10 keys: unscaled {raw:.2f}, scaled {fair:.2f}"
 # Without the division, the largest of 10 weights takes 0.87 on average: each
 # query nearly copies one value. With it, the weights stay spread out and trainable.
 #
+# **Try it.** One query against 10 keys at $d_k = 64$ (scores with a standard deviation of about
+# 8): drag the divisor from 1 (no scaling) to 16 and watch the row of weights sharpen onto one
+# key or flatten towards $1/10$ each. It starts at $\sqrt{d_k} = 8$.
+#
+# <div class="ak-play" data-play="softmax"></div>
+#
 # "Trainable" is a claim about gradients, so let autograd measure it. The softmax's
 # derivative is $\partial a_i / \partial s_j = a_i(\delta_{ij} - a_j)$: when one weight is
 # nearly 1 and the others nearly 0, every entry is nearly 0, and whatever gradient arrives
@@ -284,7 +290,7 @@ print(f"the scaled scores get about 10^{math.log10(ratio):.0f} times more gradie
 # largest of 16 weights takes 0.95 on average, and the gradient that reaches the scores is
 # about a thousand times smaller than with the division: the queries and keys would barely
 # learn. attnkit divides by $\sqrt{D}$ by default; `attention(..., scale=s)` multiplies the
-# scores by another `s`.
+# scores by `s` instead of $1/\sqrt{D}$ (`scale=1.0` gives plain dot products).
 #
 # ## Attention grown from averaging the past
 #
@@ -364,6 +370,12 @@ fig.savefig("01-one-row.png", dpi=100)
 # %% [markdown]
 # ![The score grid of six tokens with the future masked, the softmax of row 4 as bars, and the values weighted and summed into the output of token 4](../../assets/tutorials/01-one-row.png)
 #
+# **Try it.** Pick another query token of these six: its scaled scores (the future is
+# $-\infty$) and its row of weights, as `attnkit.attention(..., causal=True, need_weights=True)`
+# gives them for the tokens above. Token 0 can only look at itself; token 5 sees all six.
+#
+# <div class="ak-play" data-play="row"></div>
+#
 # ## Exercises
 #
 # Each answer is code that runs; try before you open it.
@@ -383,7 +395,7 @@ print("output of the swapped words == swapped output:", torch.allclose(Z_perm, Z
 # output of the swapped words == swapped output: True
 # ```
 #
-# This is why Transformers add positional encodings (tutorial 05).
+# This is why Transformers add positional encodings ([Positions](05-positions.md)).
 # ///
 #
 # **2.** Add the same number, say 100, to every score of a row. What happens to the weights?

@@ -338,7 +338,7 @@ print("equal:", torch.allclose(out, y, atol=1e-5))
 #
 # ## Exercises
 #
-# **1.** Count the parameters of a multi-head attention with $C = 512$ and $H = 8$ heads (the
+# **1.** Count the parameters of a multi-head attention with $C = 512$ and $h = 8$ heads (the
 # Transformer's base model), first by formula, then on the module.
 #
 # /// details | Answer
@@ -416,6 +416,7 @@ print("by hand:", by_hand, " module:", sum(p.numel() for p in mqa.parameters()))
 # - Change `h` to 1 or 8: the same parameters, a different number of maps.
 # - `attnkit.MultiHeadAttention(C, 8, num_kv_heads=2)` shares each key/value head among
 #   four query heads (grouped-query attention): fewer parameters, the same output shape.
-# - [ViT and T2T-ViT](03-vit-t2t.md): an attention whose output has more dimensions than its
-#   input.
+# - [Masks](04-masks.md), the next tutorial: who may attend to whom.
+# - [ViT and T2T-ViT](03-vit-t2t.md) (after the Transformer): an attention whose output has
+#   more dimensions than its input.
 # - [Self-attention in six steps](01-self-attention.md): one head, by hand.

@@ -348,5 +348,5 @@ print(f"147^-0.5 = {147**-0.5:.4f}   64^-0.5 = {64**-0.5:.4f}")
 # - `attnkit.T2TAttention(49, 64, scale=0.1)` sets the multiplier yourself.
 # - Check the parameter count of `T2TEmbed` against the sums above plus the
 #   LayerNorms, the feed-forward and the last projection.
-# - [Masks](04-masks.md): who may attend to whom.
+# - [What attention costs](07-cost.md), the next tutorial: the N² wall that many patches hit.
 # - [Multi-head attention](02-multi-head.md): the split into heads in detail.

@@ -315,8 +315,8 @@ print("SDPA with the same mask:", torch.allclose(sdpa, ours_out, atol=1e-6))
 #
 # The masks real training uses have structure. Several documents are **packed** into one row
 # with no padding, and each one sees only itself; Mistral and Gemma use a **sliding window**
-# of recent keys; T5 and PaLM train **prefix-LMs**, whose prefix is bidirectional and the rest
-# causal. As an (N, S) tensor such a mask costs $N \cdot S$ booleans (4 GiB at $N = 65536$), and a
+# of recent keys; a **prefix-LM** (UniLM's sequence-to-sequence mask, one of the architectures
+# T5 compares in its ablations) sees its prefix bidirectionally and the rest causally. As an (N, S) tensor such a mask costs $N \cdot S$ booleans (4 GiB at $N = 65536$), and a
 # kernel that is handed a tensor must score every entry before it throws most of them away.
 #
 # `attnkit.masks` describes these masks instead. A description means exactly its `.dense()`
@@ -353,6 +353,13 @@ print(masks.window(16, 4, causal=True))  # the text repr draws the block map
 # |            ████|
 # (blocks of 1×1)
 # ```
+#
+# **Try it.** Build a 16 × 16 mask yourself: click cells to allow or hide a (query, key) pair,
+# or start from one of attnkit's masks. The block map beside it sorts the 4 × 4 blocks as the
+# chunked kernel does (█ computed without a mask, ░ computed and masked, blank skipped), and
+# the density is the fraction of pairs that may attend.
+#
+# <div class="ak-play" data-play="mask"></div>
 #
 # The same kinds at $N = 16$, element by element, each over the weights it yields: three
 # packed documents of 5, 4 and 7 tokens, a causal window of 4 keys, a prefix-LM whose first

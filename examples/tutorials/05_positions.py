@@ -82,7 +82,8 @@ print("mha(x[:, perm]) == mha(x)[:, perm]:", torch.allclose(mha(x[:, perm]), y[:
 #
 # Each pair of dimensions is a sine and a cosine at one frequency
 # $\omega_i = 10000^{-2i/C}$, from one turn per $2\pi$ positions (dimensions 0 and 1) down
-# to almost one turn per $10000 \cdot 2\pi$ positions (the last pair). Nothing is learned,
+# to one turn per $10000^{(C-2)/C} \cdot 2\pi$ positions for the last pair (with $C = 32$, as
+# here, about $5{,}600 \cdot 2\pi$; the period approaches $10000 \cdot 2\pi$ only as $C$ grows). Nothing is learned,
 # and it exists for any position.
 
 # %%
@@ -207,10 +208,15 @@ print("== W_x x plus a learned position table:", same)
 #
 # ## 2-D positions for image patches
 #
-# Image patches sit on a grid. The 2-D sin-cos encoding (MAE, "simple ViT") spends
-# the first $C/2$ dimensions on the row and the last $C/2$ on the column, each a 1-D sin-cos
-# code. Patches in the same row share the first half; patches in the same column
-# share the second half.
+# Image patches sit on a grid. The 2-D sin-cos encoding (MAE, "simple ViT") spends half of
+# the $C$ dimensions on the row and half on the column, each a 1-D sin-cos code of $C/2$
+# dimensions. attnkit's `sincos_2d` puts the row in the first $C/2$ and the column in the last
+# $C/2$, so patches in the same row share the first half and patches in the same column share
+# the second half. MAE's code (`get_2d_sincos_pos_embed`, whose `np.meshgrid(grid_w, grid_h)`
+# puts "w first") and simple ViT's (`concat([sin x, cos x, sin y, cos y])`) put the *column*
+# first: the same table as attnkit's for MAE (same frequencies $10000^{-i/(C/4)}$) with its two
+# halves swapped, so MAE's fixed table loads into attnkit with `torch.cat([pe[:, C//2:],
+# pe[:, :C//2]], 1)` (simple ViT also spaces its frequencies as $i/(C/4 - 1)$, not $i/(C/4)$).
 
 # %%
 h, w = 6, 8

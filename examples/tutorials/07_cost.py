@@ -335,7 +335,8 @@ for name, layer, formula, steps, reads in layers:
 #   translation (a few dozen word pieces, $d = 512$): at $n = 128$ it costs a quarter of the RNN.
 #   At $n = 2048$ it costs four times as much, and it is the $N^2$ wall of the previous section.
 # - Restricted self-attention, attending only to $r$ neighbours, is linear in $n$ again and
-#   pays in path length: $n/r$ layers, here 4 (the sliding windows of Longformer and Mistral,
+#   pays in path length: a window of $r$ reaches $r/2$ positions to each side, so crossing
+#   the sequence takes $\lceil (n-1)/(r/2) \rceil$ layers, here 4 (the $O(n/r)$ of the table; the sliding windows of Longformer and Mistral,
 #   and Swin's windows below, are this row).
 #
 # ## The N² wall on images

@@ -117,8 +117,11 @@ print("CBAM parameters:", sum(p.numel() for p in cbam.parameters()))
 # ear, a CNN needs many layers. The SAGAN block (Zhang et al. 2019), the "embedded
 # Gaussian" non-local block of Wang et al. (2018), lets every position attend to every
 # other one. Flatten the map to $P = HW$ positions; 1×1 convolutions give queries and keys
-# of $C_k = C/8$ channels and values of $C$ channels; attention mixes the values; a last 1×1
-# convolution maps back to $C$, and a learned $\gamma$ scales what is added to the input:
+# of $C_k = C/8$ channels and values of $C_v$ channels; attention mixes the values; a last 1×1
+# convolution $W_o$ maps them back to $C$, and a learned $\gamma$ scales what is added to the
+# input. In SAGAN's paper the values have $C/8$ channels too and its $W_v$ is this last
+# convolution (its released code and BigGAN use $C/2$); `SelfAttention2d` keeps $C_v = C$ unless
+# told `value_channels=`:
 #
 # $$
 # y = x + \gamma \cdot W_o\big(\mathrm{softmax}(q k^\top)\, v\big)
@@ -279,7 +282,7 @@ print("gates unchanged:", same_gates, " output shuffled the same way:", same_out
 # the positions changes its gates.
 # ///
 #
-# **3.** Which of the three sums to 1: the spatial gates of an image, or the SAGAN weights of a
+# **3.** Which of the two sums to 1: the spatial gates of an image, or the SAGAN weights of a
 # position? Check both for every image and position.
 #
 # /// details | Answer

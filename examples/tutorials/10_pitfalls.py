@@ -360,8 +360,8 @@ print(
 # ## 9. Sequence-first data in batch-first code
 #
 # `torch.nn.MultiheadAttention` and `nn.Transformer` take (N, B, C), sequence first, unless
-# told `batch_first=True`; the original Transformer code and much classic tutorial code do the
-# same. Attention code written for (B, N, C), like `attend` above or attnkit's modules, reads
+# told `batch_first=True`; much classic PyTorch code does the same (fairseq's Transformer
+# layers work on (N, B, C) inside; the original Transformer code, tensor2tensor, is batch-first). Attention code written for (B, N, C), like `attend` above or attnkit's modules, reads
 # dim 0 as the batch. Given (N, B, C), it treats each *position* as an example and the B
 # sequences as its tokens: the scores come out (N, B, B), and sequences attend to each other.
 # Nothing fails, since every shape still matches.

@@ -211,3 +211,20 @@ def test_each_language_searches_its_own_index(site):
         assert app["base"] == base, (lang, page)
         index = built_html(site, page, lang).parent / base / "search" / "search_index.json"
         assert json.loads(index.read_text())["config"]["lang"] == [lang]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_home_page_opens_with_a_picture_and_the_learning_path(site, lang):
+    html = built_html(site, Path("index.md"), lang).read_text(encoding="utf-8")
+    content = html[html.index("</h1>") + len("</h1>") :]
+    assert content.lstrip().startswith("<p><img"), "the picture comes first"
+    sections = re.findall(r'<h2 id="([^"]*)"', content)
+    assert sections[0] == "learn-attention" and ("install" if lang == "en" else "安装") in sections
+    path = content[: content.index("<h2", content.index('id="learn-attention"') + 1)]
+    order = re.findall(r'href="tutorials/(\d\d)-', path)
+    assert order[:6] == ["01", "02", "04", "05", "06", "03"], order  # T2T-ViT after the Transformer
+
+
+def test_nav_puts_t2t_vit_after_the_transformer():
+    nav = re.findall(r"tutorials/(\d\d)-[\w-]+\.md", CONFIG.read_text(encoding="utf-8"))
+    assert nav.index("03") == nav.index("06") + 1 and nav[:5] == ["01", "02", "04", "05", "06"]
