@@ -263,8 +263,8 @@ print("smoothed loss above the plain cross-entropy, same model and rows:", own >
 # smoothed loss above the plain cross-entropy, same model and rows: True
 # ```
 #
-# All three learn: from 6.24, the loss of a uniform guess, to below 5.8 (about 5.4 on the machine that wrote this page) on text they never
-# saw. The curves (a running mean over 10 steps) and the learning rates that made them:
+# All three learn: from 6.24, the loss of a uniform guess, to below 5.8 (about 5.4 on the machine
+# that wrote this page) on text they never saw. The curves (a running mean over 10 steps) and the learning rates that made them:
 
 # %%
 from attnkit.viz.lessons_more import curves_figure
