@@ -74,7 +74,7 @@ TRAIN_EPILOG = """\
 examples:
   attnkit lm train
   attnkit lm train --max-steps 2000 --max-time 600 --out runs/long
-  attnkit lm train --text docs.jsonl --pack --tokenizer bpe --vocab-size 1024 --out runs/bpe
+  attnkit lm train --pack --tokenizer bpe --vocab-size 1024 --out runs/bpe
 
 Ctrl-C keeps the last checkpoint and says which (path, step, epoch); exit codes: 0 done (or
 stopped by --max-time), 1 failed, 2 bad usage, 130 interrupted."""
