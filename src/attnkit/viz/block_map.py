@@ -7,9 +7,13 @@ from typing import TYPE_CHECKING
 
 from attnkit._optional import require
 from attnkit.functional.structured import StructuredMask
+from attnkit.viz._lang import localize
+from attnkit.viz.fonts import use_cjk_font
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+
+use_cjk_font(quiet=True)  # CJK labels (also the page's own) fall back to a CJK font
 
 __all__ = ["plot_block_map"]
 
@@ -25,6 +29,7 @@ def plot_block_map(
     ax: Axes | None = None,
     title: str | None = None,
     legend: bool = True,
+    lang: str = "en",
 ) -> Axes:
     """Draw `mask.block_map(block, block)` of one batch row and head on `ax` (a new figure if
     None): white = empty (skipped), light = partial (masked inside), dark = full (no mask).
@@ -59,4 +64,4 @@ def plot_block_map(
         patches = [Patch(facecolor=c, edgecolor="#888", label=n) for c, n in pairs]
         ax.legend(handles=patches, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3,
                   fontsize=7, frameon=False, handlelength=1)  # fmt: skip
-    return ax
+    return localize(ax, lang)

@@ -17,10 +17,14 @@ import torch
 from torch import Tensor
 
 from attnkit._optional import require
+from attnkit.viz._lang import localize
+from attnkit.viz.fonts import use_cjk_font
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+
+use_cjk_font(quiet=True)  # CJK labels (also the page's own) fall back to a CJK font
 
 __all__ = ["plot_masks", "plot_positional_encoding", "plot_transformer"]
 
@@ -59,6 +63,7 @@ def plot_masks(
     weights: Mapping[str, Tensor] | None = None,
     *,
     panel_size: float = 2.5,
+    lang: str = "en",
 ) -> Figure:
     """Masks side by side, each over the attention weights it yields.
 
@@ -124,11 +129,11 @@ def plot_masks(
         if j == 0:
             ax.set_ylabel("attention weights\nquery", fontsize=10)
     fig.tight_layout()
-    return fig
+    return localize(fig, lang)
 
 
 def plot_positional_encoding(
-    pe: Tensor, *, starts: Sequence[int] = (0, 10, 30), max_offset: int = 16
+    pe: Tensor, *, starts: Sequence[int] = (0, 10, 30), max_offset: int = 16, lang: str = "en"
 ) -> Figure:
     """The position table as a heat map and its dot products against distance.
 
@@ -171,7 +176,7 @@ def plot_positional_encoding(
     right.legend(fontsize=10)
     right.grid(alpha=0.3)
     fig.tight_layout()
-    return fig
+    return localize(fig, lang)
 
 
 _W, _H, _PITCH = 3.0, 0.5, 0.78  # box width, box height, distance between boxes (data units)
@@ -261,6 +266,7 @@ def plot_transformer(
     num_heads: int,
     layers: tuple[int, int] = (6, 6),
     pre_norm: bool = False,
+    lang: str = "en",
 ) -> Figure:
     """The encoder-decoder Transformer (Vaswani et al. 2017, Figure 1) as a data-flow diagram,
     with the shapes of the tensors that pass between the parts.
@@ -332,4 +338,4 @@ def plot_transformer(
     ax.set_ylim(-0.75, dec.y + 0.4)
     ax.axis("off")
     fig.subplots_adjust(left=0, right=1, bottom=0, top=1)
-    return fig
+    return localize(fig, lang)

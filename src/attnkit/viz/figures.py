@@ -17,8 +17,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from attnkit._io import atomic_write_bytes
+from attnkit.viz._lang import localize
+from attnkit.viz.fonts import use_cjk_font
 from attnkit.viz.maps import AttentionMaps
 from attnkit.viz.raster import pool_tokens as _pool
+
+use_cjk_font(quiet=True)  # CJK labels (also the page's own) fall back to a CJK font
 
 __all__ = ["model_view", "save_model_view"]
 
@@ -36,6 +40,7 @@ def model_view(
     max_tokens: int = 64,
     title: str | None = None,
     cmap: str = "viridis",
+    lang: str = "en",
 ) -> Figure:
     """Draw ``maps`` (L, H, N, S) as an L × H grid of (N, S) heatmaps.
 
@@ -127,7 +132,7 @@ def model_view(
         y=1 - 0.15 / fig_h,
         va="top",
     )
-    return fig
+    return localize(fig, lang)
 
 
 def save_model_view(

@@ -97,16 +97,18 @@ def cjk_face_index(path: Path) -> int:
     return 0
 
 
-def use_cjk_font() -> bool:
+def use_cjk_font(*, quiet: bool = False) -> bool:
     """Let matplotlib draw CJK text: register the CJK font and append its family to
     ``rcParams["font.family"]`` (a fallback: Latin glyphs keep the first family). True when a
-    CJK font is in place; else warns once with :data:`INSTALL_HINT` and returns False."""
+    CJK font is in place; else warns once with :data:`INSTALL_HINT` (unless `quiet`: the
+    modules of `attnkit.viz` call it so when they load) and returns False."""
     import matplotlib as mpl
     from matplotlib import font_manager
 
     path = cjk_font_file()
     if path is None:
-        _warn_missing()
+        if not quiet:
+            _warn_missing()
         return False
     names = {f.name for f in font_manager.fontManager.ttflist if Path(f.fname) == path}
     if not names:
@@ -114,7 +116,8 @@ def use_cjk_font() -> bool:
         names = {f.name for f in font_manager.fontManager.ttflist if Path(f.fname) == path}
     family = FAMILY if FAMILY in names else min(names, default=None)
     if family is None:
-        _warn_missing()
+        if not quiet:
+            _warn_missing()
         return False
     families = list(mpl.rcParams["font.family"])
     if family not in families:

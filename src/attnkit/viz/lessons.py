@@ -21,6 +21,11 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch import Tensor
 
+from attnkit.viz._lang import localize
+from attnkit.viz.fonts import use_cjk_font
+
+use_cjk_font(quiet=True)  # CJK labels (also the page's own) fall back to a CJK font
+
 __all__ = ["attention_row_figure", "attention_steps_figure", "multi_head_figure"]
 
 FONT = 11.0  # pt: the smallest text of every figure here (>= 10 pt when shown 820 px wide)
@@ -92,6 +97,7 @@ def attention_steps_figure(
     tokens: Sequence[str] | None = None,
     max_cols: int = 2,
     decimals: int = 2,
+    lang: str = "en",
 ) -> Figure:
     """The six steps of self-attention as eight small matrices with their numbers.
 
@@ -157,7 +163,7 @@ def attention_steps_figure(
         y=1 - 0.12 / height,
         va="top",
     )
-    return fig
+    return localize(fig, lang)
 
 
 def attention_row_figure(
@@ -169,6 +175,7 @@ def attention_row_figure(
     mask: Tensor | None = None,
     tokens: Sequence[str] | None = None,
     decimals: int = 2,
+    lang: str = "en",
 ) -> Figure:
     """One query's path: the score grid, its row's softmax, and the weighted sum of values.
 
@@ -244,10 +251,10 @@ def attention_row_figure(
     )
     ax = fig.add_subplot(inner[1], label="output")
     _matrix(ax, z[None], f"z{row} = Σ weight × value", max_cols=v.shape[1], decimals=decimals)
-    return fig
+    return localize(fig, lang)
 
 
-def multi_head_figure(mha, x: Tensor, *, example: int = 0) -> Figure:
+def multi_head_figure(mha, x: Tensor, *, example: int = 0, lang: str = "en") -> Figure:
     """Split into heads, attend per head, concatenate, project: drawn for one example.
 
     Args:
@@ -351,4 +358,4 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0) -> Figure:
         f"Multi-head attention, {h} heads of D = {c}/{h} = {d}, example {example}",
         fontsize=FONT + 2,
     )
-    return fig
+    return localize(fig, lang)

@@ -20,8 +20,12 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
+from attnkit.viz._lang import check_lang, localize, translate
+from attnkit.viz.fonts import use_cjk_font
 from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps
+
+use_cjk_font(quiet=True)  # CJK labels (also the page's own) fall back to a CJK font
 
 __all__ = ["draw_head_lines", "layer_view"]
 
@@ -38,6 +42,7 @@ def draw_head_lines(
     color: str = "C0",
     title: str | None = None,
     fontsize: float = 10.0,
+    lang: str = "en",
 ) -> None:
     """Draw head ``head`` of layer ``layer`` on ``ax`` as lines from queries to keys.
 
@@ -50,7 +55,9 @@ def draw_head_lines(
         color: the lines' colour; each line's opacity is its weight (0 invisible, 1 solid).
         title: axes title (default "layer l, head h").
         fontsize: size of the token labels, in points.
+        lang: the default title's language, "en" or "zh".
     """
+    check_lang(lang)
     if not isinstance(maps, AttentionMaps):
         raise ValueError(f"maps: expected AttentionMaps, got {type(maps).__name__}")
     L, H, N, S = maps.shape
@@ -84,17 +91,19 @@ def draw_head_lines(
         chosen = query is not None and i == query % N
         ax.text(
             _LEFT, ys_q[i], token, ha="right", va="center", fontsize=fontsize,
-            fontweight="bold" if chosen else "normal",
+            fontweight="bold" if chosen else "normal", gid="token",
         )  # fmt: skip
     for j, token in enumerate(token_labels(maps.key_tokens or maps.tokens)):
         shade = None
         if query is not None:
             shade = {"facecolor": (r, g, b, 0.6 * weights[query % N, j]), "edgecolor": "none"}
-        ax.text(_RIGHT, ys_k[j], token, ha="left", va="center", fontsize=fontsize, bbox=shade)
+        ax.text(_RIGHT, ys_k[j], token, ha="left", va="center", fontsize=fontsize, bbox=shade,
+                gid="token")  # fmt: skip
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_axis_off()
-    ax.set_title(title or f"layer {layer % L}, head {head % H}", fontsize=fontsize + 1)
+    default = translate(f"layer {layer % L}, head {head % H}", lang)
+    ax.set_title(title or default, fontsize=fontsize + 1)
 
 
 def _column(count: int) -> np.ndarray:
@@ -110,6 +119,7 @@ def layer_view(
     title: str | None = None,
     panel_inches: float = 2.3,
     cmap: str = "viridis",
+    lang: str = "en",
 ) -> Figure:
     """Draw every head of one layer as a heatmap, ``columns`` heads per row.
 
@@ -162,4 +172,4 @@ def layer_view(
     )
     fig.colorbar(image, cax=cax).ax.tick_params(labelsize=8)
     fig.suptitle(title or maps.names[layer], fontsize=11, y=1 - 0.12 / fig_h, va="top")
-    return fig
+    return localize(fig, lang)
