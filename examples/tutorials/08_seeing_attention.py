@@ -183,7 +183,7 @@ fig.savefig("it_heads.png", dpi=100)
 # %%
 from attnkit.viz import head_view, layer_view, write_html
 
-page = head_view(tired, layer=layer, head=head, title=sentence)
+page = head_view(tired, layer=layer, head=head, query=it, title=sentence, lang="en")
 write_html("head_view.html", page)
 print("head_view.html: offline:", "http" not in page.split("<body")[1])
 
@@ -205,7 +205,8 @@ print("head_view.html: offline:", "http" not in page.split("<body")[1])
 
 # %%
 for i in range(tired.num_layers):
-    fig = layer_view(tired, i, title=f"layer {i}: 12 heads, queries down, keys across")
+    title = f"layer {i}: 12 heads, queries down, keys across"
+    fig = layer_view(tired, i, title=title, lang="en")
     fig.savefig(f"layer_{i}.png", dpi=100)
 
 # %% [markdown]
@@ -350,7 +351,9 @@ explanation = explain_images(vit, x_test[:4], grid=(4, 4), class_token=True)
 print("rollout on the grid", tuple(explanation.rollout.shape), "= (B, h, w)")
 torch.testing.assert_close(explanation.rollout, rollout[:, 0, 1:].reshape(4, 4, 4))
 print("equal: True")
-plot_explanations(digits.to_pixels(x_test[:4, 0]), explanation, y_test[:4], "rollout.png")
+plot_explanations(
+    digits.to_pixels(x_test[:4, 0]), explanation, y_test[:4], "rollout.png", lang="en"
+)
 
 # %% [markdown]
 # ```text

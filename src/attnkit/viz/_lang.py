@@ -48,6 +48,7 @@ _EXACT = {
     "partial: masked": "部分块：要掩码",
     "softmax(qk$^T$/√D)\n(N, N) per head": "softmax(qkᵀ/√D)\n每个头一张 (N, N)",
     "mean of heads": "各头的平均",
+    "input": "输入",
 }
 
 # Labels with numbers in them, tried in order; \1, \2 ... keep what the English label drew.
@@ -100,6 +101,14 @@ _PATTERNS = [
     (r"Attention maps\n(\d+) queries × (\d+) keys", r"注意力图\n\1 个查询 × \2 个键"),
     (r"(\d+) queries × (\d+) keys", r"\1 个查询 × \2 个键"),
     (r"weight", r"权重"),
+    (r"predicted class (\d+)", r"预测类别 \1"),
+    (r"pred (\d+) / true (\d+)", r"预测 \1 / 真实 \2"),
+    (
+        r"bright = more attention; each map is scaled to its own maximum; the (.*) patch "
+        r"grid is upsampled bilinearly over the image",
+        r"越亮 = 注意力越多；每张图按自己的最大值缩放；\1 的图块网格以双线性插值放大到整张图像上",
+    ),
+    (r"cross-attention: (.*)", r"交叉注意力：\1"),
 ]
 _COMPILED = [(re.compile(pattern, re.S), repl) for pattern, repl in _PATTERNS]
 # A label with "$" is drawn by mathtext, whose fonts have no CJK glyph and no fallback: a

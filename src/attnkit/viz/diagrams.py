@@ -72,8 +72,8 @@ def plot_masks(
             as in a (1, 1, N, S) mask, are dropped). Drawn dark where a query may attend,
             light where the key is blocked; the top row of the figure.
         weights: title -> attention weights (N, S) for the same titles, drawn as a heat map
-            (white = 0 up to the panel's largest weight) in a second row. A blocked key's weight is
-            exactly 0; a fully masked row is all 0.
+            (white = 0 up to the panel's largest weight, with its colour bar) in a second
+            row. A blocked key's weight is exactly 0; a fully masked row is all 0.
         panel_size: inches per panel.
 
     Returns the figure; its axes are the masks left to right, then the weights.
@@ -123,7 +123,9 @@ def plot_masks(
         ax = axes[1, j]
         w = shown[n]
         top = float(w.max()) if w.numel() and float(w.max()) > 0 else 1.0
-        ax.imshow(w.numpy(), cmap="Oranges", vmin=0, vmax=top)
+        image = ax.imshow(w.numpy(), cmap="Oranges", vmin=0, vmax=top)
+        # a colour bar per panel: its scale runs to the panel's largest weight
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=10)
         _cells(ax, *w.shape)
         ax.set_xlabel("key", fontsize=10)
         if j == 0:

@@ -290,10 +290,10 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0, lang: str = "en") -> 
         hspace=0.25,
     )
 
-    def heat(ax, m: Tensor, title: str | None, cmap="RdBu_r", positive=False):
+    def heat(ax, m: Tensor, title: str | None, cmap="RdBu_r", positive=False, top=None):
         m = m.detach().float()
-        top = max(float(m.abs().max()), 1e-12)
-        ax.imshow(
+        top = max(float(m.abs().max()), 1e-12) if top is None else top
+        image = ax.imshow(
             m.numpy(),
             cmap=cmap,
             vmin=0 if positive else -top,
@@ -305,6 +305,7 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0, lang: str = "en") -> 
         ax.set_yticks([])
         if title:
             ax.set_title(title, fontsize=FONT)
+        return image
 
     colors = [f"C{i}" for i in range(h)]
 
@@ -321,6 +322,8 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0, lang: str = "en") -> 
         for spine in ax.spines.values():
             spine.set(ec=colors[i], lw=2)
 
+    top_weight = max(float(res.weights[example].max()), 1e-12)
+    maps: list[Axes] = []
     ax = fig.add_subplot(grid[:, 0], label="q")
     heat(ax, q_flat, f"q (B, N, C)\n= ({b}, {n}, {c})")
     bands(ax)
@@ -334,13 +337,15 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0, lang: str = "en") -> 
         )
         frame(fig.axes[-1], i)
         ax = fig.add_subplot(grid[i, 2], label=f"map {i}")
-        heat(
+        image = heat(
             ax,
             res.weights[example, i],
             "softmax(qk$^T$/√D)\n(N, N) per head" if first else None,
             cmap="viridis",
             positive=True,
+            top=top_weight,  # one scale for all heads: the colour bar below
         )
+        maps.append(ax)
         ax.set_ylabel(f"head {i}", fontsize=FONT, color=colors[i])
         heat(
             fig.add_subplot(grid[i, 3], label=f"out head {i}"),
@@ -348,6 +353,10 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0, lang: str = "en") -> 
             f"× v = out\n({b}, {h}, {n}, {d})" if first else None,
         )
         frame(fig.axes[-1], i)
+    bar = fig.colorbar(image, ax=maps, location="bottom", fraction=0.04, pad=0.02, aspect=12)
+    bar.ax.tick_params(labelsize=FONT)
+    bar.ax.set_label("colorbar")
+    bar.ax.locator_params(nbins=3)
     ax = fig.add_subplot(grid[:, 4], label="concat")
     heat(ax, concat[example], f"concat (B, N, C)\n= ({b}, {n}, {c})")
     bands(ax)

@@ -115,7 +115,7 @@ def layer_view(
     maps: AttentionMaps,
     layer: int,
     *,
-    columns: int = 4,
+    columns: int = 3,
     title: str | None = None,
     panel_inches: float = 2.3,
     cmap: str = "viridis",
@@ -128,8 +128,9 @@ def layer_view(
         layer: which layer (negative counts from the end).
         columns: heads per row; the rows follow (H / columns, rounded up).
         title: figure title (default: the layer's name).
-        panel_inches: size of each heatmap; 2.3 in at 100 dpi fits four heads with their
-            labels in about 1,050 pixels.
+        panel_inches: size of each heatmap; 2.3 in at 100 dpi fits three heads with their
+            labels in 870 pixels, the width of the site's column, so no text is shrunk
+            below 11 px there.
         cmap: matplotlib colour map on the fixed scale 0..1, so layers compare.
 
     Queries run down, keys across. Query tokens label the left column and key tokens the
@@ -152,14 +153,14 @@ def layer_view(
         rows, columns, left=label / fig_w, right=1 - bar / fig_w, bottom=label / fig_h,
         top=1 - top / fig_h, wspace=0.06, hspace=0.16,
     )  # fmt: skip
-    font = min(9.0, 0.8 * panel_inches * 72 / max(N, S, 1))
+    font = min(10.0, 0.85 * panel_inches * 72 / max(N, S, 1))  # pt: rows no closer than that
     queries, keys = token_labels(maps.tokens), token_labels(maps.key_tokens or maps.tokens)
     image = None
     for h in range(H):
         ax = fig.add_subplot(grid[h // columns, h % columns])
         data = maps.maps[layer, h].numpy()  # (N, S)
         image = ax.imshow(data, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
-        ax.set_title(f"head {h}", fontsize=9, pad=3)
+        ax.set_title(f"head {h}", fontsize=10, pad=3)
         ax.set_xticks([])
         ax.set_yticks([])
         if h % columns == 0:
@@ -170,6 +171,6 @@ def layer_view(
         (1 - 0.6 / fig_w, label / fig_h, 0.15 / fig_w, 1 - (top + label) / fig_h),
         label="colorbar",
     )
-    fig.colorbar(image, cax=cax).ax.tick_params(labelsize=8)
-    fig.suptitle(title or maps.names[layer], fontsize=11, y=1 - 0.12 / fig_h, va="top")
+    fig.colorbar(image, cax=cax).ax.tick_params(labelsize=10)
+    fig.suptitle(title or maps.names[layer], fontsize=12, y=1 - 0.12 / fig_h, va="top")
     return localize(fig, lang)
