@@ -158,8 +158,10 @@ def test_page_code_prints_what_the_page_shows(page, tmp_path):
         _copy_made(made, tmp_path)
         chinese = DOCS / "zh" / page.relative_to(DOCS / "en")
         (tmp_path / "zh").mkdir()
-        run(chinese, tmp_path / "zh")  # its figures, drawn with lang="zh"
+        with legibility.recording() as saved_zh:
+            run(chinese, tmp_path / "zh")  # its figures, drawn with lang="zh"
         _copy_made([zh_twin(p) for p in made], tmp_path / "zh")
+        _assert_legible(page, saved + saved_zh)
         return
     bad = mismatches(page, results)
     assert not bad, "\n\n".join(bad)

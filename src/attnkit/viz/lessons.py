@@ -356,7 +356,7 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0, lang: str = "en") -> 
     bar = fig.colorbar(image, ax=maps, location="bottom", fraction=0.04, pad=0.02, aspect=12)
     bar.ax.tick_params(labelsize=FONT)
     bar.ax.set_label("colorbar")
-    bar.ax.locator_params(nbins=3)
+    bar.set_ticks([0.0, top_weight], labels=["0", f"{top_weight:.2f}"])  # two: they fit
     ax = fig.add_subplot(grid[:, 4], label="concat")
     heat(ax, concat[example], f"concat (B, N, C)\n= ({b}, {n}, {c})")
     bands(ax)
