@@ -164,11 +164,11 @@ fig.savefig("02-trained-heads.png", dpi=100)
 # layer 0, head 2: 1.00 of each row on the previous token
 # ```
 #
-# ![The 12 heads of the first layer of all-MiniLM-L6-v2 on "The cat sat on the mat because it was warm": one head puts nearly all of each row on the previous token, others on the token itself, on [CLS] or on the end of the sentence](../../assets/tutorials/02-trained-heads.png)
+# ![The 12 heads of the first layer of all-MiniLM-L6-v2 on "The cat sat on the mat because it was warm": one head puts all of each row on the previous token, most put much of it on the class token or the separator](../../assets/tutorials/02-trained-heads.png)
 #
-# Unlike the untrained maps above, most rows put most of their weight on one or two keys, and
-# the heads differ in kind: one reads the previous token, some the token itself, others the
-# separator tokens.
+# Unlike the untrained maps above, many rows put most of their weight on one or two keys, and
+# the heads differ in kind: head 2 reads the previous token, most others park much of their
+# weight on `[CLS]` or `[SEP]` and spread the rest over a few words.
 #
 # More heads do not cost more parameters: $h$ heads of dimension $C/h$ use the same four
 # $C \times C$ matrices (and biases) as one head of dimension $C$, $4C^2 + 4C$ parameters.

@@ -192,8 +192,10 @@ print("head_view.html: offline:", "http" not in page.split("<body")[1])
 # head_view.html: offline: True
 # ```
 #
-# This is that file, live: pick a layer and a head, hover (or focus) a token on the left to see
-# only its row, one on the right to see only its column.
+# This is that file, live. It opens on the row of "it" (`query=it`) in the head found above;
+# pick a layer and a head, hover (or focus) a token on the left to see only its row, one on the
+# right to see only its column, and click a query to keep its row shown (a second click shows
+# every row).
 #
 # <iframe src="../../assets/tutorials/08-seeing-attention/head_view.html" title="Head view of the sentence, layer 5, head 11" width="100%" height="640" loading="lazy" style="border: 1px solid #8884; border-radius: 4px"></iframe>
 #

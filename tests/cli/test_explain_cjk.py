@@ -90,3 +90,18 @@ def test_the_classic_chinese_example_focuses_a_readable_word(tmp_path, capsys):
     assert main(["explain", ANIMAL, "--out", str(tmp_path), "--json"]) == 0
     focus = json.loads(capsys.readouterr().out)["focus"]["token"]
     assert focus == "太"  # 它 and 累 read as [UNK]; 太 is the last character the model knows
+
+
+def test_without_a_cjk_font_one_line_names_the_font_to_install(tmp_path, capsys, monkeypatch):
+    from attnkit.viz import fonts
+
+    monkeypatch.setattr(fonts, "cjk_font_file", lambda: None)
+    assert main(["explain", "猫 and a cat", "--out", str(tmp_path), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if "no CJK font found" in line]
+    assert len(warning) == 1 and "pip install noto-cjk-sans-otc" in warning[0]
+    assert "fonts-noto-cjk" in warning[0]
+    assert "@font-face" not in (tmp_path / "head_view.html").read_text("utf-8")
+    # an English text needs no CJK font and hears nothing about one
+    assert main(["explain", "a cat", "--out", str(tmp_path / "en"), "--quiet"]) == 0
+    assert "CJK" not in capsys.readouterr().err

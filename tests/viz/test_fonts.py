@@ -111,3 +111,13 @@ def test_head_view_interface_in_chinese():
 def test_head_view_rejects_a_bad_lang_or_query(kwargs, match):
     with pytest.raises(ValueError, match=match):
         head_view(_maps(["[CLS]", "猫", "[SEP]"]), **kwargs)
+
+
+def test_without_a_cjk_font_matplotlib_hears_which_font_to_install(monkeypatch):
+    monkeypatch.setattr(fonts, "cjk_font_file", lambda: None)
+    fonts._warn_missing.cache_clear()
+    with pytest.warns(RuntimeWarning, match="no CJK font found.*pip install noto-cjk-sans-otc"):
+        assert fonts.use_cjk_font() is False
+    assert fonts.use_cjk_font(quiet=True) is False  # the figure modules' call at import: silent
+    assert fonts.css_subset("猫") is None
+    fonts._warn_missing.cache_clear()
