@@ -44,10 +44,10 @@ INSTALL_HINT = (
     "boxes: pip install noto-cjk-sans-otc (part of attnkit[viz]), or install a system font "
     "such as Debian's fonts-noto-cjk"
 )
-# The head view's fallback list: the installed font the page was made with (embedded), then
-# what Linux, macOS and Windows ship.
+# The head view's fallback list for CJK text, after its embedded subset: what Linux, macOS and
+# Windows ship.
 CJK_CSS_FAMILIES = (
-    '"attnkit CJK", "Noto Sans CJK SC", "Source Han Sans SC", "PingFang SC", '
+    '"Noto Sans CJK SC", "Source Han Sans SC", "PingFang SC", '
     '"Hiragino Sans GB", "Microsoft YaHei", "WenQuanYi Micro Hei"'
 )
 # System files tried when the PyPI font is not installed (Debian, Fedora, Arch, macOS).

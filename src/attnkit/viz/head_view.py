@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from attnkit._io import atomic_write_text
+from attnkit.viz._lang import translate
 from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps
 
@@ -231,7 +232,7 @@ def _encode(
         "ui": {key: ui[key] for key in ("mean", "headN", "query", "key", "lines")},
         "tokens": token_labels(maps.tokens)[:n],
         "keyTokens": token_labels(maps.key_tokens or maps.tokens)[:s],
-        "layerNames": maps.names,
+        "layerNames": [translate(name, lang) for name in maps.names],
         "numHeads": H,
         "shape": [L, H, N, S],
         "topK": k,
@@ -258,16 +259,23 @@ def _json_for_script(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _font_css(title: str, payload: dict) -> str:
-    """The CJK fallback fonts, and the glyphs of the page's CJK text embedded (a subset)."""
+_FONT_SLOT = "/* attnkit: fonts */"
+
+
+def _font_css(page: str) -> str:
+    """The CJK fallback fonts, and the glyphs of every CJK character of `page` (title, tokens,
+    interface, notes) embedded as a subset."""
     from attnkit.viz.fonts import CJK_CSS_FAMILIES, css_subset
 
-    text = title + "".join(payload["tokens"]) + "".join(payload["keyTokens"])
-    face = css_subset(text) or ""
+    face = css_subset(page) or ""
+    # The embedded subset comes first: it has CJK glyphs only, so Latin text falls through to
+    # the next family; after the system fonts, Chromium without a system CJK font drew boxes
+    # for the page's first CJK text (the subtitle, the layer label).
     return (
-        f'{face}\nbody {{ font-family: system-ui, -apple-system, "Segoe UI", Roboto, '
-        f"{CJK_CSS_FAMILIES}, sans-serif; }}\n.ak-tok {{ font-family: ui-monospace, "
-        f"SFMono-Regular, Menlo, Consolas, {CJK_CSS_FAMILIES}, monospace; }}\n"
+        f'{face}\nbody {{ font-family: "attnkit CJK", system-ui, -apple-system, "Segoe UI", '
+        f"Roboto, {CJK_CSS_FAMILIES}, sans-serif; }}\n.ak-tok {{ font-family: "
+        f'"attnkit CJK", ui-monospace, SFMono-Regular, Menlo, Consolas, {CJK_CSS_FAMILIES}, '
+        "monospace; }\n"
     )
 
 
@@ -275,7 +283,7 @@ def _page(title: str, payload: dict, lang: str = "en") -> str:
     L, H, N, S = payload["shape"]
     ui = _UI[lang]
     subtitle = ui["sub"].format(N=N, S=S, L=L, H=H)
-    return f"""<!DOCTYPE html>
+    page = f"""<!DOCTYPE html>
 <html lang="{lang}">
 <head>
 <meta charset="utf-8">
@@ -285,7 +293,7 @@ def _page(title: str, payload: dict, lang: str = "en") -> str:
 <title>{html.escape(title)}</title>
 <style>
 {_asset("head_view.css")}
-{_font_css(title, payload)}</style>
+{_FONT_SLOT}</style>
 </head>
 <body>
 <header class="ak-header">
@@ -322,3 +330,4 @@ window.attnkitViz.headView(document.body);
 </body>
 </html>
 """
+    return page.replace(_FONT_SLOT, _font_css(page), 1)
