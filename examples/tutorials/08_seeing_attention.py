@@ -140,7 +140,7 @@ for target, (l, h) in picked.items():
         best = words[int(row.argmax())]
         print(f"  ...too {attn.tokens[-2]:5}: 'it' looks most at '{attn.tokens[best]}'")
 
-fig, axes = plt.subplots(1, 4, figsize=(11, 5.2))
+fig, axes = plt.subplots(1, 4, figsize=(10.5, 5.2))
 panels = [(tired, "animal", "C0"), (tired, "tired", "C1")]
 panels += [(wide, "animal", "C0"), (wide, "tired", "C1")]  # the same two heads
 for ax, (attn, target, color) in zip(axes, panels, strict=True):
