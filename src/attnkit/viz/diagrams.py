@@ -227,7 +227,7 @@ class _Column:
     def _shape(self, shape: str | None, y: float) -> None:
         if shape is None:
             return
-        self.ax.text(self.x + _W / 2 + 0.75, y, shape, ha="left", va="center", fontsize=10,
+        self.ax.text(self.x + _W / 2 + 0.75, y, shape, ha="left", va="center", fontsize=10.5,
                      color="#444444", family="monospace")  # fmt: skip
 
     def sublayer(self, label: str, kind: str, pre_norm: bool, inner: str | None = None) -> None:
@@ -328,13 +328,13 @@ def plot_transformer(
     ax.annotate("", (dec.x - _W / 2, cross), (turn, cross),
                 arrowprops={"arrowstyle": "->", "color": "#2f5597", "lw": 1.5})  # fmt: skip
     ax.text(turn + 0.08, (mem + cross) / 2, "keys, values", rotation=90, ha="left",
-            va="center", fontsize=10, color="#2f5597")  # fmt: skip
+            va="center", fontsize=10.5, color="#2f5597")  # fmt: skip
     ax.text(1.0, dec.y, "encoder", fontsize=13, fontweight="bold", va="center")
     ax.text(16.3, dec.y, "decoder", fontsize=13, fontweight="bold", va="center", ha="right")
     legend = ", ".join(f"{k} = {v}" for k, v in dims.items())
     ax.text(8.25, -0.35, f"B batch, S source length, T target length, {legend}\n"
             "a shape is the tensor on the arrow beside it (beside a feed-forward: its hidden "
-            "layer); red lines: residual connections", ha="center", va="center", fontsize=10,
+            "layer); red lines: residual connections", ha="center", va="center", fontsize=10.5,
             color="#444444", linespacing=1.5)  # fmt: skip
     ax.set_xlim(0, 16.5)
     ax.set_ylim(-0.75, dec.y + 0.4)
