@@ -192,7 +192,7 @@ print("row 0 is step 4:", torch.allclose(A[0], a1), " Z[0] is z1:", torch.allclo
 # %%
 from attnkit.viz import attention_steps_figure
 
-fig = attention_steps_figure(x, q, k, v, tokens=words)
+fig = attention_steps_figure(x, q, k, v, tokens=words, lang="en")
 fig.savefig("01-six-steps.png", dpi=100)
 
 # %% [markdown]
@@ -364,7 +364,7 @@ print("== attnkit.attention(causal=True):", torch.allclose(res.out[0, 0], out, a
 # %%
 from attnkit.viz import attention_row_figure
 
-fig = attention_row_figure(q4, k4, v4, 4, mask=allowed)
+fig = attention_row_figure(q4, k4, v4, 4, mask=allowed, lang="en")
 fig.savefig("01-one-row.png", dpi=100)
 
 # %% [markdown]

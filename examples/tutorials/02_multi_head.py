@@ -129,7 +129,7 @@ print("maps:", tuple(rec["attend"].shape), "(B, h, N, N): one N × N map per hea
 # %%
 from attnkit.viz import multi_head_figure
 
-fig = multi_head_figure(mha, tokens, example=0)
+fig = multi_head_figure(mha, tokens, example=0, lang="en")
 fig.savefig("02-heads.png", dpi=100)
 
 # %% [markdown]
@@ -137,8 +137,38 @@ fig.savefig("02-heads.png", dpi=100)
 #
 # The maps of this untrained module are far from sharp: the typical weight is about
 # $1/48 \approx 0.02$ and none reaches 0.1. Still, each head has its own pattern, because each
-# compares the tokens through its own 16 channels. Trained heads specialise: tutorial 08
-# shows the heads of a real BERT.
+# compares the tokens through its own 16 channels. Trained heads specialise. Here are the 12
+# heads of the first layer of a trained model, the all-MiniLM-L6-v2 checkpoint that attnkit
+# embeds, on one sentence (tutorial 08 reads them in detail):
+
+# %%
+from attnkit.models import BertEncoder, Tokenizer, default_checkpoint
+from attnkit.viz import AttentionMaps, layer_view
+
+folder = default_checkpoint()  # all-MiniLM-L6-v2: 6 layers of 12 heads, trained
+bert = BertEncoder.from_pretrained(folder).eval()
+encoded = Tokenizer.from_pretrained(folder).encode("The cat sat on the mat because it was warm")
+with torch.inference_mode(), attnkit.record_attention(bert) as rec:
+    bert(**encoded.model_inputs())
+trained = AttentionMaps(encoded.tokens[0], rec.stack()[:, 0])  # (L, H, N, N) of one sentence
+print("trained maps:", tuple(trained.maps.shape), "(L, H, N, N)")
+previous = trained.maps[0].diagonal(offset=-1, dim1=1, dim2=2).mean(-1)  # (H,): weight on i - 1
+best = int(previous.argmax())
+print(f"layer 0, head {best}: {previous[best]:.2f} of each row on the previous token")
+fig = layer_view(trained, 0, title="all-MiniLM-L6-v2, layer 0: 12 trained heads", lang="en")
+fig.savefig("02-trained-heads.png", dpi=100)
+
+# %% [markdown]
+# ```text
+# trained maps: (6, 12, 12, 12) (L, H, N, N)
+# layer 0, head 2: 1.00 of each row on the previous token
+# ```
+#
+# ![The 12 heads of the first layer of all-MiniLM-L6-v2 on "The cat sat on the mat because it was warm": one head puts all of each row on the previous token, most put much of it on the class token or the separator](../../assets/tutorials/02-trained-heads.png)
+#
+# Unlike the untrained maps above, many rows put most of their weight on one or two keys, and
+# the heads differ in kind: head 2 reads the previous token, most others park much of their
+# weight on `[CLS]` or `[SEP]` and spread the rest over a few words.
 #
 # More heads do not cost more parameters: $h$ heads of dimension $C/h$ use the same four
 # $C \times C$ matrices (and biases) as one head of dimension $C$, $4C^2 + 4C$ parameters.

@@ -76,7 +76,7 @@ from attnkit.viz import soft_split_figure
 r = torch.arange(28.0)
 distance = ((r[:, None] - 13.5) ** 2 + (r[None, :] - 13.5) ** 2).sqrt()  # from the centre
 ring = ((distance - 9).abs() < 2.5).float()  # (28, 28): 1 on the ring, 0 elsewhere
-fig = soft_split_figure(ring, kernel_size=7, stride=3, padding=3, windows=(22, 23, 32))
+fig = soft_split_figure(ring, kernel_size=7, stride=3, padding=3, windows=(22, 23, 32), lang="en")
 fig.savefig("03-soft-split.png", dpi=100)
 print("ring tokens:", tuple(soft_split(ring[None, None]).transpose(1, 2).shape))
 

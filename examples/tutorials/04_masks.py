@@ -206,7 +206,7 @@ panels = {
 weights = [w[1, 0] for w in rec_self.calls["attend"]] + [rec_cross["attend"][1, 0]]
 for (title, m), w in zip(panels.items(), weights, strict=True):
     print(f"{title:25} blocked weights all 0: {bool((w[~m] == 0).all())}")
-fig = plot_masks(panels, dict(zip(panels, weights, strict=True)))
+fig = plot_masks(panels, dict(zip(panels, weights, strict=True)), lang="en")
 fig.savefig("masks.png", dpi=100)
 
 # %% [markdown]
@@ -384,7 +384,7 @@ for title, m in dense_small.items():
     w = weights_small[title]
     print(f"{title:20} blocked weights all 0: {bool((w[~m] == 0).all())}, "
           f"rows sum to 1: {torch.allclose(w.sum(-1), torch.ones(n_small))}")  # fmt: skip
-fig = plot_masks(dense_small, weights_small)
+fig = plot_masks(dense_small, weights_small, lang="en")
 fig.savefig("structured-masks.png", dpi=100)
 
 # %% [markdown]
@@ -429,7 +429,7 @@ from attnkit.viz import plot_block_map
 fig, axes = plt.subplots(2, 2, figsize=(8.5, 9))
 shown = [local, packed, prefix_lm, packed & local]
 for i, (ax, m) in enumerate(zip(axes.flat, shown, strict=True)):
-    plot_block_map(m, 256, ax=ax, legend=i >= 2)  # the legend under the bottom row only
+    plot_block_map(m, 256, ax=ax, legend=i >= 2, lang="en")  # the legend under the bottom row only
 fig.tight_layout(h_pad=2)
 fig.savefig("block-maps.png", dpi=100)
 

@@ -136,7 +136,7 @@ for p in (0, 10, 30):
 # %%
 from attnkit.viz import plot_positional_encoding
 
-fig = plot_positional_encoding(pe, starts=(0, 10, 30), max_offset=16)
+fig = plot_positional_encoding(pe, starts=(0, 10, 30), max_offset=16, lang="en")
 fig.savefig("sinusoidal.png", dpi=100)
 
 # %% [markdown]
@@ -240,10 +240,12 @@ print("same row shares the first half:", same_row, " same column the second:", s
 import matplotlib.pyplot as plt
 
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), width_ratios=(1, 1.3))
-axes[0].imshow((pe @ pe.T).numpy(), cmap="viridis")
+image = axes[0].imshow((pe @ pe.T).numpy(), cmap="viridis")
+fig.colorbar(image, ax=axes[0])
 axes[0].set(title="PE·PEᵀ", xlabel="position", ylabel="position")
 sim = (pe2d @ pe2d[2 * w + 3]).reshape(h, w)  # patch (2, 3) against all
-axes[1].imshow(sim.numpy(), cmap="viridis")
+image = axes[1].imshow(sim.numpy(), cmap="viridis")
+fig.colorbar(image, ax=axes[1])
 axes[1].set(title="2-D: patch (2, 3) · every patch", xlabel="column", ylabel="row")
 fig.tight_layout()
 fig.savefig("positions.png", dpi=100)

@@ -128,6 +128,7 @@ fig = plot_transformer(
     num_heads=cfg.num_heads,
     layers=(cfg.encoder_layers, cfg.decoder_layers),
     pre_norm=cfg.norm_first,
+    lang="en",
 )
 fig.savefig("transformer.png", dpi=100)
 
@@ -312,8 +313,15 @@ for kind in ("no residual", "residual x + F(x)", "pre-norm", "post-norm"):
 import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(8, 3.6))
-for (kind, norms), style in zip(grad_norms.items(), ("-", "-", "--", ":"), strict=True):
-    ax.semilogy(range(1, 33), norms, style, marker="o", markersize=3, label=kind)
+labels = (
+    "no residual",
+    "residual x + F(x)",
+    "pre-norm",
+    "post-norm",
+)  # the legend, in grad_norms' order
+styles = ("-", "-", "--", ":")
+for norms, label, style in zip(grad_norms.values(), labels, styles, strict=True):
+    ax.semilogy(range(1, 33), norms, style, marker="o", markersize=3, label=label)
 ax.set(xlabel="layer (1 = closest to the input)", ylabel="gradient norm of W1",
        title="32 feed-forward layers: the gradient each layer receives")  # fmt: skip
 ax.legend(fontsize=10)
@@ -511,6 +519,7 @@ save_alignment_png(
     labels_out,
     "alignment.png",
     title=f"cross-attention: {task.decode(src1[0].tolist())} -> {task.decode(out)}",
+    lang="en",
 )
 
 # %% [markdown]

@@ -178,7 +178,9 @@ for n in (128, 512, 1536, 4096, 16384):
 import matplotlib.pyplot as plt
 
 from attnkit.analysis import swin_window_cost
+from attnkit.viz import use_cjk_font
 
+use_cjk_font()  # labels in any language: a CJK font as matplotlib's fallback
 C, heads, M = 768, 12, 7
 n_axis, proj, quad, windows = [], [], [], []
 for g in range(7, 281, 7):  # g×g grids, N = g² = 49 ... 78,400 tokens

@@ -140,7 +140,7 @@ for target, (l, h) in picked.items():
         best = words[int(row.argmax())]
         print(f"  ...too {attn.tokens[-2]:5}: 'it' looks most at '{attn.tokens[best]}'")
 
-fig, axes = plt.subplots(1, 4, figsize=(11, 5.2))
+fig, axes = plt.subplots(1, 4, figsize=(10.5, 5.2))
 panels = [(tired, "animal", "C0"), (tired, "tired", "C1")]
 panels += [(wide, "animal", "C0"), (wide, "tired", "C1")]  # the same two heads
 for ax, (attn, target, color) in zip(axes, panels, strict=True):
@@ -183,7 +183,7 @@ fig.savefig("it_heads.png", dpi=100)
 # %%
 from attnkit.viz import head_view, layer_view, write_html
 
-page = head_view(tired, layer=layer, head=head, title=sentence)
+page = head_view(tired, layer=layer, head=head, query=it, title=sentence, lang="en")
 write_html("head_view.html", page)
 print("head_view.html: offline:", "http" not in page.split("<body")[1])
 
@@ -192,8 +192,10 @@ print("head_view.html: offline:", "http" not in page.split("<body")[1])
 # head_view.html: offline: True
 # ```
 #
-# This is that file, live: pick a layer and a head, hover (or focus) a token on the left to see
-# only its row, one on the right to see only its column.
+# This is that file, live. It opens on the row of "it" (`query=it`) in the head found above;
+# pick a layer and a head, hover (or focus) a token on the left to see only its row, one on the
+# right to see only its column, and click a query to keep its row shown (a second click shows
+# every row).
 #
 # <iframe src="../../assets/tutorials/08-seeing-attention/head_view.html" title="Head view of the sentence, layer 5, head 11" width="100%" height="640" loading="lazy" style="border: 1px solid #8884; border-radius: 4px"></iframe>
 #
@@ -205,7 +207,8 @@ print("head_view.html: offline:", "http" not in page.split("<body")[1])
 
 # %%
 for i in range(tired.num_layers):
-    fig = layer_view(tired, i, title=f"layer {i}: 12 heads, queries down, keys across")
+    title = f"layer {i}: 12 heads, queries down, keys across"
+    fig = layer_view(tired, i, title=title, lang="en")
     fig.savefig(f"layer_{i}.png", dpi=100)
 
 # %% [markdown]
@@ -350,7 +353,9 @@ explanation = explain_images(vit, x_test[:4], grid=(4, 4), class_token=True)
 print("rollout on the grid", tuple(explanation.rollout.shape), "= (B, h, w)")
 torch.testing.assert_close(explanation.rollout, rollout[:, 0, 1:].reshape(4, 4, 4))
 print("equal: True")
-plot_explanations(digits.to_pixels(x_test[:4, 0]), explanation, y_test[:4], "rollout.png")
+plot_explanations(
+    digits.to_pixels(x_test[:4, 0]), explanation, y_test[:4], "rollout.png", lang="en"
+)
 
 # %% [markdown]
 # ```text

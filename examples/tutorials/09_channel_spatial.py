@@ -179,7 +179,7 @@ from attnkit.viz import channel_spatial_figure
 
 query = 8 * W + 8  # position (8, 8) in the flattened map
 row = weights[0, query].detach().reshape(H, W)  # (H, W): where position (8, 8) reads from
-fig = channel_spatial_figure(gates[0], where[0, 0], row, position=(8, 8))
+fig = channel_spatial_figure(gates[0], where[0, 0], row, position=(8, 8), lang="en")
 fig.savefig("09-weights.png", dpi=100)
 print(f"channel gates {tuple(gates[0].shape)}, spatial gates {tuple(where[0, 0].shape)}")
 print("SAGAN weights of (8, 8) sum to 1:", torch.allclose(row.sum(), torch.tensor(1.0)))

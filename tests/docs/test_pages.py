@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs import make_examples, twins
+from tests.docs import legibility, make_examples, twins
 from tests.docs.pages import (
     DOCS,
     LANGS,
@@ -37,6 +37,7 @@ from tests.docs.pages import (
 UPDATE = os.environ.get("ATTNKIT_DOCS_UPDATE") == "1"
 ACTUAL = Path("/tmp/attnkit-docs-actual")
 GENERATED_IMAGES = DOCS / "assets" / "tutorials"
+ZH_IMAGES = GENERATED_IMAGES / "zh"  # the same figures drawn with lang="zh" by the Chinese pages
 
 _EXECUTED = [p for p in pages("en") if parse(p.read_text(encoding="utf-8"))]
 
@@ -113,6 +114,13 @@ def test_twins_may_differ_in_comments_and_chinese_labels_only():
     assert zh("x = 0.5\nprint(f'均值 {x}', 'n')", "mean 0.5 m")  # English text changed
     assert zh("x = 0.5\nprint(f'均值 {x}', 'n'", "均值 0.5 n")  # does not compile
     assert zh("x = 0.5\nprint(f'均值 {x}', 'n')", "均值 0.5 n\n多一行")  # another line count
+    figure = parse('```python\nfig = draw(x, lang="en")\n```\n')
+    assert twins.differences(figure, parse('```python\nfig = draw(x, lang="zh")\n```\n')) == []
+    assert twins.differences(figure, parse('```python\nfig = draw(x, lang="fr")\n```\n'))
+    assert twins.differences(  # "zh" for "en" only, not for any string
+        parse("```python\nfig = draw(x, 'a')\n```\n"),
+        parse("```python\nfig = draw(x, 'zh')\n```\n"),
+    )
 
 
 @pytest.mark.parametrize("rel", sorted(relative_pages("en") | relative_pages("zh")), ids=str)
@@ -124,19 +132,40 @@ def test_every_image_a_page_shows_is_committed(rel):
             assert not missing, f"{page.relative_to(ROOT)} shows missing images: {missing}"
 
 
+def zh_twin(image: Path) -> Path:
+    """Where the Chinese page's version of a figure the English page draws lives."""
+    return ZH_IMAGES / image.relative_to(GENERATED_IMAGES)
+
+
+def _generated(page: Path) -> list[Path]:
+    return [p for p in images(page) + embedded(page) if GENERATED_IMAGES in p.parents]
+
+
+def _assert_legible(page: Path, saved: list[legibility.Saved]) -> None:
+    small = [s for s in saved if s.shown_px < legibility.MIN_PX]
+    assert not small, f"{_id(page)}: text under {legibility.MIN_PX:g} px on the site: " + "; ".join(
+        f"{s.text!r} is {s.shown_px:.1f} px in a {s.width_px:.0f} px wide figure" for s in small
+    )
+
+
 @pytest.mark.parametrize("page", _EXECUTED, ids=_id)
 def test_page_code_prints_what_the_page_shows(page, tmp_path):
-    results = run(page, tmp_path)
-    made = [p for p in images(page) + embedded(page) if GENERATED_IMAGES in p.parents]
+    with legibility.recording() as saved:
+        results = run(page, tmp_path)
+    made = _generated(page)
     if UPDATE:
         _write_actual(page, results)
-        for image in made:
-            if (tmp_path / image.name).exists():
-                image.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(tmp_path / image.name, image)
+        _copy_made(made, tmp_path)
+        chinese = DOCS / "zh" / page.relative_to(DOCS / "en")
+        (tmp_path / "zh").mkdir()
+        with legibility.recording() as saved_zh:
+            run(chinese, tmp_path / "zh")  # its figures, drawn with lang="zh"
+        _copy_made([zh_twin(p) for p in made], tmp_path / "zh")
+        _assert_legible(page, saved + saved_zh)
         return
     bad = mismatches(page, results)
     assert not bad, "\n\n".join(bad)
+    _assert_legible(page, saved)
     for image in made:
         produced = tmp_path / image.name
         assert produced.exists(), (
@@ -153,6 +182,30 @@ def test_page_code_prints_what_the_page_shows(page, tmp_path):
             assert same_head_view(produced.read_text("utf-8"), image.read_text("utf-8")), (
                 f"{image.relative_to(ROOT)} is not what the page's code writes now; "
                 "regenerate with ATTNKIT_DOCS_UPDATE=1"
+            )
+
+
+def _copy_made(made: list[Path], workdir: Path) -> None:
+    for image in made:
+        if (workdir / image.name).exists():
+            image.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(workdir / image.name, image)
+
+
+@pytest.mark.parametrize("page", _EXECUTED, ids=_id)
+def test_chinese_pages_show_the_chinese_figures(page):
+    """Each figure the English page draws appears on the Chinese page as its zh twin (drawn
+    by the same code with lang="zh", Chinese labels), the same size as the English one."""
+    chinese = DOCS / "zh" / page.relative_to(DOCS / "en")
+    english = [p for p in _generated(page) if ZH_IMAGES not in p.parents]
+    assert _generated(chinese) == [zh_twin(p) for p in english], (
+        f"docs/zh/{_id(page)} must show the Chinese figures under docs/assets/tutorials/zh/"
+    )
+    for image in english:
+        if image.suffix == ".png" and zh_twin(image).exists():
+            assert png_size(zh_twin(image)) == png_size(image), (
+                f"{zh_twin(image).relative_to(ROOT)} is not the size of {image.name}: "
+                "regenerate both with ATTNKIT_DOCS_UPDATE=1"
             )
 
 

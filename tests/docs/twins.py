@@ -5,8 +5,9 @@ program and the same results. A Chinese reader may still get Chinese comments an
 labels, so the comparison is made after this normalisation:
 
 * python code: comments are dropped, and a string literal may differ only when the Chinese
-  one contains Chinese characters (a translated label); every other token is identical, and
-  the Chinese code must compile;
+  one contains Chinese characters (a translated label) or is the figures' language ("en" in
+  English, "zh" in Chinese); every other token is identical, and the Chinese code must
+  compile;
 * outputs: the same number of lines; a line may differ only when the Chinese line contains
   Chinese characters and both lines hold the same numbers, in the same order;
 * console blocks (CLI commands and what they print): identical.
@@ -23,6 +24,8 @@ from tests.docs.pages import Block
 _CJK = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef]")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 _LABEL = "<label>"
+# A figure's language: the English page passes lang="en", its Chinese twin lang="zh".
+_LANG_ARGUMENT = {('"en"', '"zh"'), ("'en'", "'zh'")}
 
 
 def has_chinese(text: str) -> bool:
@@ -53,7 +56,7 @@ def _same_code(english: str, chinese: str) -> bool:
     if len(english_tokens) != len(chinese_tokens):
         return False
     return all(
-        c == e or (c == _LABEL and e[-1:] in "'\"")
+        c == e or (c == _LABEL and e[-1:] in "'\"") or (e, c) in _LANG_ARGUMENT
         for e, c in zip(english_tokens, chinese_tokens, strict=True)
     )
 

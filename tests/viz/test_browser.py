@@ -159,3 +159,25 @@ def test_long_input_stays_responsive(page, tmp_path):
     page.hover("#ak-queries .ak-tok >> nth=100")
     assert {q for q, _, _ in page.evaluate(VISIBLE_LINES)} == {100}
     assert page.errors == []
+
+
+def test_opens_on_the_given_query_in_chinese_and_keeps_a_clicked_one(page, tmp_path):
+    """head_view(query=2, lang="zh"): only the row of query 2 is drawn on load (as explain's
+    page opens on its focus word), a hover shows another row and leaving it comes back; a
+    click pins a query, a second click lets every line show again."""
+    maps = _patterned_maps()
+    view = head_view(maps, layer=1, head=2, query=2, lang="zh")
+    page.goto(write_html(tmp_path / "zh.html", view).as_uri())
+    page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+    assert _lines(page) == {(2, 2), (2, 0)}  # mixed head: 0.6 self + 0.4 [CLS]
+    assert "2 号头" in page.inner_text("#ak-status") and page.errors == []
+    page.hover("#ak-queries .ak-tok >> nth=5")
+    assert {q for q, _ in _lines(page)} == {5}
+    page.mouse.move(5, 5)
+    assert {q for q, _ in _lines(page)} == {2}
+    page.click("#ak-queries .ak-tok >> nth=4")
+    page.mouse.move(5, 5)
+    assert {q for q, _ in _lines(page)} == {4}
+    page.click("#ak-queries .ak-tok >> nth=4")
+    page.mouse.move(5, 5)
+    assert len(_lines(page)) == 15  # every query again

@@ -30,12 +30,13 @@ def test_masks_shown_are_the_masks_and_the_weights_below_them():
     weights = {name: torch.rand(m.shape[-2:]) * m[0, 0] if m.dim() == 4 else torch.rand(m.shape)
                for name, m in panels.items()}  # fmt: skip
     fig = plot_masks(panels, weights)
-    assert len(fig.axes) == 6
+    assert len(fig.axes) == 9  # 3 masks, 3 weights, a colour bar beside each weights panel
     for ax, (name, m) in zip(fig.axes[:3], panels.items(), strict=True):
         assert ax.get_title() == name
         assert torch.equal(_image(ax), m.reshape(m.shape[-2:]).float())
-    for ax, w in zip(fig.axes[3:], weights.values(), strict=True):
+    for ax, bar, w in zip(fig.axes[3:6], fig.axes[6:], weights.values(), strict=True):
         assert torch.equal(_image(ax), w.float())
+        assert bar.get_label() == "<colorbar>" and bar.get_ylim()[1] == float(w.max())
     assert "attention weights" in fig.axes[3].get_ylabel()
     alone = plot_masks({"causal": masks.causal(3, 4)})  # bottom-right aligned, one row
     assert len(alone.axes) == 1

@@ -119,25 +119,13 @@ def require_transformers(folder: Path) -> Any:
 
 
 # What explain shows without --focus: the first of these in the text (the classic question is
-# what a pronoun refers to), else the text's last word.
+# what a pronoun refers to), else the text's last word. Chinese pronouns are single characters
+# (and WordPiece splits Chinese into characters), so "它们" is found as "它".
 PRONOUNS = frozenset(
-    [
-        "it",
-        "he",
-        "she",
-        "they",
-        "him",
-        "her",
-        "them",
-        "its",
-        "his",
-        "hers",
-        "their",
-        "theirs",
-        "we",
-        "us",
-    ]
+    {"it", "he", "she", "they", "him", "her", "them", "its", "his", "hers", "their", "theirs"}
+    | {"we", "us", "它", "他", "她", "它们", "他们", "她们"}
 )
+_UNKNOWN_TOKENS = frozenset({"[UNK]", "<unk>", "<UNK>"})
 
 
 @dataclass
@@ -163,18 +151,37 @@ class Prepared:
     focus_reason: str = ""  # why explain chose `focus` when no --focus was given
 
 
-def pick_focus(words: Sequence[tuple[str, int]]) -> tuple[int, str]:
+def pick_focus(words: Sequence[tuple[str, int]], unknown: Sequence[str] = ()) -> tuple[int, str]:
     """The token explain shows when no --focus is given, and why: the first token of the text's
     first pronoun (`PRONOUNS`), else of its last word with a letter or digit. `words` are
-    (word, index of its first token) in text order."""
-    bare = [(w.strip(string.punctuation).lower(), i) for w, i in words]
+    (word, index of its first token) in text order. A word the tokenizer reads as its unknown
+    token (`unknown`: the pieces it cannot represent) is never chosen: its weights say
+    nothing about the word."""
+
+    def readable(word: str) -> bool:
+        return word not in _UNKNOWN_TOKENS and not any(u and u in word for u in unknown)
+
+    bare = [(w.strip(string.punctuation).lower(), i) for w, i in words if readable(w)]
     for word, i in bare:
         if word in PRONOUNS:
             return i, "the text's first pronoun"
+    lost = [u for u in unknown if u.lower() in PRONOUNS]
+    why = (
+        f"the text's last word the model can read (its pronoun {lost[0]!r} reads as the "
+        "unknown token, which carries no meaning)"
+        if lost
+        else "the text's last word the model can read"
+        if len(bare) < len(words)
+        else "the text's last word (it has no pronoun)"
+    )
     for word, i in reversed(bare):
         if any(c.isalnum() for c in word):
-            return i, "the text's last word (it has no pronoun)"
-    raise UsageError("TEXT has no word to show the attention of: give a sentence")
+            return i, why
+    raise UsageError(
+        "TEXT has no word to show the attention of"
+        + (" that the model can read (every word reads as its unknown token)" if unknown else "")
+        + ": give a sentence"
+    )
 
 
 def find_word(
@@ -233,7 +240,7 @@ def prepare(args, step: Callable[[str], Any]) -> Prepared:
 
     tokens = token_labels(enc.tokens, enc.special)  # "Ġcat" -> "cat", as pictures show it
     if args.focus is None:
-        focus, why = pick_focus(enc.words)
+        focus, why = pick_focus(enc.words, enc.unknown)
     else:
         focus, why = find_word(args.focus, enc.words, tokens, enc.unknown), ""
     num_layers, num_heads = int(config.num_hidden_layers), int(config.num_attention_heads)

@@ -61,7 +61,14 @@ def render(
 
     attn = AttentionMaps(tokens, maps, layer_names=layer_names)
     title = f"attnkit explain: {meta['text']!r}, focus {meta['focus']['token']!r}"
-    html = head_view(attn, layer=-1, head="mean", title=title)
+    view = meta.get("view")  # the layer and head the printout names, on the focus word
+    if view is None:
+        html = head_view(attn, layer=-1, head="mean", query=meta["focus"]["index"], title=title)
+    else:
+        where = (meta["layers"].index(view["layer"]), meta["heads"].index(view["head"]))
+        html = head_view(
+            attn, layer=where[0], head=where[1], query=meta["focus"]["index"], title=title
+        )
     data = attn.to_json_dict()
     data["explain"] = meta  # extra key; AttentionMaps.from_json_dict ignores it
     data["head_stats"] = {

@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from attnkit.cli._common import (
     add_out_options,
@@ -31,16 +30,12 @@ from attnkit.cli._common import (
     prepare_out,
 )
 from attnkit.cli._errors import FileError, UsageError
+from attnkit.cli._explain_report import SPECIAL, ranked, report, strongest
 from attnkit.cli._threads import add_threads, torch_threads
 
-if TYPE_CHECKING:
-    import torch
-
-__all__ = ["DEFAULT_TEXT", "find_focus", "ranked", "register", "run"]
+__all__ = ["DEFAULT_TEXT", "find_focus", "ranked", "register", "report", "run"]
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired"
-SPECIAL = frozenset({"[CLS]", "[SEP]", "[PAD]"})
-UNKNOWN = frozenset({"[UNK]", "<unk>"})
 CHECKPOINT_HINT = (
     "pass --checkpoint DIR with a Hugging Face BERT folder (config.json, model.safetensors)"
 )
@@ -199,8 +194,9 @@ def find_focus(tokens: Sequence[str], focus: str, pieces_of: Callable[[str], lis
     words = " ".join(t for t in tokens if t not in SPECIAL)
     if wanted != "[unk]" and "[unk]" in pieces:
         raise UsageError(
-            f"--focus {focus!r} has characters the model's vocabulary lacks (it reads as [UNK]);"
-            f" pick one of the text's tokens: {words}"
+            f"--focus {focus!r} has characters the model's vocabulary lacks (it reads as [UNK], "
+            f"whose weights say nothing about the word); pick one of the text's tokens: {words}"
+            " (or pass --checkpoint with a model that reads the language, e.g. a Chinese BERT)"
         )
     for i in range(len(lowered) - len(pieces) + 1):
         if pieces and lowered[i : i + len(pieces)] == pieces:
@@ -226,91 +222,6 @@ def _indices(
     return [i % size for r in ranges for i in r]
 
 
-def ranked(
-    row: torch.Tensor, tokens: Sequence[str], k: int, skip: Sequence[int] = ()
-) -> list[tuple[str, float]]:
-    """The `k` largest weights of `row` (S,) as (token, weight). Positions in `skip` are
-    dropped and the rest renormalised to sum to 1 (when anything is left)."""
-    w = row.clone()
-    if skip:
-        w[list(skip)] = 0.0
-        total = float(w.sum())
-        w = w / total if total > 0 else w
-    values, index = w.topk(min(k, w.numel()))
-    return [(tokens[int(i)], float(v)) for v, i in zip(values, index, strict=True)]
-
-
-def _cells(items: list[tuple[str, float]]) -> str:
-    return "  ".join(f"{t} {w:.2f}" for t, w in items)
-
-
-def report(
-    maps,
-    tokens: list[str],
-    focus: int,
-    layers: list[int],
-    heads: list[int],
-    k: int,
-    special: Sequence[bool] | None = None,
-):
-    """The table (a list of lines) for maps (L', H', N, N) of the selected layers and heads.
-    `special`: N flags of tokens left out of the top words (default: [CLS]/[SEP]/[PAD]);
-    the focus token and unknown-token pieces are left out too."""
-    special = [t in SPECIAL for t in tokens] if special is None else special
-    unk = {i for i, t in enumerate(tokens) if t in UNKNOWN}
-    skip = sorted({i for i, s in enumerate(special) if s} | unk | {focus})
-    rows = maps[:, :, focus]  # (L', H', N): the focus token's attention
-    name = tokens[focus]
-    lines = [f"where {name!r} (token {focus}) attends; mean over heads {_span(heads)}", ""]
-    lines.append(f"{'layer':>5}  {'top tokens':<40}  top words (no special tokens/itself)")
-    for li, layer in enumerate(layers):
-        mean = rows[li].mean(0)  # (N,)
-        raw, words = ranked(mean, tokens, k), ranked(mean, tokens, k, skip)
-        lines.append(f"{layer:>5}  {_cells(raw):<40}  {_cells(words)}")
-    last = len(layers) - 1
-    lines += ["", f"{'head':>5}  {'top token (layer ' + str(layers[last]) + ')':<40}  top word"]
-    for hi, head in enumerate(heads):
-        raw, words = ranked(rows[last, hi], tokens, 1), ranked(rows[last, hi], tokens, 1, skip)
-        lines.append(f"{head:>5}  {_cells(raw):<40}  {_cells(words)}")
-    lines.append("")
-    in_last = _strongest_head(rows[last:], skip)
-    overall = _strongest_head(rows, skip)
-    if in_last is not None:
-        weight, _, hi, j = in_last
-        lines.append(
-            f"layer {layers[last]}: head {heads[hi]} puts the most weight of {name!r} on one "
-            f"word: {weight:.2f} on {tokens[j]!r}"
-        )
-    if overall is not None and overall != in_last:
-        weight, li, hi, j = overall
-        where = {focus - 1: " (the previous token)", focus + 1: " (the next token)"}.get(j, "")
-        lines.append(
-            f"all layers shown: layer {layers[li]} head {heads[hi]} puts the most: "
-            f"{weight:.2f} on {tokens[j]!r}{where}"
-        )
-    return lines
-
-
-def _strongest_head(rows: torch.Tensor, skip: Sequence[int]) -> tuple[float, int, int, int] | None:
-    """(weight, layer, head, token) of the head whose top word (raw weight, `skip` left
-    out) is largest, over rows (L', H', N); None if only skipped tokens exist."""
-    import torch
-
-    words = torch.ones(rows.shape[-1], dtype=torch.bool)  # (N,)
-    words[list(skip)] = False
-    if not bool(words.any()):
-        return None
-    top, where = rows.masked_fill(~words, -1.0).max(-1)  # (L', H') each
-    li, hi = divmod(int(top.argmax()), rows.shape[1])
-    return float(top[li, hi]), li, hi, int(where[li, hi])
-
-
-def _span(indices: list[int]) -> str:
-    if indices == list(range(indices[0], indices[-1] + 1)):
-        return f"{indices[0]}..{indices[-1]}"
-    return ",".join(map(str, indices))
-
-
 def _prepare_bert(args: argparse.Namespace):
     """`Prepared` for attnkit's own BERT encoder (the embedded model or a BERT folder)."""
     from attnkit.cli._explain_hf import Prepared, pick_focus
@@ -329,8 +240,10 @@ def _prepare_bert(args: argparse.Namespace):
     except ValueError as e:
         raise UsageError(str(e).replace("text 0", what)) from None
     tokens = encoding.tokens[0]
+    texts = [args.text] + ([args.pair] if args.pair else [])
+    unknown = unknown_pieces(texts, tokenizer.tokenize)
     if args.focus is None:
-        focus, why = pick_focus(words_of(tokens))
+        focus, why = pick_focus(words_of(tokens), unknown)
     else:
         focus, why = find_focus(tokens, args.focus, tokenizer.tokenize), ""
 
@@ -353,9 +266,7 @@ def _prepare_bert(args: argparse.Namespace):
         num_layers=config.num_hidden_layers,
         num_heads=config.num_attention_heads,
         compute=compute,
-        unknown=unknown_pieces(
-            [args.text] + ([args.pair] if args.pair else []), tokenizer.tokenize
-        ),
+        unknown=unknown,
     )
 
 
@@ -410,7 +321,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"attnkit explain: showing {tokens[focus]!r}, {prep.focus_reason}; choose another "
               "word with --focus", file=sys.stderr)  # fmt: skip
     if prep.unknown:
-        say(_unknown_note(prep.unknown))
+        say(_unknown_note(prep.unknown, embedded=args.checkpoint is None))
+    _font_check([args.text, args.pair or "", *tokens])
     say("\n".join(report(maps, tokens, focus, layers, heads, args.top, special=prep.special)))
 
     special = torch.tensor(prep.special)  # (N,)
@@ -418,7 +330,9 @@ def run(args: argparse.Namespace) -> int:
     say("\nwhat the heads do (distance in tokens, entropy, weight on special tokens):")
     say("\n".join("  " + line for line in stats.summary(layer_names=layer_names)))
 
+    view = strongest(maps, tokens, focus, prep.special)
     meta = {
+        "view": None if view is None else {"layer": layers[view[0]], "head": heads[view[1]]},
         "text": args.text,
         "pair": args.pair,
         "focus": {"token": tokens[focus], "index": focus},
@@ -439,9 +353,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _unknown_note(unknown: Sequence[str]) -> str:
+def _unknown_note(unknown: Sequence[str], embedded: bool = False) -> str:
+    from attnkit.viz.fonts import has_cjk
+
     shown = ", ".join(repr(u) for u in unknown)
-    return (
+    note = (
         f"note: the tokenizer cannot represent {shown}: read as its unknown token, which "
         "carries no meaning (left out of the top words below)"
     )
+    if embedded and any(has_cjk(u) for u in unknown):
+        note += (
+            "\nnote: all-MiniLM-L6-v2 was trained on English: its vocabulary has 244 Chinese "
+            "characters (of some 3,500 in common use), so most Chinese, Japanese and Korean "
+            "text reads as [UNK]; for such text pass --checkpoint with a BERT that reads it "
+            "(e.g. a local copy of bert-base-chinese)"
+        )
+    return note
+
+
+def _font_check(texts: Sequence[str]) -> None:
+    """One line on stderr when the pictures need a CJK font that is not installed."""
+    from attnkit.viz.fonts import INSTALL_HINT, cjk_font_file, has_cjk
+
+    if any(has_cjk(t) for t in texts) and cjk_font_file() is None:
+        print(f"attnkit explain: warning: {INSTALL_HINT}", file=sys.stderr)

@@ -70,18 +70,20 @@ def save_alignment_png(
     path: str | Path,
     *,
     title: str = "cross-attention",
+    lang: str = "en",
 ) -> Path:
     """Draw one example's cross-attention (L, H, T, S) as an L × H grid of heatmaps.
 
     Rows are decoder layers, columns heads; in each heatmap rows are target
-    (query) tokens, columns source (key) tokens. Written atomically as PNG.
+    (query) tokens, columns source (key) tokens. Written atomically as PNG. `lang`: the
+    labels' language, "en" or "zh" (the title is translated when it is the default).
     """
     from attnkit.viz import AttentionMaps, save_model_view
 
     if maps.dim() != 4:
         raise ValueError(f"maps must have shape (L, H, T, S), got {tuple(maps.shape)}")
     attn = AttentionMaps(list(tgt_labels), maps.float().cpu(), key_tokens=list(src_labels))
-    return save_model_view(attn, path, title=title)
+    return save_model_view(attn, path, title=title, lang=lang)
 
 
 def write_alignments(

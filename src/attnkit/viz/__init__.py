@@ -15,9 +15,12 @@ head, concatenate, project), :func:`soft_split_figure` (patches / T2T's soft spl
 :func:`channel_spatial_figure` (channel and spatial gates next to self-attention weights).
 :func:`plot_masks` (masks beside their weights), :func:`plot_positional_encoding` (the
 position table) and :func:`plot_transformer` (the encoder-decoder data flow with its shapes).
-The views label tokens with :func:`token_labels` ("Ġcat" is shown as "cat").
+The views label tokens with :func:`token_labels` ("Ġcat" is shown as "cat"). The teaching figures
+take ``lang="en"`` or ``lang="zh"`` (Chinese labels); :func:`use_cjk_font` makes matplotlib draw
+CJK text with the CJK font of the ``[viz]`` extra.
 """
 
+from attnkit.viz.fonts import use_cjk_font
 from attnkit.viz.head_view import head_view, write_html
 from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps
@@ -54,6 +57,7 @@ __all__ = [
     "show",
     "soft_split_figure",
     "token_labels",
+    "use_cjk_font",
     "write_html",
 ]
 

@@ -17,10 +17,14 @@ import torch
 from torch import Tensor
 
 from attnkit._optional import require
+from attnkit.viz._lang import localize
+from attnkit.viz.fonts import use_cjk_font
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+
+use_cjk_font(quiet=True)  # CJK labels (also the page's own) fall back to a CJK font
 
 __all__ = ["plot_masks", "plot_positional_encoding", "plot_transformer"]
 
@@ -59,6 +63,7 @@ def plot_masks(
     weights: Mapping[str, Tensor] | None = None,
     *,
     panel_size: float = 2.5,
+    lang: str = "en",
 ) -> Figure:
     """Masks side by side, each over the attention weights it yields.
 
@@ -67,8 +72,8 @@ def plot_masks(
             as in a (1, 1, N, S) mask, are dropped). Drawn dark where a query may attend,
             light where the key is blocked; the top row of the figure.
         weights: title -> attention weights (N, S) for the same titles, drawn as a heat map
-            (white = 0 up to the panel's largest weight) in a second row. A blocked key's weight is
-            exactly 0; a fully masked row is all 0.
+            (white = 0 up to the panel's largest weight, with its colour bar) in a second
+            row. A blocked key's weight is exactly 0; a fully masked row is all 0.
         panel_size: inches per panel.
 
     Returns the figure; its axes are the masks left to right, then the weights.
@@ -118,17 +123,19 @@ def plot_masks(
         ax = axes[1, j]
         w = shown[n]
         top = float(w.max()) if w.numel() and float(w.max()) > 0 else 1.0
-        ax.imshow(w.numpy(), cmap="Oranges", vmin=0, vmax=top)
+        image = ax.imshow(w.numpy(), cmap="Oranges", vmin=0, vmax=top)
+        # a colour bar per panel: its scale runs to the panel's largest weight
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=10)
         _cells(ax, *w.shape)
         ax.set_xlabel("key", fontsize=10)
         if j == 0:
             ax.set_ylabel("attention weights\nquery", fontsize=10)
     fig.tight_layout()
-    return fig
+    return localize(fig, lang)
 
 
 def plot_positional_encoding(
-    pe: Tensor, *, starts: Sequence[int] = (0, 10, 30), max_offset: int = 16
+    pe: Tensor, *, starts: Sequence[int] = (0, 10, 30), max_offset: int = 16, lang: str = "en"
 ) -> Figure:
     """The position table as a heat map and its dot products against distance.
 
@@ -171,7 +178,7 @@ def plot_positional_encoding(
     right.legend(fontsize=10)
     right.grid(alpha=0.3)
     fig.tight_layout()
-    return fig
+    return localize(fig, lang)
 
 
 _W, _H, _PITCH = 3.0, 0.5, 0.78  # box width, box height, distance between boxes (data units)
@@ -220,7 +227,7 @@ class _Column:
     def _shape(self, shape: str | None, y: float) -> None:
         if shape is None:
             return
-        self.ax.text(self.x + _W / 2 + 0.75, y, shape, ha="left", va="center", fontsize=10,
+        self.ax.text(self.x + _W / 2 + 0.75, y, shape, ha="left", va="center", fontsize=10.5,
                      color="#444444", family="monospace")  # fmt: skip
 
     def sublayer(self, label: str, kind: str, pre_norm: bool, inner: str | None = None) -> None:
@@ -261,6 +268,7 @@ def plot_transformer(
     num_heads: int,
     layers: tuple[int, int] = (6, 6),
     pre_norm: bool = False,
+    lang: str = "en",
 ) -> Figure:
     """The encoder-decoder Transformer (Vaswani et al. 2017, Figure 1) as a data-flow diagram,
     with the shapes of the tensors that pass between the parts.
@@ -320,16 +328,16 @@ def plot_transformer(
     ax.annotate("", (dec.x - _W / 2, cross), (turn, cross),
                 arrowprops={"arrowstyle": "->", "color": "#2f5597", "lw": 1.5})  # fmt: skip
     ax.text(turn + 0.08, (mem + cross) / 2, "keys, values", rotation=90, ha="left",
-            va="center", fontsize=10, color="#2f5597")  # fmt: skip
+            va="center", fontsize=10.5, color="#2f5597")  # fmt: skip
     ax.text(1.0, dec.y, "encoder", fontsize=13, fontweight="bold", va="center")
     ax.text(16.3, dec.y, "decoder", fontsize=13, fontweight="bold", va="center", ha="right")
     legend = ", ".join(f"{k} = {v}" for k, v in dims.items())
     ax.text(8.25, -0.35, f"B batch, S source length, T target length, {legend}\n"
             "a shape is the tensor on the arrow beside it (beside a feed-forward: its hidden "
-            "layer); red lines: residual connections", ha="center", va="center", fontsize=10,
+            "layer); red lines: residual connections", ha="center", va="center", fontsize=10.5,
             color="#444444", linespacing=1.5)  # fmt: skip
     ax.set_xlim(0, 16.5)
     ax.set_ylim(-0.75, dec.y + 0.4)
     ax.axis("off")
     fig.subplots_adjust(left=0, right=1, bottom=0, top=1)
-    return fig
+    return localize(fig, lang)

@@ -17,15 +17,19 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from attnkit._io import atomic_write_bytes
+from attnkit.viz._lang import localize
+from attnkit.viz.fonts import use_cjk_font
 from attnkit.viz.maps import AttentionMaps
 from attnkit.viz.raster import pool_tokens as _pool
+
+use_cjk_font(quiet=True)  # CJK labels (also the page's own) fall back to a CJK font
 
 __all__ = ["model_view", "save_model_view"]
 
 _MAX_WIDTH_IN = 22.0  # figure size caps (inches); at 100 dpi the PNG stays <= 2200 x 2000 px
 _MAX_HEIGHT_IN = 20.0
-_CELL_IN = 1.6  # preferred heatmap size when there is room
-_MIN_FONT_PT = 6.0  # below this, only every k-th token label is drawn
+_CELL_IN = 2.2  # preferred heatmap size when there is room (a 2 × 2 grid: 670 px wide)
+_MIN_FONT_PT = 8.0  # below this, only every k-th token label is drawn (11 px at 100 dpi)
 
 
 def model_view(
@@ -36,6 +40,7 @@ def model_view(
     max_tokens: int = 64,
     title: str | None = None,
     cmap: str = "viridis",
+    lang: str = "en",
 ) -> Figure:
     """Draw ``maps`` (L, H, N, S) as an L × H grid of (N, S) heatmaps.
 
@@ -87,7 +92,7 @@ def model_view(
     # Label every token when the font fits, else every k-th; size the font to the spacing.
     q_step = max(1, math.ceil(_MIN_FONT_PT * n / (cell * 72)))
     k_step = max(1, math.ceil(_MIN_FONT_PT * s / (cell * 72)))
-    font = min(8.0, 0.9 * cell * 72 * min(q_step / n, k_step / s))
+    font = min(10.0, 0.9 * cell * 72 * min(q_step / n, k_step / s))
     image = None
     for li in range(L):
         for hi in range(H):
@@ -103,17 +108,17 @@ def model_view(
             ax.set_xticks([])
             ax.set_yticks([])
             if li == 0:
-                ax.set_title(f"head {_orig(heads, maps.num_heads)[hi]}", fontsize=8, pad=3)
+                ax.set_title(f"head {_orig(heads, maps.num_heads)[hi]}", fontsize=10, pad=3)
             if hi == 0:
                 ax.set_yticks(range(0, n, q_step), q_labels[::q_step], fontsize=font)
-                ax.set_ylabel(sel.names[li], fontsize=8)
+                ax.set_ylabel(sel.names[li], fontsize=10)
             if li == L - 1:
                 ax.set_xticks(range(0, s, k_step), k_labels[::k_step], fontsize=font, rotation=90)
     cax = fig.add_axes(
         (1 - 0.75 / fig_w, label_h / fig_h, 0.15 / fig_w, 1 - (1.0 + label_h) / fig_h),
         label="colorbar",
     )
-    fig.colorbar(image, cax=cax).ax.tick_params(labelsize=7)
+    fig.colorbar(image, cax=cax).ax.tick_params(labelsize=10)
 
     note = [f"{N} queries × {S} keys"]
     if q_block > 1 or k_block > 1:
@@ -123,11 +128,11 @@ def model_view(
         )
     fig.suptitle(
         f"{title or 'Attention maps'}\n{'; '.join(note)}",
-        fontsize=10,
+        fontsize=11,
         y=1 - 0.15 / fig_h,
         va="top",
     )
-    return fig
+    return localize(fig, lang)
 
 
 def save_model_view(

@@ -19,6 +19,10 @@
     const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf",
                      "#e377c2", "#8c564b", "#bcbd22", "#7f7f7f", "#393b79", "#637939"];
     const MEAN_COLOR = "#24292f";
+    // Interface words (head_view(lang=...)); pages made before lang existed carry none.
+    const UI = Object.assign({ mean: "mean of heads", headN: "head {h}", query: "query",
+                               key: "key", lines: "lines" }, D.ui || {});
+    const headName = (h) => UI.headN.replace("{h}", String(h));
 
     function bytes(b64) {
       const s = atob(b64);
@@ -48,7 +52,9 @@
     svg.setAttribute("height", Math.max(N, S) * ROW);
     svg.setAttribute("viewBox", `0 0 ${width} ${Math.max(N, S) * ROW}`);
 
-    const state = { layer: D.initialLayer, head: D.initialHead };
+    // pinned: the query shown alone when nothing is hovered (head_view(query=...), or a click).
+    const pinned0 = D.initialQuery === undefined ? null : D.initialQuery;
+    const state = { layer: D.initialLayer, head: D.initialHead, pinned: pinned0 };
     const color = () => (state.head === H ? MEAN_COLOR : PALETTE[state.head % PALETTE.length]);
 
     function option(sel, value, text) {
@@ -58,8 +64,8 @@
       sel.appendChild(o);
     }
     D.layerNames.forEach((name, l) => option(layerSel, l, name));
-    option(headSel, H, "mean of heads");
-    for (let h = 0; h < H; h++) option(headSel, h, `head ${h}`);
+    option(headSel, H, UI.mean);
+    for (let h = 0; h < H; h++) option(headSel, h, headName(h));
     layerSel.value = String(state.layer);
     headSel.value = String(state.head);
 
@@ -69,7 +75,7 @@
       d.tabIndex = 0;
       d.dataset.index = String(i);
       d.dataset.side = side;
-      d.title = `${side === "q" ? "query" : "key"} ${i}: ${text}`;
+      d.title = `${side === "q" ? UI.query : UI.key} ${i}: ${text}`;
       const idx = document.createElement("span");
       idx.className = "ak-idx";
       idx.textContent = String(i);
@@ -134,8 +140,13 @@
       el("swatch").style.background =
         `linear-gradient(to right, ${hexAlpha(c, 0)}, ${hexAlpha(c, 1)})`;
       status.textContent = `${D.layerNames[state.layer]}, ` +
-        `${state.head === H ? "mean of heads" : "head " + state.head}: ${n} lines.`;
-      clearFocus();
+        `${state.head === H ? UI.mean : headName(state.head)}: ${n} ${UI.lines}.`;
+      rest();
+    }
+
+    // Back to the resting picture: the pinned query alone, else every line.
+    function rest() {
+      if (state.pinned === null) clearFocus(); else focus("q", state.pinned);
     }
 
     function focus(side, i) {
@@ -166,8 +177,15 @@
       const go = () => focus(d.dataset.side, Number(d.dataset.index));
       d.addEventListener("mouseenter", go);
       d.addEventListener("focus", go);
-      d.addEventListener("mouseleave", clearFocus);
-      d.addEventListener("blur", clearFocus);
+      d.addEventListener("mouseleave", rest);
+      d.addEventListener("blur", rest);
+      if (d.dataset.side === "q") {
+        d.addEventListener("click", () => {
+          const i = Number(d.dataset.index);
+          state.pinned = state.pinned === i ? null : i; // a second click lets go
+          rest();
+        });
+      }
     }
     layerSel.addEventListener("change", () => { state.layer = Number(layerSel.value); drawAll(); });
     headSel.addEventListener("change", () => { state.head = Number(headSel.value); drawAll(); });

@@ -21,6 +21,11 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch import Tensor
 
+from attnkit.viz._lang import localize
+from attnkit.viz.fonts import use_cjk_font
+
+use_cjk_font(quiet=True)  # CJK labels (also the page's own) fall back to a CJK font
+
 __all__ = ["attention_row_figure", "attention_steps_figure", "multi_head_figure"]
 
 FONT = 11.0  # pt: the smallest text of every figure here (>= 10 pt when shown 820 px wide)
@@ -92,6 +97,7 @@ def attention_steps_figure(
     tokens: Sequence[str] | None = None,
     max_cols: int = 2,
     decimals: int = 2,
+    lang: str = "en",
 ) -> Figure:
     """The six steps of self-attention as eight small matrices with their numbers.
 
@@ -157,7 +163,7 @@ def attention_steps_figure(
         y=1 - 0.12 / height,
         va="top",
     )
-    return fig
+    return localize(fig, lang)
 
 
 def attention_row_figure(
@@ -169,6 +175,7 @@ def attention_row_figure(
     mask: Tensor | None = None,
     tokens: Sequence[str] | None = None,
     decimals: int = 2,
+    lang: str = "en",
 ) -> Figure:
     """One query's path: the score grid, its row's softmax, and the weighted sum of values.
 
@@ -244,10 +251,10 @@ def attention_row_figure(
     )
     ax = fig.add_subplot(inner[1], label="output")
     _matrix(ax, z[None], f"z{row} = Σ weight × value", max_cols=v.shape[1], decimals=decimals)
-    return fig
+    return localize(fig, lang)
 
 
-def multi_head_figure(mha, x: Tensor, *, example: int = 0) -> Figure:
+def multi_head_figure(mha, x: Tensor, *, example: int = 0, lang: str = "en") -> Figure:
     """Split into heads, attend per head, concatenate, project: drawn for one example.
 
     Args:
@@ -283,10 +290,10 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0) -> Figure:
         hspace=0.25,
     )
 
-    def heat(ax, m: Tensor, title: str | None, cmap="RdBu_r", positive=False):
+    def heat(ax, m: Tensor, title: str | None, cmap="RdBu_r", positive=False, top=None):
         m = m.detach().float()
-        top = max(float(m.abs().max()), 1e-12)
-        ax.imshow(
+        top = max(float(m.abs().max()), 1e-12) if top is None else top
+        image = ax.imshow(
             m.numpy(),
             cmap=cmap,
             vmin=0 if positive else -top,
@@ -298,6 +305,7 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0) -> Figure:
         ax.set_yticks([])
         if title:
             ax.set_title(title, fontsize=FONT)
+        return image
 
     colors = [f"C{i}" for i in range(h)]
 
@@ -314,6 +322,8 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0) -> Figure:
         for spine in ax.spines.values():
             spine.set(ec=colors[i], lw=2)
 
+    top_weight = max(float(res.weights[example].max()), 1e-12)
+    maps: list[Axes] = []
     ax = fig.add_subplot(grid[:, 0], label="q")
     heat(ax, q_flat, f"q (B, N, C)\n= ({b}, {n}, {c})")
     bands(ax)
@@ -327,13 +337,15 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0) -> Figure:
         )
         frame(fig.axes[-1], i)
         ax = fig.add_subplot(grid[i, 2], label=f"map {i}")
-        heat(
+        image = heat(
             ax,
             res.weights[example, i],
             "softmax(qk$^T$/√D)\n(N, N) per head" if first else None,
             cmap="viridis",
             positive=True,
+            top=top_weight,  # one scale for all heads: the colour bar below
         )
+        maps.append(ax)
         ax.set_ylabel(f"head {i}", fontsize=FONT, color=colors[i])
         heat(
             fig.add_subplot(grid[i, 3], label=f"out head {i}"),
@@ -341,6 +353,10 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0) -> Figure:
             f"× v = out\n({b}, {h}, {n}, {d})" if first else None,
         )
         frame(fig.axes[-1], i)
+    bar = fig.colorbar(image, ax=maps, location="bottom", fraction=0.04, pad=0.02, aspect=12)
+    bar.ax.tick_params(labelsize=FONT)
+    bar.ax.set_label("colorbar")
+    bar.set_ticks([0.0, top_weight], labels=["0", f"{top_weight:.2f}"])  # two: they fit
     ax = fig.add_subplot(grid[:, 4], label="concat")
     heat(ax, concat[example], f"concat (B, N, C)\n= ({b}, {n}, {c})")
     bands(ax)
@@ -351,4 +367,4 @@ def multi_head_figure(mha, x: Tensor, *, example: int = 0) -> Figure:
         f"Multi-head attention, {h} heads of D = {c}/{h} = {d}, example {example}",
         fontsize=FONT + 2,
     )
-    return fig
+    return localize(fig, lang)

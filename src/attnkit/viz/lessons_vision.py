@@ -9,13 +9,23 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch import Tensor
 
+from attnkit.viz._lang import localize
+from attnkit.viz.fonts import use_cjk_font
 from attnkit.viz.lessons import _WIDTH, FONT, _figure
+
+use_cjk_font(quiet=True)  # CJK labels (also the page's own) fall back to a CJK font
 
 __all__ = ["channel_spatial_figure", "soft_split_figure"]
 
 
 def soft_split_figure(
-    image: Tensor, kernel_size: int, stride: int, padding: int = 0, *, windows=(0, 1)
+    image: Tensor,
+    kernel_size: int,
+    stride: int,
+    padding: int = 0,
+    *,
+    windows=(0, 1),
+    lang: str = "en",
 ) -> Figure:
     """How `nn.Unfold` cuts an image into tokens (ViT's patches, T2T's soft split).
 
@@ -85,11 +95,11 @@ def soft_split_figure(
     fig.suptitle(
         f"{n} windows → {n} tokens; neighbours share {overlap} pixel columns", fontsize=FONT + 2
     )
-    return fig
+    return localize(fig, lang)
 
 
 def channel_spatial_figure(
-    channel: Tensor, spatial: Tensor, attention: Tensor | None = None, *, position=None
+    channel: Tensor, spatial: Tensor, attention: Tensor | None = None, *, position=None, lang="en"
 ) -> Figure:
     """Channel gates, spatial gates and (optionally) one position's self-attention weights.
 
@@ -135,4 +145,4 @@ def channel_spatial_figure(
         total = float(attention.double().sum())
         ax.set_title(f"attention of one position\nsoftmax: sum = {total:.2f}", fontsize=FONT)
         ax.tick_params(labelsize=FONT)
-    return fig
+    return localize(fig, lang)

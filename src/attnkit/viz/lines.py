@@ -20,8 +20,12 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
+from attnkit.viz._lang import check_lang, localize, translate
+from attnkit.viz.fonts import use_cjk_font
 from attnkit.viz.labels import token_labels
 from attnkit.viz.maps import AttentionMaps
+
+use_cjk_font(quiet=True)  # CJK labels (also the page's own) fall back to a CJK font
 
 __all__ = ["draw_head_lines", "layer_view"]
 
@@ -38,6 +42,7 @@ def draw_head_lines(
     color: str = "C0",
     title: str | None = None,
     fontsize: float = 10.0,
+    lang: str = "en",
 ) -> None:
     """Draw head ``head`` of layer ``layer`` on ``ax`` as lines from queries to keys.
 
@@ -50,7 +55,9 @@ def draw_head_lines(
         color: the lines' colour; each line's opacity is its weight (0 invisible, 1 solid).
         title: axes title (default "layer l, head h").
         fontsize: size of the token labels, in points.
+        lang: the default title's language, "en" or "zh".
     """
+    check_lang(lang)
     if not isinstance(maps, AttentionMaps):
         raise ValueError(f"maps: expected AttentionMaps, got {type(maps).__name__}")
     L, H, N, S = maps.shape
@@ -84,17 +91,19 @@ def draw_head_lines(
         chosen = query is not None and i == query % N
         ax.text(
             _LEFT, ys_q[i], token, ha="right", va="center", fontsize=fontsize,
-            fontweight="bold" if chosen else "normal",
+            fontweight="bold" if chosen else "normal", gid="token",
         )  # fmt: skip
     for j, token in enumerate(token_labels(maps.key_tokens or maps.tokens)):
         shade = None
         if query is not None:
             shade = {"facecolor": (r, g, b, 0.6 * weights[query % N, j]), "edgecolor": "none"}
-        ax.text(_RIGHT, ys_k[j], token, ha="left", va="center", fontsize=fontsize, bbox=shade)
+        ax.text(_RIGHT, ys_k[j], token, ha="left", va="center", fontsize=fontsize, bbox=shade,
+                gid="token")  # fmt: skip
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_axis_off()
-    ax.set_title(title or f"layer {layer % L}, head {head % H}", fontsize=fontsize + 1)
+    default = translate(f"layer {layer % L}, head {head % H}", lang)
+    ax.set_title(title or default, fontsize=fontsize + 1)
 
 
 def _column(count: int) -> np.ndarray:
@@ -106,10 +115,11 @@ def layer_view(
     maps: AttentionMaps,
     layer: int,
     *,
-    columns: int = 4,
+    columns: int = 3,
     title: str | None = None,
     panel_inches: float = 2.3,
     cmap: str = "viridis",
+    lang: str = "en",
 ) -> Figure:
     """Draw every head of one layer as a heatmap, ``columns`` heads per row.
 
@@ -118,8 +128,9 @@ def layer_view(
         layer: which layer (negative counts from the end).
         columns: heads per row; the rows follow (H / columns, rounded up).
         title: figure title (default: the layer's name).
-        panel_inches: size of each heatmap; 2.3 in at 100 dpi fits four heads with their
-            labels in about 1,050 pixels.
+        panel_inches: size of each heatmap; 2.3 in at 100 dpi fits three heads with their
+            labels in 870 pixels, the width of the site's column, so no text is shrunk
+            below 11 px there.
         cmap: matplotlib colour map on the fixed scale 0..1, so layers compare.
 
     Queries run down, keys across. Query tokens label the left column and key tokens the
@@ -142,14 +153,14 @@ def layer_view(
         rows, columns, left=label / fig_w, right=1 - bar / fig_w, bottom=label / fig_h,
         top=1 - top / fig_h, wspace=0.06, hspace=0.16,
     )  # fmt: skip
-    font = min(9.0, 0.8 * panel_inches * 72 / max(N, S, 1))
+    font = min(10.0, 0.85 * panel_inches * 72 / max(N, S, 1))  # pt: rows no closer than that
     queries, keys = token_labels(maps.tokens), token_labels(maps.key_tokens or maps.tokens)
     image = None
     for h in range(H):
         ax = fig.add_subplot(grid[h // columns, h % columns])
         data = maps.maps[layer, h].numpy()  # (N, S)
         image = ax.imshow(data, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
-        ax.set_title(f"head {h}", fontsize=9, pad=3)
+        ax.set_title(f"head {h}", fontsize=10, pad=3)
         ax.set_xticks([])
         ax.set_yticks([])
         if h % columns == 0:
@@ -160,6 +171,6 @@ def layer_view(
         (1 - 0.6 / fig_w, label / fig_h, 0.15 / fig_w, 1 - (top + label) / fig_h),
         label="colorbar",
     )
-    fig.colorbar(image, cax=cax).ax.tick_params(labelsize=8)
-    fig.suptitle(title or maps.names[layer], fontsize=11, y=1 - 0.12 / fig_h, va="top")
-    return fig
+    fig.colorbar(image, cax=cax).ax.tick_params(labelsize=10)
+    fig.suptitle(title or maps.names[layer], fontsize=12, y=1 - 0.12 / fig_h, va="top")
+    return localize(fig, lang)

@@ -3,7 +3,8 @@
 `attnkit explain` writes these by default. Importing matplotlib and laying out one Axes per
 heatmap cost it ~2.5 s of its ~7 s; here each heatmap is one colour-mapped array scaled and
 pasted, labels are drawn once per row or column, and nothing from matplotlib is imported
-(its DejaVu Sans font file is used when installed, for the glyphs of non-Latin tokens).
+(its DejaVu Sans font file is used when installed, for the glyphs of non-Latin tokens; a
+picture with CJK text is drawn with the CJK font of `attnkit.viz.fonts`).
 The same pictures as matplotlib figures: `attnkit.viz.model_view`,
 `attnkit.viz.head_plots.head_distance_figure`.
 
@@ -58,10 +59,17 @@ def _require_pillow() -> None:
 
 
 @functools.lru_cache(maxsize=32)
-def _font(size: int):
+def _font(size: int, cjk: bool = False):
     """DejaVu Sans (matplotlib's font file, found without importing matplotlib), else
-    Pillow's own; loaded once per size."""
+    Pillow's own; loaded once per size. `cjk`: the CJK font of `attnkit.viz.fonts` (it has
+    Latin glyphs too; Pillow has no per-glyph fallback) when one is installed."""
     from PIL import ImageFont
+
+    from attnkit.viz import fonts
+
+    path = fonts.cjk_font_file() if cjk else None
+    if path is not None:
+        return ImageFont.truetype(str(path), size, index=fonts.cjk_face_index(path))
 
     spec = importlib.util.find_spec("matplotlib")
     for root in spec.submodule_search_locations or [] if spec else []:
@@ -69,6 +77,12 @@ def _font(size: int):
         if path.is_file():
             return ImageFont.truetype(str(path), size)
     return ImageFont.load_default(size=size)
+
+
+def _any_cjk(texts: Sequence[str]) -> bool:
+    from attnkit.viz.fonts import has_cjk
+
+    return any(has_cjk(t) for t in texts)
 
 
 def _png(image) -> bytes:
@@ -104,6 +118,7 @@ def model_view_png(
 
     data = maps.detach().float().numpy()
     L, H, n, s = data.shape
+    cjk = _any_cjk([*q_labels, *k_labels, *layer_names, *head_names, title])
     vmax = max(float(data.max()), 1e-6)
     gap, left, bottom, top, right = 8, 150, 120, 64, 90
     width, height = left + H * (cell + gap) + right, top + L * (cell + gap) + bottom
@@ -111,8 +126,8 @@ def model_view_png(
     draw = ImageDraw.Draw(img)
     # Labels as dense as the font allows: every k-th when rows are narrower than 7 px.
     q_step, k_step = max(1, math.ceil(7 * n / cell)), max(1, math.ceil(7 * s / cell))
-    label = _font(int(max(7, min(11, 0.8 * cell * min(q_step / n, k_step / s)))))
-    small = _font(11)
+    label = _font(int(max(7, min(11, 0.8 * cell * min(q_step / n, k_step / s)))), cjk)
+    small = _font(11, cjk)
     rgb = viridis(data / vmax)  # (L, H, n, s, 3)
     for li in range(L):
         y0 = top + li * (cell + gap)
@@ -134,20 +149,25 @@ def model_view_png(
             draw.text((left - 5, cy), q_labels[i], font=label, fill=_INK, anchor="rm")
         name = _vertical(layer_names[li], small)
         img.paste(name, (4, int(y0 + cell / 2 - name.height / 2)), name)
-    _colorbar(img, draw, (width - right + 14, top), 14, L * (cell + gap) - gap, 0.0, vmax, "")
+    _colorbar(
+        img, draw, (width - right + 14, top), 14, L * (cell + gap) - gap, (0.0, vmax), "", cjk
+    )
     for k, line in enumerate(title.split("\n")):
-        draw.text((width / 2, 8 + 18 * k), line, font=_font(14 - 2 * k), fill=_INK, anchor="ma")
+        draw.text(
+            (width / 2, 8 + 18 * k), line, font=_font(14 - 2 * k, cjk), fill=_INK, anchor="ma"
+        )
     return _png(img)
 
 
-def _colorbar(img, draw, at: tuple[int, int], w: int, h: int, lo: float, hi: float, name: str):
-    """A vertical viridis bar of size w × h at `at`, ticks at lo, middle and hi."""
+def _colorbar(img, draw, at, w: int, h: int, span: tuple[float, float], name: str, cjk: bool):
+    """A vertical viridis bar of size w × h at `at`, ticks at span's ends and middle."""
     from PIL import Image
 
+    lo, hi = span
     ramp = viridis(np.linspace(1.0, 0.0, h))[:, None, :].repeat(w, axis=1)  # (h, w, 3)
     img.paste(Image.fromarray(ramp, "RGB"), at)
     x, y = at
-    font = _font(10)
+    font = _font(10, cjk)
     for frac in (0.0, 0.5, 1.0):
         ty = y + (1 - frac) * (h - 1)
         draw.line([(x + w, ty), (x + w + 3, ty)], fill=_INK)
@@ -176,7 +196,8 @@ def head_distance_png(
     draw = ImageDraw.Draw(img)
     x0, x1, y0, y1 = left, width - right, top, height - bottom  # the plot area
     ymax = _nice(float(np.nanmax(dist)) if np.isfinite(dist).any() else 1.0)
-    font = _font(11)
+    cjk = _any_cjk([*layer_names, title])
+    font = _font(11, cjk)
 
     def px(layer: float, value: float) -> tuple[float, float]:
         fx = (layer + 0.5) / L
@@ -205,9 +226,9 @@ def head_distance_png(
     ylabel = _vertical(f"mean attention distance ({unit})", font)
     img.paste(ylabel, (6, int((y0 + y1) / 2 - ylabel.height / 2)), ylabel)
     draw.line([(x0 + 10, y0 + 14), (x0 + 30, y0 + 14)], fill=_GREY)
-    draw.text((x0 + 34, y0 + 14), "mean over heads", font=_font(10), fill=_INK, anchor="lm")
-    _colorbar(img, draw, (x1 + 20, y0), 14, y1 - y0, e_lo, e_hi, "entropy (nats)")
-    head = _font(12)
+    draw.text((x0 + 34, y0 + 14), "mean over heads", font=_font(10, cjk), fill=_INK, anchor="lm")
+    _colorbar(img, draw, (x1 + 20, y0), 14, y1 - y0, (e_lo, e_hi), "entropy (nats)", cjk)
+    head = _font(12, cjk)
     draw.text((width / 2, 10), _fit(title, head, width - 20), font=head, fill=_INK, anchor="ma")
     return _png(img)
 
