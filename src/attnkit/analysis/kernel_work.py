@@ -30,6 +30,7 @@ from attnkit.functional._blocks import (
     FORWARD_BLOCK_Q,
     STRUCTURED_BLOCK_K,
     STRUCTURED_BLOCK_Q,
+    forward_blocks,
 )
 from attnkit.functional._mask_plan import MaskPlan, key_blocks, plan_mask
 from attnkit.functional.structured import StructuredMask, causal_intervals
@@ -37,7 +38,8 @@ from attnkit.functional.structured import StructuredMask, causal_intervals
 __all__ = ["PASSES", "KernelWork", "kernel_work"]
 
 # The compiled kernel's blocks per pass (bq, bk); a mask with tiles puts both passes on the
-# tile grid (STRUCTURED_BLOCK_Q × STRUCTURED_BLOCK_K).
+# tile grid (STRUCTURED_BLOCK_Q × STRUCTURED_BLOCK_K), and a full forward without a mask's
+# structure from N = 768 on takes wider query blocks (`_blocks.forward_blocks`).
 PASSES = {
     "forward": (FORWARD_BLOCK_Q, FORWARD_BLOCK_K),
     "backward": (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K),
@@ -107,6 +109,9 @@ def kernel_work(
             mask, causal = mask & causal_intervals(n, s), False
         plan = plan_mask(mask, STRUCTURED_BLOCK_Q, STRUCTURED_BLOCK_K, "cpu")
     bq, bk = PASSES[pass_] if plan is None or plan.tiles is None else tuple(plan.tiles.shape[1:])
+    if pass_ == "forward" and (plan is None or plan.tiles is None):
+        structured = plan is not None and (plan.rows is not None or plan.table is not None)
+        bq, bk = forward_blocks(n, causal, structured)
     walks = _walks(plan)
     computed = blocks = 0
     for one in walks:

@@ -72,15 +72,16 @@ inline void mm_tn(int r, int c, int k, const float* A, int lda, const float* B, 
 
 // ------------------------------------------------------------------ elementwise pieces
 
-// exp(x) in float32 for softmax arguments; 0 exactly for x < -87.33 (and x = -inf), NaN stays
-// NaN. Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2, and the Cephes expf polynomial
-// (about 1 ulp); written branch-free and without libm calls so that the loops calling it
-// vectorise (floorf is not inlined under the default -ftrapping-math).
+// exp(x) in float32 for softmax arguments: Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2,
+// and the Cephes expf polynomial (under 1 ulp); 2^k is built from the bits of the sum that
+// rounds x log2(e), so that exp is 0 exactly for x < -87.68 (k = -127) and at -inf, and NaN
+// stays NaN (simd.h, kExpLo). The scalar twin of exp_v, for the one value per row (the
+// rescale factor of the running sums); branch-free, no libm call.
 inline float exp_f(float x) {
-    const float lo = -87.33654f, round = 12582912.0f;  // 1.5 * 2^23: adding it rounds to int
-    float xc = x < lo ? lo : x;
-    xc = xc > 88.0f ? 88.0f : xc;
-    const float kf = (xc * 1.44269504088896341f + round) - round;  // nearest integer
+    float xc = kExpLo > x ? kExpLo : x;
+    xc = 88.0f < xc ? 88.0f : xc;
+    const float t = xc * 1.44269504088896341f + kExpShifter;
+    const float kf = t - kExpShifter;  // nearest integer
     float r = xc - kf * 0.693359375f;
     r = r + kf * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -90,10 +91,12 @@ inline float exp_f(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     const float y = p * (r * r) + r + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(kf) + 127) << 23;
+    uint32_t bits;
+    std::memcpy(&bits, &t, sizeof bits);
+    bits <<= 23;
     float two_k;
     std::memcpy(&two_k, &bits, sizeof two_k);
-    return x < lo ? 0.0f : y * two_k;
+    return y * two_k;
 }
 
 // max over x[0..n); -inf for n = 0; NaNs are passed over (the exponentials carry them on).
