@@ -13,7 +13,7 @@ window-512 training step at N=65536 (about 15 minutes; --quick: N=1024, under a 
 --kernel times the compiled chunked kernel against SDPA's fused CPU kernel on the same dense
 calls (N = 1024, 2048, 4096, or --sizes, e.g. up to 16384; causal and not; D = 64 and 128;
 1 and 2 threads, or --threads), forward and forward + backward, and writes kernel.json and
-kernel.md with the CPU and the kernel's instruction set named (about 10 minutes; --quick:
+kernel.md with the CPU and the kernel's instruction set named (10-30 minutes on 2 cores; --quick:
 N=256, one thread, seconds).
 
 --sizes are checked before anything runs: a size whose rows need more memory than this
