@@ -3,7 +3,7 @@ sets, so that a machine with no C++ compiler gets the fast kernel from the wheel
 
 For each target in `TARGETS` the kernel source is compiled into
 ``attnkit/functional/_native/prebuilt/attention_cpu-<isa>.so`` with a ``manifest.json`` that
-records the source's sha256, the ISA's required CPU flags and the compiler; at run time
+records the sources' sha256, the ISA's required CPU flags and the compiler; at run time
 `attnkit.functional._kernel_prebuilt` loads the best library whose flags this CPU has and whose
 source hash matches the installed source (an edited source falls back to the JIT build).
 
@@ -61,6 +61,15 @@ def _compiler() -> str | None:
     return None
 
 
+def _sources_sha256(folder: Path) -> str:
+    """attnkit.functional._kernel_prebuilt.sources_sha256, which this hook cannot import (the
+    build environment has no torch): the .cpp and .h files of `folder`, sorted, by name."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.iterdir() if p.suffix in (".cpp", ".h")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def _stub(cxx: str, folder: Path) -> None:
     """A libtorch_cpu.so with the soname of torch's, defining sgemm_ (never called)."""
     src = folder / "stub.cpp"
@@ -78,7 +87,7 @@ def build_prebuilt(root: Path, out: Path) -> dict:
     source = root / SOURCE
     out.mkdir(parents=True, exist_ok=True)
     manifest = {
-        "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+        "sources_sha256": _sources_sha256(source.parent),
         "compiler": subprocess.run(
             [cxx, "--version"], capture_output=True, text=True
         ).stdout.splitlines()[0],

@@ -28,6 +28,8 @@ SHOWN_ON = {
     "hf.md": ("results/benchmarks.md", "guides/transformers.md"),
     "ring.md": ("results/benchmarks.md", "guides/ring-attention.md"),
     "threads.md": ("cli/index.md",),
+    "kernel-zen4/kernel.md": ("results/benchmarks.md",),
+    "kernel-zen4-avx2/kernel.md": ("results/benchmarks.md",),
 }
 
 

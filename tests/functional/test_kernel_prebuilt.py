@@ -3,7 +3,6 @@ wheel test in tests/test_wheel.py installs one and runs it without a compiler)."
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
@@ -25,8 +24,7 @@ def shipped(tmp_path, monkeypatch):
     for isa, flags in (("avx2", AVX2), ("avx512", AVX512)):
         (folder / f"attention_cpu-{isa}.so").write_bytes(b"\x7fELF")
         libraries[isa] = {"file": f"attention_cpu-{isa}.so", "cpu_flags": sorted(flags)}
-    manifest = {"source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
-                "libraries": libraries}  # fmt: skip
+    manifest = {"sources_sha256": prebuilt.sources_sha256(tmp_path), "libraries": libraries}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     monkeypatch.setattr(prebuilt, "PREBUILT", folder)
     return source, folder
@@ -47,11 +45,15 @@ def test_an_edited_source_or_a_broken_manifest_offers_nothing(shipped):
     source.write_text("// edited in a checkout\n")
     assert prebuilt.candidates(source, AVX512) == []
     source.write_text("// the kernel\n")
+    (source.parent / "simd.h").write_text("// a header beside it, edited\n")
+    assert prebuilt.candidates(source, AVX512) == []
+    (source.parent / "simd.h").unlink()
     (folder / "attention_cpu-avx512.so").unlink()  # a missing file is passed over
     assert [isa for isa, _ in prebuilt.candidates(source, AVX512)] == ["avx2"]
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()
-    for text in ("{", "[]", '{"libraries": {}}', f'{{"source_sha256": "{digest}", "libraries": 2}}',
-                 f'{{"source_sha256": "{digest}", "libraries": {{"avx2": 3}}}}'):  # fmt: skip
+    digest = prebuilt.sources_sha256(source.parent)
+    bad = (f'{{"sources_sha256": "{digest}", "libraries": 2}}',
+           f'{{"sources_sha256": "{digest}", "libraries": {{"avx2": 3}}}}')  # fmt: skip
+    for text in ("{", "[]", '{"libraries": {}}', *bad):
         (folder / "manifest.json").write_text(text)
         assert prebuilt.candidates(source, AVX512) == []
 

@@ -129,6 +129,23 @@ def test_broadcast_masks_of_every_shape():
 
 
 @needs_kernel
+@pytest.mark.parametrize("scale", [6.0, 30.0])
+def test_scores_far_below_the_row_max_match_the_truth(scale):
+    """Scores 50-600 below their row's maximum, where the kernel's vectorised exp underflows
+    to 0 exactly (from -87.68 on) or to the smallest floats (denormal included), across both
+    the full vectors and the padded last vector of a row (S = 97)."""
+    check_against_truth(*make(1, 2, 2, 33, 97, 16, 8, seed=3), scale=scale)
+    check_against_truth(*make(1, 2, 2, 33, 97, 16, 8, seed=3), causal=True, scale=scale)
+
+
+@needs_kernel
+def test_wide_forward_blocks_match_the_truth():
+    """A full forward from N = 768 on walks 256-row query blocks (`_blocks.forward_blocks`):
+    N = 777 ends on a 9-row block."""
+    check_against_truth(*make(1, 2, 1, 777, 97, 16, 8, seed=4))
+
+
+@needs_kernel
 def test_dropout_same_entries_as_pytorch_kernel_and_truth():
     q, k, v = make(2, 4, 2, 150, 530, 24, 24, seed=5)
     bias = torch.randn(1, 4, 150, 530, dtype=torch.float64)
@@ -313,3 +330,16 @@ def test_unwritable_cache_falls_back_to_a_private_temp_folder(fresh_loader, monk
     monkeypatch.setattr(_kernel_cache.tempfile, "gettempdir", lambda: str(fresh_loader / "tmp"))
     assert native.load() is not None
     assert list((fresh_loader / "tmp").rglob("attention_cpu-*.so"))
+
+
+def test_the_kernel_instruction_set_is_chosen_by_its_variable_and_keys_the_cache(monkeypatch):
+    cxx = _kernel_cache._compiler() or "g++"
+    monkeypatch.delenv("ATTNKIT_KERNEL_ISA", raising=False)
+    native_path = _kernel_cache._library_path(cxx)
+    monkeypatch.setenv("ATTNKIT_KERNEL_ISA", "avx2")
+    assert _kernel_cache.kernel_isa() == "avx2"
+    assert "-march=x86-64-v3" in _kernel_cache._flags()
+    assert _kernel_cache._library_path(cxx) != native_path  # its own library, side by side
+    monkeypatch.setenv("ATTNKIT_KERNEL_ISA", "avx3")
+    with pytest.raises(ValueError, match="ATTNKIT_KERNEL_ISA must be one of native, avx512, avx2"):
+        _kernel_cache.kernel_isa()

@@ -28,6 +28,7 @@ from attnkit.functional._blocks import (
     BACKWARD_BLOCK_Q,
     FORWARD_BLOCK_K,
     FORWARD_BLOCK_Q,
+    forward_blocks,
 )
 from attnkit.functional._grid import query_block
 from attnkit.functional._mask_plan import MaskPlan, kernel_plan, key_blocks
@@ -37,7 +38,8 @@ __all__ = ["PASSES", "KernelWork", "kernel_work"]
 
 # The compiled kernel's blocks per pass (bq, bk); a mask with tiles puts both passes on the
 # tile grid chosen for the mask (`_grid.choose_tile_grid`); row intervals alone may shorten
-# the query blocks (`_grid.choose_block_q`).
+# the query blocks (`_grid.choose_block_q`), and a full forward without a mask's structure
+# from N = 768 on takes wider query blocks (`_blocks.forward_blocks`).
 PASSES = {
     "forward": (FORWARD_BLOCK_Q, FORWARD_BLOCK_K),
     "backward": (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K),
@@ -107,6 +109,9 @@ def kernel_work(
             mask, causal = mask & causal_intervals(n, s), False
         plan = kernel_plan(mask, "cpu")
     bq, bk = PASSES[pass_] if plan is None or plan.tiles is None else tuple(plan.tiles.shape[1:])
+    if pass_ == "forward" and (plan is None or plan.tiles is None):
+        structured = plan is not None and (plan.rows is not None or plan.table is not None)
+        bq, bk = forward_blocks(n, causal, structured)
     if plan is not None and plan.tiles is None:  # rows alone: query blocks sized to them
         bq = min(bq, query_block(plan.rows, bq))
     walks = _walks(plan)

@@ -3,6 +3,7 @@
     attnkit bench --quick                 # small sizes, under a minute
     attnkit bench --threads 1 --out DIR   # the full run (tens of minutes)
     attnkit bench --structured            # structured masks vs tensors, SDPA, FlexAttention
+    attnkit bench --kernel                # the compiled kernel vs SDPA's, per entry
 
 --structured times the mask zoo (causal, window 256, prefix-LM, 16 documents causal and full,
 a dilated window, a 2-D neighbourhood, a strided mask; ALiBi, soft-capping and a T5 table as
@@ -10,6 +11,12 @@ score functions) against SDPA with the dense mask and compiled FlexAttention, at
 and forward + backward, N = 4096 and 16384, 1 and 2 threads (--sizes and --threads pick
 others), and the memory of a window-512 training step at N=65536 (an hour on 2 idle cores;
 --quick: N=1024, one thread, a few minutes for FlexAttention's compiles).
+
+--kernel times the compiled chunked kernel against SDPA's fused CPU kernel on the same dense
+calls (N = 1024, 2048, 4096, or --sizes, e.g. up to 16384; causal and not; D = 64 and 128;
+1 and 2 threads, or --threads), forward and forward + backward, and writes kernel.json and
+kernel.md with the CPU and the kernel's instruction set named (10-30 minutes on 2 cores; --quick:
+N=256, one thread, seconds).
 
 --sizes are checked before anything runs: a size whose rows need more memory than this
 machine has free, or a plan whose kernel rows would take more than 2 hours even at this
@@ -36,6 +43,7 @@ from attnkit.cli._errors import UsageError
 PROG = "attnkit bench"
 FILES = ("bench.json", "bench.md", "readme.md")
 STRUCTURED_FILES = ("structured.json", "structured.md")
+KERNEL_FILES = ("kernel.json", "kernel.md")
 MAX_HOURS = 2  # the kernel rows' lower-bound time a run may have (the full default: minutes)
 MEMORY_SHARE = 0.8  # of the memory available, what the largest row may take
 
@@ -71,6 +79,11 @@ def register(subparsers) -> None:
         "--structured",
         action="store_true",
         help="the structured-mask table instead (structured.json, structured.md)",
+    )
+    p.add_argument(
+        "--kernel",
+        action="store_true",
+        help="the compiled kernel against SDPA's fused kernel instead (kernel.json, kernel.md)",
     )
     p.set_defaults(run=run)
 
@@ -189,8 +202,12 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        if args.structured and args.kernel:
+            raise UsageError("--structured and --kernel are two tables: give one of them")
         if args.structured:
             return _run_structured(args)
+        if args.kernel:
+            return _run_kernel(args)
         plan = plan_from_args(args)
         check_plan(plan, available_memory(), matmul_flops_per_s())
         prepare_out(args.out, FILES, force=args.force)  # before the (long) run, not after
@@ -339,4 +356,54 @@ def _run_structured(args) -> int:
         print(json.dumps({"command": "bench", "files": [str(json_path), str(md_path)]}))
         return 0
     print(f"attnkit bench: wrote {json_path} and {md_path} ({len(result['rows'])} rows)")
+    return 0
+
+
+def _run_kernel(args) -> int:
+    """The kernel-against-SDPA table (`attnkit.analysis.bench_kernel`): --sizes, --threads
+    and --repeats apply; --dtypes and --no-memory do not."""
+    import json
+
+    from tqdm.auto import tqdm
+
+    from attnkit._io import atomic_write_json, atomic_write_text
+    from attnkit.analysis.bench_kernel import (
+        DEFAULT_SIZES,
+        kernel_markdown,
+        kernel_plan,
+        run_kernel,
+    )
+
+    given = [f"--{n.replace('_', '-')}" for n in ("dtypes", "no_memory") if getattr(args, n)]
+    if given:
+        raise UsageError(f"{', '.join(given)}: --kernel times float32 attention only; leave "
+                         "them out")  # fmt: skip
+    sizes = tuple(args.sizes) if args.sizes else ((256,) if args.quick else DEFAULT_SIZES)
+    threads = (args.threads,) if args.threads else ((1,) if args.quick else (1, 2))
+    repeats = args.repeats or (2 if args.quick else 5)
+    prepare_out(args.out, KERNEL_FILES, force=args.force)
+    json_path, md_path = (args.out / name for name in KERNEL_FILES)
+    todo = kernel_plan(sizes, threads)
+    bar = tqdm(total=len(todo), desc="bench", disable=args.quiet, file=sys.stderr)
+    stop = threading.Event()
+
+    def log(msg: str) -> None:
+        if stop.is_set():
+            raise _Stopped
+        done = int(msg[1 : msg.index("/")]) - 1  # "[i/n] N=...": row i starts
+        bar.update(done - bar.n)
+        bar.set_postfix_str(msg.split("] ", 1)[1])
+
+    with bar:
+        result = interruptible(lambda: run_kernel(sizes, threads, repeats, log), stop)
+        bar.update(len(todo) - bar.n)
+    atomic_write_json(json_path, result)
+    atomic_write_text(md_path, kernel_markdown(result["rows"], result["machine"]))
+    if args.json:
+        print(json.dumps({"command": "bench", "files": [str(json_path), str(md_path)]}))
+        return 0
+    worst = max((max(r["ratio"].values()) for r in result["rows"]), default=float("nan"))
+    print(f"attnkit bench: wrote {json_path} and {md_path} ({len(result['rows'])} rows on "
+          f"{result['machine']['cpu']}, kernel {result['machine']['kernel_isa']}; worst "
+          f"attnkit/SDPA time ratio {worst:.2f})")  # fmt: skip
     return 0

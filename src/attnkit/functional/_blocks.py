@@ -10,6 +10,23 @@ Legend: bq x bk = query rows x keys of one score block.
 # 256 KiB score block), backward 128x256 (score and dP blocks of 128 KiB each, side by side in
 # L2). Forward 92 ms and backward 185 ms at these.
 FORWARD_BLOCK_Q, FORWARD_BLOCK_K = 128, 512
+# Full (not causal, unstructured) forwards from N = 768 on take 256 query rows a block, as
+# SDPA's CPU kernel does there: MKL packs each key and value block once per query block, and
+# twice the rows halve that. Measured (2026-11-27, AMD EPYC Zen 4, 1 thread, interleaved with
+# SDPA, CPU time): D=128 N=2048 1.04-1.07x -> 1.00-1.02x SDPA's time with the kernel built for
+# AVX-512 and for AVX2, N=4096 1.06x -> 0.99x; causal calls keep 128 (0.84x vs 0.91x: a wider
+# block computes more of the diagonal it then masks).
+WIDE_FORWARD_BLOCK_Q, WIDE_FROM_N = 256, 768
+
+
+def forward_blocks(n: int, causal: bool, structured: bool) -> tuple[int, int]:
+    """The compiled kernel's forward blocks (bq, bk) for N = n queries (without tiles: a mask
+    with tiles puts both passes on their grid)."""
+    if causal or structured or n < WIDE_FROM_N:
+        return FORWARD_BLOCK_Q, FORWARD_BLOCK_K
+    return WIDE_FORWARD_BLOCK_Q, FORWARD_BLOCK_K
+
+
 BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K = 128, 256
 
 # The grid on which a structured mask's partial blocks are stored as tiles (both kernels walk

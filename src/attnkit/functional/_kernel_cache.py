@@ -2,7 +2,8 @@
 no file that another user could have written.
 
 The library is compiled once per machine and kept as ``attention_cpu-<key>.so`` (the key
-hashes the source, the flags, torch's version, the compiler and this CPU's flags) in the first
+hashes the sources in ``_native/``, the flags, torch's version, the compiler and this CPU's
+flags) in the first
 of these folders that can be created, written and trusted:
 
 1. ``$ATTNKIT_CACHE/kernels`` (default ``~/.cache/attnkit/kernels``);
@@ -91,17 +92,45 @@ def _compiler() -> str | None:
 
 def _library_path(cxx: str) -> Path:
     key = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), torch.__version__.encode(), cxx.encode(),
+    sources = sorted(p for p in _SOURCE.parent.iterdir() if p.suffix in (".cpp", ".h"))
+    for part in (*(p.read_bytes() for p in sources), torch.__version__.encode(), cxx.encode(),
                  " ".join(_flags()).encode(), platform.machine().encode(),
                  " ".join(sorted(cpu_flags())).encode()):  # fmt: skip
         key.update(part)
     return _cache_dir() / f"attention_cpu-{key.hexdigest()[:16]}.so"
 
 
+# ATTNKIT_KERNEL_ISA picks the instruction set the kernel is compiled for: "native" (the
+# default: this CPU's own, -march=native) or an older level for measuring and testing that
+# code path on a newer CPU ("avx2": x86-64-v3, tuned for AMD Zen 3 like the AVX2 machines CI
+# runs on; "avx512": x86-64-v4). The flags are part of the cache key.
+_ISA_FLAGS = {
+    "native": ["-march=native", "-mprefer-vector-width=512"],
+    "avx512": ["-march=x86-64-v4", "-mtune=znver4", "-mprefer-vector-width=512"],
+    "avx2": ["-march=x86-64-v3", "-mtune=znver3"],
+}
+
+
+def kernel_isa() -> str:
+    """The vector instruction set the kernel is built for: "avx512", "avx2" or "other" (from
+    ``$ATTNKIT_KERNEL_ISA`` and this CPU's flags). ValueError for an unknown setting."""
+    chosen = os.environ.get("ATTNKIT_KERNEL_ISA", "native") or "native"
+    if chosen not in _ISA_FLAGS:
+        raise ValueError(
+            f"ATTNKIT_KERNEL_ISA must be one of {', '.join(_ISA_FLAGS)}, got {chosen!r}"
+        )
+    if chosen != "native":
+        return chosen
+    flags = cpu_flags()
+    return "avx512" if "avx512f" in flags else ("avx2" if "avx2" in flags else "other")
+
+
 def _flags() -> list[str]:
     torch_lib = Path(torch.__file__).resolve().parent / "lib"
+    isa = os.environ.get("ATTNKIT_KERNEL_ISA", "native") or "native"
+    kernel_isa()  # refuses an unknown setting
     return [
-        "-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fPIC", "-shared",
+        "-O3", *_ISA_FLAGS[isa], "-fopenmp", "-fPIC", "-shared",
         "-std=c++17", f"-L{torch_lib}", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}",
         "-Wl,--no-undefined",
     ]  # fmt: skip
@@ -305,9 +334,11 @@ def origin() -> str | None:
 
 def _load_prebuilt() -> ctypes.CDLL | None:
     """The best library the wheel carries for this CPU. ATTNKIT_PREBUILT=0: never; =avx2 (or
-    another ISA name): only that one, if this CPU can run it."""
+    another ISA name, also taken from ATTNKIT_KERNEL_ISA): only that one, if this CPU can run
+    it."""
     global _origin
-    choice = os.environ.get("ATTNKIT_PREBUILT", "1")
+    isa = os.environ.get("ATTNKIT_KERNEL_ISA", "native") or "native"  # a chosen ISA: that one
+    choice = os.environ.get("ATTNKIT_PREBUILT") or ("1" if isa == "native" else isa)
     if choice == "0":
         return None
     for isa, path in candidates(_SOURCE):

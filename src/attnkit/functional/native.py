@@ -28,12 +28,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from attnkit.functional._blocks import (
-    BACKWARD_BLOCK_K,
-    BACKWARD_BLOCK_Q,
-    FORWARD_BLOCK_K,
-    FORWARD_BLOCK_Q,
-)
+from attnkit.functional._blocks import BACKWARD_BLOCK_K, BACKWARD_BLOCK_Q, forward_blocks
 from attnkit.functional._double_backward import kernel_grads
 from attnkit.functional._grid import query_block
 from attnkit.functional._kernel_cache import load, origin
@@ -211,7 +206,8 @@ def _forward(
     out = q.new_empty(b, h, n, v.shape[3])
     lse = q.new_empty(b, h, n)
     args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed), (rows, table, tiles))
-    a = _args(q, k, v, *args, (FORWARD_BLOCK_Q, FORWARD_BLOCK_K))
+    blocks = forward_blocks(n, causal, rows is not None or table is not None)
+    a = _args(q, k, v, *args, blocks)
     a.out, a.lse = out.data_ptr(), lse.data_ptr()
     load().attnkit_attention_forward(ctypes.byref(a))
     return out, lse

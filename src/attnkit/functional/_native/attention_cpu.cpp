@@ -28,12 +28,16 @@
 #include <limits>
 #include <vector>
 
+#include "simd.h"
+
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
                        const int* k, const float* alpha, const float* a, const int* lda,
                        const float* b, const int* ldb, const float* beta, float* c,
                        const int* ldc);
 
 namespace {
+
+using namespace attnkit_simd;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
@@ -68,15 +72,16 @@ inline void mm_tn(int r, int c, int k, const float* A, int lda, const float* B, 
 
 // ------------------------------------------------------------------ elementwise pieces
 
-// exp(x) in float32 for softmax arguments; 0 exactly for x < -87.33 (and x = -inf), NaN stays
-// NaN. Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2, and the Cephes expf polynomial
-// (about 1 ulp); written branch-free and without libm calls so that the loops calling it
-// vectorise (floorf is not inlined under the default -ftrapping-math).
+// exp(x) in float32 for softmax arguments: Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2,
+// and the Cephes expf polynomial (under 1 ulp); 2^k is built from the bits of the sum that
+// rounds x log2(e), so that exp is 0 exactly for x < -87.68 (k = -127) and at -inf, and NaN
+// stays NaN (simd.h, kExpLo). The scalar twin of exp_v, for the one value per row (the
+// rescale factor of the running sums); branch-free, no libm call.
 inline float exp_f(float x) {
-    const float lo = -87.33654f, round = 12582912.0f;  // 1.5 * 2^23: adding it rounds to int
-    float xc = x < lo ? lo : x;
-    xc = xc > 88.0f ? 88.0f : xc;
-    const float kf = (xc * 1.44269504088896341f + round) - round;  // nearest integer
+    float xc = kExpLo > x ? kExpLo : x;
+    xc = 88.0f < xc ? 88.0f : xc;
+    const float t = xc * 1.44269504088896341f + kExpShifter;
+    const float kf = t - kExpShifter;  // nearest integer
     float r = xc - kf * 0.693359375f;
     r = r + kf * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -86,24 +91,26 @@ inline float exp_f(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     const float y = p * (r * r) + r + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(kf) + 127) << 23;
+    uint32_t bits;
+    std::memcpy(&bits, &t, sizeof bits);
+    bits <<= 23;
     float two_k;
     std::memcpy(&two_k, &bits, sizeof two_k);
-    return x < lo ? 0.0f : y * two_k;
+    return y * two_k;
 }
 
-// max over x[0..n); -inf for n = 0. Sixteen independent lanes, so the loop vectorises as a
-// plain elementwise max (a max reduction over std::max stays scalar under gcc: NaN order).
+// max over x[0..n); -inf for n = 0; NaNs are passed over (the exponentials carry them on).
+// Two vector accumulators, so that consecutive maxima do not wait for each other.
 inline float row_max(const float* x, int64_t n) {
-    float lane[16];
-    for (int u = 0; u < 16; ++u) lane[u] = kNegInf;
+    vfloat m0 = splat(kNegInf), m1 = m0;
     int64_t c = 0;
-    for (; c + 16 <= n; c += 16)
-        for (int u = 0; u < 16; ++u) lane[u] = x[c + u] > lane[u] ? x[c + u] : lane[u];
-    float mx = kNegInf;
-    for (int u = 0; u < 16; ++u) mx = lane[u] > mx ? lane[u] : mx;
-    for (; c < n; ++c) mx = x[c] > mx ? x[c] : mx;
-    return mx;
+    for (; c + 2 * kLanes <= n; c += 2 * kLanes) {
+        m0 = vmax(load(x + c), m0);
+        m1 = vmax(load(x + c + kLanes), m1);
+    }
+    for (; c + kLanes <= n; c += kLanes) m0 = vmax(load(x + c), m0);
+    if (c < n) m1 = vmax(load_part(x + c, n - c, kNegInf), m1);
+    return hmax(vmax(m1, m0), kNegInf);
 }
 
 inline uint64_t mix64(uint64_t z) {  // splitmix64's output function (Steele et al. 2014)
@@ -192,6 +199,58 @@ inline uint32_t keep_word(RowKey key, int64_t j) {
     x ^= key.hi;
     x *= 0x846ca68bU;
     return x ^ (x >> 16);
+}
+
+// The forward's softmax numerators of one row of a block (keys j0 .. j0 + nk): sr[c] =
+// exp(sr[c] - m) (FlashAttention-2 Algorithm 1, line 10), with dropout kept only where the
+// key's word is below t. Returns their sum before dropout: the normaliser counts dropped
+// entries too. One pass; the last partial vector is padded with -inf (exp: 0). Not unrolled:
+// the exponential's ~20 operations per vector, not the sum's chain, bound the loop, and on
+// AVX2's 16 registers a second vector in flight spilled its constants.
+template <bool kDropout>
+float exp_sum_row(float* sr, int64_t nk, float m, RowKey key, uint32_t t, int64_t j0) {
+    const vfloat mv = splat(m);
+    vfloat sum{};
+    auto numerators = [&](vfloat x, int64_t c) {
+        const vfloat p = exp_v(x - mv);
+        sum += p;
+        if constexpr (kDropout) return keep_words(key.lo, key.hi, j0 + c) < t ? p : vfloat{};
+        return p;
+    };
+    int64_t c = 0;
+    for (; c + kLanes <= nk; c += kLanes) store(sr + c, numerators(load(sr + c), c));
+    if (c < nk) store_part(sr + c, numerators(load_part(sr + c, nk - c, kNegInf), c), nk - c);
+    return hsum(sum);
+}
+
+// The backward's dS of one row of a block: P = exp(S - lse) (Algorithm 2, line 11) and
+// dS = P * (dP - D_i) (line 13) into dr, P into sr; with dropout (keep mask K from the words)
+// dS = (P*K) * dP~ - P * D_i and sr holds P*K, the probabilities dV sees.
+template <bool kDropout>
+void grad_row(float* sr, float* dr, int64_t nk, float lse, float di, RowKey key, uint32_t t,
+              int64_t j0) {
+    const vfloat lv = splat(lse), dv = splat(di);
+    auto step = [&](vfloat x, vfloat g, int64_t c, vfloat& ds) {
+        const vfloat p = exp_v(x - lv);
+        if constexpr (kDropout) {
+            const vfloat pk = keep_words(key.lo, key.hi, j0 + c) < t ? p : vfloat{};
+            ds = pk * g - p * dv;
+            return pk;
+        }
+        ds = p * (g - dv);
+        return p;
+    };
+    int64_t c = 0;
+    vfloat ds;
+    for (; c + kLanes <= nk; c += kLanes) {
+        store(sr + c, step(load(sr + c), load(dr + c), c, ds));
+        store(dr + c, ds);
+    }
+    if (c < nk) {
+        const int64_t n = nk - c;
+        store_part(sr + c, step(load_part(sr + c, n, kNegInf), load_part(dr + c, n, 0.0f), c, ds), n);
+        store_part(dr + c, ds, n);
+    }
 }
 
 // Entry (b, h, i, j0) of a broadcast (B, H, N, S) view given by four element strides.
@@ -438,21 +497,15 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1, 
             const float m_new = std::max(w.m[r], row_max(sr, nk));
             const float m_safe = m_new == kNegInf ? 0.0f : m_new;  // nothing seen yet: exp -> 0
             const float alpha = exp_f(w.m[r] - m_safe);
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t c = 0; c < nk; ++c) {
-                const float p = exp_f(sr[c] - m_safe);  // Algorithm 1, line 10
-                sr[c] = p;
-                sum += p;
+            float sum;
+            if (a.keep_t < kNoDropout) {
+                const RowKey key = row_key(a, (b * a.H + h) * a.N + i);
+                sum = exp_sum_row<true>(sr, nk, m_safe, key, static_cast<uint32_t>(a.keep_t), j0);
+            } else {
+                sum = exp_sum_row<false>(sr, nk, m_safe, RowKey{}, 0, j0);
             }
             w.l[r] = w.l[r] * alpha + sum;  // the normaliser counts dropped entries too
             w.m[r] = m_new;
-            if (a.keep_t < kNoDropout) {
-                const RowKey key = row_key(a, (b * a.H + h) * a.N + i);
-                const uint32_t t = static_cast<uint32_t>(a.keep_t);
-#pragma omp simd
-                for (int64_t c = 0; c < nk; ++c) sr[c] = keep_word(key, j0 + c) < t ? sr[c] : 0.0f;
-            }
             if (alpha != 1.0f) {
                 float* ar = acc + r * Dv;
 #pragma omp simd
@@ -517,23 +570,10 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
             score_mod_row_fwd(a, h, i, j0, nk, sr, gr);
             mask_row(a, b, h, i, j0, nk, sr);
             mask_row_structured(a, blk, w.lo[r], w.hi[r], r, sr);
-            const float l = lse[r], di = dlt[r];
             if (a.keep_t < kNoDropout) {
-                const RowKey key = row_key(a, row0 + r);
-#pragma omp simd
-                for (int64_t c = 0; c < nk; ++c) {
-                    const float p = exp_f(sr[c] - l);  // P = exp(S - lse), line 11
-                    const float pk = keep_word(key, j0 + c) < t ? p : 0.0f;
-                    dr[c] = pk * dr[c] - p * di;
-                    sr[c] = pk;
-                }
+                grad_row<true>(sr, dr, nk, lse[r], dlt[r], row_key(a, row0 + r), t, j0);
             } else {
-#pragma omp simd
-                for (int64_t c = 0; c < nk; ++c) {
-                    const float p = exp_f(sr[c] - l);
-                    dr[c] = p * (dr[c] - di);  // dS = P * (dP - D), line 13
-                    sr[c] = p;
-                }
+                grad_row<false>(sr, dr, nk, lse[r], dlt[r], RowKey{}, 0, j0);
             }
             score_mod_row_bwd(a, h, i, j0, nk, dr, gr, w.dtab.empty() ? nullptr : w.dtab.data());
         }

@@ -1,0 +1,136 @@
+// Explicit SIMD for attention_cpu.cpp's softmax loops, on GCC/Clang vector extensions: one
+// vector of kLanes floats is a zmm register where the kernel is compiled for AVX-512, a ymm
+// register for AVX/AVX2, an xmm (or NEON) register elsewhere. The width is fixed at compile
+// time by the -march the kernel is built with (attnkit/functional/_kernel_cache.py).
+//
+// Why not leave it to the auto-vectoriser: with -march=x86-64-v3 gcc 12 kept the forward's
+// exp-and-sum loop scalar and branchy on the path it ran (perf: 33% of a dense forward in that
+// loop against 9% for the same source at -march=native), and the same holds for whichever loop
+// it gives up on next. Written as vectors, every build runs the same instructions per lane.
+//
+// Every function here computes, lane by lane, what the scalar helpers of attention_cpu.cpp
+// compute for one element (exp_v is exp_f up to the compiler's contraction into FMAs,
+// keep_words is keep_word bit for bit). A row's last partial vector goes through the same
+// vector code (load_part / store_part), so no position in a row is computed differently.
+
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
+#define ATTNKIT_VBYTES 64
+#elif defined(__AVX__)
+#define ATTNKIT_VBYTES 32
+#else
+#define ATTNKIT_VBYTES 16
+#endif
+
+namespace attnkit_simd {
+
+constexpr int kLanes = ATTNKIT_VBYTES / 4;
+
+// exp's clamps and rounding constant (exp_f and exp_v). At x = kExpLo = -127 ln2 the nearest
+// k is -127, whose 2^k has exponent field 0 and reads as +0.0: exp is 0 exactly from k = -127
+// on (x < -87.68), without a comparison, and -inf (clamped to kExpLo) gives 0, never NaN.
+// Adding kExpShifter = 1.5 * 2^23 + 127 rounds x log2(e) to an integer k and leaves k + 127 in
+// the low bits of the sum.
+constexpr float kExpLo = -88.02969193f;
+constexpr float kExpShifter = 12582912.0f + 127.0f;
+
+typedef float vfloat __attribute__((vector_size(ATTNKIT_VBYTES)));
+typedef int32_t vint __attribute__((vector_size(ATTNKIT_VBYTES)));
+typedef uint32_t vuint __attribute__((vector_size(ATTNKIT_VBYTES)));
+
+inline vfloat splat(float x) { return vfloat{} + x; }
+
+inline vfloat load(const float* p) {  // unaligned
+    vfloat v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
+
+// The first n < kLanes elements of p, the other lanes `fill`; and their store.
+inline vfloat load_part(const float* p, int64_t n, float fill) {
+    float buf[kLanes];
+    for (int u = 0; u < kLanes; ++u) buf[u] = u < n ? p[u] : fill;
+    return load(buf);
+}
+
+inline void store_part(float* p, vfloat v, int64_t n) {
+    for (int u = 0; u < n; ++u) p[u] = v[u];
+}
+
+// a > b ? a : b and a < b ? a : b, a NaN in a passed over: x86's maxps / minps (one
+// instruction; gcc 12 left the same selects written as vector ?: as a compare and a blend).
+#if defined(__AVX512F__)
+inline vfloat vmax(vfloat a, vfloat b) { return _mm512_max_ps(a, b); }
+inline vfloat vmin(vfloat a, vfloat b) { return _mm512_min_ps(a, b); }
+#elif defined(__AVX__)
+inline vfloat vmax(vfloat a, vfloat b) { return _mm256_max_ps(a, b); }
+inline vfloat vmin(vfloat a, vfloat b) { return _mm256_min_ps(a, b); }
+#elif defined(__SSE__)
+inline vfloat vmax(vfloat a, vfloat b) { return _mm_max_ps(a, b); }
+inline vfloat vmin(vfloat a, vfloat b) { return _mm_min_ps(a, b); }
+#else
+inline vfloat vmax(vfloat a, vfloat b) { return a > b ? a : b; }
+inline vfloat vmin(vfloat a, vfloat b) { return a < b ? a : b; }
+#endif
+
+inline float hsum(vfloat v) {
+    float s = 0.0f;
+    for (int u = 0; u < kLanes; ++u) s += v[u];
+    return s;
+}
+
+inline float hmax(vfloat v, float m) {
+    for (int u = 0; u < kLanes; ++u) m = v[u] > m ? v[u] : m;
+    return m;
+}
+
+// exp(x) lane by lane, with exp_f's meaning and operations (attention_cpu.cpp): Cody-Waite
+// reduction x = k ln2 + r, the Cephes polynomial (under 1 ulp), 2^k read from the bits of the
+// rounding addition, 0 exactly below -87.68 (and at -inf), NaN stays NaN. 15 operations and
+// no select.
+inline vfloat exp_v(vfloat x) {
+    const vfloat lo = splat(kExpLo), hi = splat(88.0f);
+    const vfloat xc = vmin(hi, vmax(lo, x));  // a NaN x kept
+    const vfloat t = xc * 1.44269504088896341f + kExpShifter;
+    const vfloat kf = t - kExpShifter;  // k, the nearest integer to x log2(e)
+    vfloat r = xc - kf * 0.693359375f;
+    r = r + kf * 2.12194440e-4f;
+    vfloat p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const vfloat y = p * (r * r) + r + 1.0f;
+    vint bits;
+    std::memcpy(&bits, &t, sizeof bits);
+    bits <<= 23;  // k + 127 in 0 .. 254 sits in t's low bits: the exponent field of 2^k
+    vfloat two_k;
+    std::memcpy(&two_k, &bits, sizeof two_k);
+    return y * two_k;
+}
+
+// The dropout words of keys j .. j + kLanes - 1 of one row: keep_word lane by lane.
+inline vuint keep_words(uint32_t key_lo, uint32_t key_hi, int64_t j) {
+    vuint x;
+    for (int u = 0; u < kLanes; ++u) x[u] = static_cast<uint32_t>(u);  // folded to a constant
+    x += static_cast<uint32_t>(j) + key_lo;
+    x ^= x >> 16;
+    x *= 0x7feb352dU;
+    x ^= x >> 15;
+    x ^= key_hi;
+    x *= 0x846ca68bU;
+    return x ^ (x >> 16);
+}
+
+}  // namespace attnkit_simd
