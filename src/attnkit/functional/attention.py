@@ -485,18 +485,18 @@ def _plain_call(q, k, v, causal, scale, dropout_p, backend: str) -> AttentionOut
     dtype = q.dtype
     if dtype not in _SDPA_DTYPES or dtype != k.dtype or dtype != v.dtype:
         return None
-    if not (q.is_cpu and k.is_cpu and v.is_cpu or q.device == k.device == v.device):
+    if not ((q.is_cpu and k.is_cpu and v.is_cpu) or q.device == k.device == v.device):
         return None
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return None
     (b, h, n, d), (kb, hkv, s, kd), (vb, vh, vs, dv) = q.shape, k.shape, v.shape
     if kb != b or vb != b or kd != d or vh != hkv or vs != s or 0 in (b, h, n, d, hkv, s, dv):
         return None
-    if h % hkv or causal and n != s and n != 1:
+    if h % hkv or (causal and n != s and n != 1):
         return None
     if scale is None:
         scale = d**-0.5
-    elif type(scale) not in (float, int) or not (math.isfinite(scale) and (scale > 0 or not causal)):
+    elif type(scale) not in (float, int) or not math.isfinite(scale) or (causal and scale <= 0):
         return None  # SDPA's is_causal gives NaN rows for a scale <= 0 (see `_fused`)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if grad and backend == "auto" and dtype == torch.bfloat16 and not _NATIVE_BF16:
