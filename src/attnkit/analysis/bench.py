@@ -34,6 +34,8 @@ from attnkit._cpu import cpu_name
 from attnkit.analysis.bench_decode import DecodeShape, decode_rows
 from attnkit.analysis.bench_modules import module_rows
 from attnkit.analysis.bench_report import evaluate_targets
+from attnkit.analysis.bench_small import SHAPES as SMALL_SHAPES
+from attnkit.analysis.bench_small import small_call_rows
 from attnkit.functional import native
 from attnkit.functional.attention import _choose_backend, _mask_elems, attention
 
@@ -336,7 +338,7 @@ def planned_steps(plan: Plan) -> int:
     )
     large = 2 if plan.large_mask_size else 0
     decode = 1 if plan.decode else 0
-    return 3 + kernel + target_b + memory + large + decode  # sgemm, overhead, modules
+    return 4 + kernel + target_b + memory + large + decode  # sgemm, overhead, small, modules
 
 
 def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
@@ -360,6 +362,8 @@ def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
     rows = result["rows"]
     log("dispatcher overhead (N=16)")
     rows.append(overhead_row(plan.repeats))
+    log(f"small calls {len(SMALL_SHAPES)} shapes x (no grad, grad) vs SDPA")
+    rows.extend(small_call_rows(plan.repeats, time_interleaved))
     for dtype in plan.dtypes:
         for n in (n for n in plan.sizes if dtype == "float32" or n <= plan.bf16_max_n):
             for mask in MASKS:
