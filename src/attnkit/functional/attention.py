@@ -487,9 +487,10 @@ def _plain_call(q, k, v, causal, scale, dropout_p, backend: str) -> AttentionOut
         return None
     if not ((q.is_cpu and k.is_cpu and v.is_cpu) or q.device == k.device == v.device):
         return None
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+    try:
+        (b, h, n, d), (kb, hkv, s, kd), (vb, vh, vs, dv) = q.shape, k.shape, v.shape
+    except ValueError:  # not 4-D
         return None
-    (b, h, n, d), (kb, hkv, s, kd), (vb, vh, vs, dv) = q.shape, k.shape, v.shape
     if kb != b or vb != b or kd != d or vh != hkv or vs != s or 0 in (b, h, n, d, hkv, s, dv):
         return None
     if h % hkv or (causal and n != s and n != 1):
