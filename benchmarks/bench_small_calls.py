@@ -3,11 +3,11 @@
 B=1, H=8, D=64, float32; N=S=16 and 64, a decode step N=1 against S=128, with and without
 ``causal=True``, under ``torch.no_grad`` and with inputs that require gradients (forward).
 Timings: a warm-up call each, then attnkit and SDPA interleaved in a fresh order per round,
-100 calls per sample; medians (`attnkit.analysis.bench_small`). Prints the markdown table and
-writes benchmarks/results/small-calls.json and the table in small-calls.md (included by the
-benchmarks page).
+samples of about 1 ms; the best sample of each (`attnkit.analysis.bench_small`). Prints the
+markdown table and writes benchmarks/results/small-calls.json and the table in
+small-calls.md (included by the benchmarks page).
 
-    python benchmarks/bench_small_calls.py [--threads 1] [--repeats 21]
+    python benchmarks/bench_small_calls.py [--threads 1] [--repeats 201]
     python benchmarks/bench_small_calls.py --tiny     # a seconds-long smoke run, no files
 
 Compare the ratio column: on a loaded machine absolute times drift, the ratio far less.
@@ -29,7 +29,7 @@ from attnkit.analysis.bench_small import markdown_lines, small_call_rows
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=21, help="interleaved samples per row")
+    p.add_argument("--repeats", type=int, default=201, help="interleaved samples per row")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: stable)")
     p.add_argument("--tiny", action="store_true", help="few calls: checks the script runs")
     out = Path(__file__).parent / "results" / "small-calls.json"
@@ -37,7 +37,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     load = os.getloadavg()
-    calls = 5 if args.tiny else 100
+    calls = 5 if args.tiny else 20
     rows = small_call_rows(args.repeats, time_interleaved, calls=calls)
     env = {
         "torch": torch.__version__,

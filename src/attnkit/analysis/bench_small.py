@@ -7,7 +7,9 @@ on every layer of every token. Each row times `attention(q, k, v, causal=...)` a
 the same meaning: ``is_causal=True`` where N == S; with N == 1 the bottom-right causal limit
 hides no key, so SDPA's call is the unmasked one (its ``is_causal`` is aligned top-left and
 would let the one query see key 0 only). "grad": q, k, v require gradients and grad mode is
-on (the forward of a training step); otherwise under ``torch.no_grad``.
+on (the forward of a training step); otherwise under ``torch.no_grad``. Times are the best of
+the interleaved samples (timeit's advice for fixed costs: on a shared machine the median of a
+20 µs call moves with the load, up to 2x, the minimum far less), each sample `calls` calls.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ __all__ = ["SHAPES", "markdown_lines", "small_call_rows"]
 
 # (N, S, causal): the shapes of issue 38, item 6
 SHAPES = ((16, 16, False), (16, 16, True), (64, 64, False), (1, 128, False), (1, 128, True))
-MIN_ROUNDS = 11  # interleaved samples per row at least: single calls are noisy
+MIN_ROUNDS = 101  # interleaved samples (~1 ms each) per row at least; the best is reported
 
 
 def _inputs(n: int, s: int, grad: bool):
@@ -34,7 +36,7 @@ def _inputs(n: int, s: int, grad: bool):
 
 
 def small_call_rows(
-    repeats: int, time_interleaved: Callable, calls: int = 100, shapes=SHAPES
+    repeats: int, time_interleaved: Callable, calls: int = 20, shapes=SHAPES
 ) -> list[dict]:
     """One row per (shape, grad): microseconds per call of attnkit and SDPA, and their ratio.
     `time_interleaved` is `attnkit.analysis.bench.time_interleaved` (passed in: that module
@@ -61,7 +63,7 @@ def small_call_rows(
                     )
                 ),
             }
-            ms = time_interleaved(steps, max(repeats, MIN_ROUNDS))
+            ms = time_interleaved(steps, max(repeats, MIN_ROUNDS), stat=min, sample_s=1e-3)
             us = {impl: 1e3 * t / calls for impl, t in ms.items()}
             rows.append(
                 {
