@@ -31,7 +31,7 @@ def qkv(h, hkv, n, s, d=16, dv=None, dtype=torch.float32, seed=0, grad=False):
 def test_fast_path_matches_float64_truth(h, hkv, n, s, causal, dtype):
     """Causal with N = 1 is bottom-right (the one query sees every key), run unmasked."""
     q, k, v = qkv(h, hkv, n, s, dv=24, dtype=dtype)
-    assert plain_call(q, k, v, causal, 0.3, 0.0, "auto") is not None  # the fast path applies
+    assert plain_call(q, k, v, causal, 0.3, 0.0, False, "auto") is not None  # the fast path
     res = attention(q, k, v, causal=causal, scale=0.3)
     want, _ = naive_attention(q, k, v, causal=causal, scale=0.3)
     tol = 2e-5 if dtype == torch.float32 else 1e-10
@@ -44,7 +44,8 @@ def test_fast_path_matches_float64_truth(h, hkv, n, s, causal, dtype):
     [
         ("causal, 1 < N != S: SDPA's is_causal is top-left", dict(n=7, s=9, causal=True)),
         ("causal with scale <= 0", dict(n=5, s=5, causal=True, scale=-0.5)),
-        ("dropout", dict(dropout_p=0.1)),
+        ("dropout", dict(dropout_p=0.1, training=True)),
+        ("dropout_p out of range, even in eval", dict(dropout_p=1.5)),
         ("no key", dict(s=0)),
         ("no query", dict(n=0)),
         ("backend chunked", dict(backend="chunked")),
@@ -54,23 +55,35 @@ def test_fast_path_matches_float64_truth(h, hkv, n, s, causal, dtype):
 def test_other_calls_take_the_full_route(why, call):
     n, s = call.pop("n", 5), call.pop("s", 5)
     q, k, v = qkv(2, 2, n, s)
-    args = {"causal": False, "scale": None, "dropout_p": 0.0, "backend": "auto"} | call
+    args = {"causal": False, "scale": None, "dropout_p": 0.0, "training": False}
+    args |= {"backend": "auto"} | call
     assert plain_call(q, k, v, *args.values()) is None, why
-    want = attention(q, k, v, **(args | {"dropout_p": 0.0}))  # the full route's answer
-    assert want.out.shape == (2, 2, n, 16)
+    if why.startswith("dropout_p out of range"):
+        with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\), got 1.5"):
+            attention(q, k, v, **args)
+    else:
+        assert attention(q, k, v, **args).out.shape == (2, 2, n, 16)  # the full route's answer
+
+
+def test_dropout_out_of_training_keeps_the_fast_path():
+    """A module in eval mode passes its dropout_p with training=False: no dropout, so SDPA."""
+    q, k, v = qkv(4, 2, 1, 9)
+    assert plain_call(q, k, v, True, None, 0.1, False, "auto") is not None
+    got = attention(q, k, v, causal=True, dropout_p=0.1, training=False).out
+    torch.testing.assert_close(got.double(), naive_attention(q, k, v)[0], atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 def test_override_and_tracing_take_the_full_route():
     q, k, v = qkv(2, 2, 3, 3)
     with use_backend("chunked"):
-        assert plain_call(q, k, v, False, None, 0.0, "auto") is None
-        assert plain_call(q, k, v, False, None, 0.0, "fused") is not None  # explicit: kept
+        assert plain_call(q, k, v, False, None, 0.0, False, "auto") is None
+        assert plain_call(q, k, v, False, None, 0.0, False, "fused") is not None  # explicit
     with use_backend("fused"):
-        assert plain_call(q, k, v, False, None, 0.0, "auto") is not None
+        assert plain_call(q, k, v, False, None, 0.0, False, "auto") is not None
     traced = torch.jit.trace(lambda q, k, v: attention(q, k, v, causal=True).out, (q, k, v))
     torch.testing.assert_close(traced(q, k, v), attention(q, k, v, causal=True).out)
-    assert plain_call(torch.nn.Parameter(q), k, v, False, None, 0.0, "auto") is None
+    assert plain_call(torch.nn.Parameter(q), k, v, False, None, 0.0, False, "auto") is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -104,6 +117,6 @@ def test_refusals_keep_their_messages():
 
 def test_second_order_gradients_are_exact_on_the_fast_path():
     q, k, v = (t.requires_grad_() for t in qkv(2, 1, 1, 6, d=3, dtype=torch.float64))
-    assert plain_call(q, k, v, True, None, 0.0, "auto") is not None
+    assert plain_call(q, k, v, True, None, 0.0, False, "auto") is not None
     fn = lambda q, k, v: attention(q, k, v, causal=True).out  # noqa: E731
     assert torch.autograd.gradgradcheck(fn, (q, k, v))

@@ -168,7 +168,7 @@ def attention(
        others, depending on their blocking. Zero padding and unused cache slots.
     """
     if mask is None and bias is None and score_mod is None and not need_weights:
-        res = _plain_call(q, k, v, causal, scale, dropout_p, backend)
+        res = _plain_call(q, k, v, causal, scale, dropout_p, training, backend)
         if res is not None:
             return res
     _validate(q, k, v, mask, bias, dropout_p, scale)
@@ -465,20 +465,24 @@ def _sdpa_unmasked(q, k, v, scale: float, dropout_p: float, causal: bool, gqa: b
 _SDPA_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 
 
-def _plain_call(q, k, v, causal, scale, dropout_p, backend: str) -> AttentionOutput | None:
-    """`attention` for a call with no mask, bias, score_mod, weights or dropout that runs SDPA
-    unmasked (the usual decode step and small model), in eager mode; None for any other call,
-    which takes the full route: its checks raise the errors, with their messages.
+def _plain_call(q, k, v, causal, scale, p, training, backend: str) -> AttentionOutput | None:
+    """`attention` for a call with no mask, bias, score_mod, weights or dropout in force
+    (dropout_p `p` applies only when `training`) that runs SDPA unmasked (the usual decode step
+    and small model), in eager mode; None for any other call, which takes the full route: its
+    checks raise the errors, with their messages.
 
     The same result as the full route, for less: the checks here only decide that the call is
     valid and of this kind (plain tensors, one float dtype, one device, shapes that fit, no
     empty axis), with no message formatted. Causal with N == 1 is the unmasked call (bottom-
     right, the one query sees every key); causal with 1 < N != S takes the full route (SDPA's
-    is_causal is top-left). Per call at N=16 (B=1, H=8, D=64, 1 thread) the full route cost
-    ~2x SDPA itself (benchmarks/results/small-calls.md). Never under tracing: compiled and
-    exported graphs keep the full route's one fixed choice.
+    is_causal is top-left). Per call at N=16 (B=1, H=8, D=64, 1 thread, AMD EPYC Zen 4) the
+    full route cost 1.6x SDPA, this one 1.3x (benchmarks/results/small-calls.md): the rest is
+    the sum of q (rule 1) and these checks. Never under tracing: compiled and exported graphs
+    keep the full route's one fixed choice.
     """
-    if dropout_p != 0 or tracing() or not (type(q) is type(k) is type(v) is Tensor):
+    if p != 0 and (training or type(p) is not float or not 0.0 < p < 1.0):
+        return None  # dropout in force, or a dropout_p for `_validate` to judge
+    if tracing() or not (type(q) is type(k) is type(v) is Tensor):
         return None
     if backend != "fused" and (backend != "auto" or _override not in (None, "fused")):
         return None
@@ -512,15 +516,12 @@ def _plain_call(q, k, v, causal, scale, dropout_p, backend: str) -> AttentionOut
     return _poison_rows(AttentionOutput(out), q)
 
 
-_PLAIN = ("auto", "fused")
-
-
 def attention_without_checks(q: Tensor, k: Tensor, v: Tensor, *, scale=None, backend="auto"):
     """`attention(q, k, v, scale=scale, backend=backend).out` for a call with no mask, bias,
     causal limit, dropout or weights where it runs SDPA unmasked (`_plain_call`), else None:
     the caller then calls `attention`. For the KV-cached decode step (`CachedMultiHeadAttention`).
     """
-    res = _plain_call(q, k, v, False, scale, 0.0, backend)
+    res = _plain_call(q, k, v, False, scale, 0.0, False, backend)
     return None if res is None else res.out
 
 
