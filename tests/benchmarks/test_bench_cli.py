@@ -3,6 +3,7 @@
 import json
 
 from attnkit.analysis.bench import KERNEL_IMPLS, MASKS, Case, auto_choice, peak_memory_mib
+from attnkit.analysis.bench_small import SHAPES as SMALL_SHAPES
 from attnkit.cli.main import main
 
 
@@ -46,6 +47,12 @@ def test_tiny_run_writes_json_and_markdown(tmp_path, capsys):
     assert set(overhead) == {"auto", "sdpa", "chunked"} | (
         kernel_rows if result["meta"]["chunked_kernel"] == "compiled" else set()
     )
+    small = [r for r in result["rows"] if r["kind"] == "small_call"]
+    assert [(r["n"], r["s"], r["causal"], r["grad"]) for r in small] == [
+        (*shape, grad) for grad in (False, True) for shape in SMALL_SHAPES
+    ]
+    assert all(r["ratio"] > 0 and set(r["us_per_call"]) == {"attnkit", "sdpa"} for r in small)
+    assert "| decode step | 1 | 128 | True | True |" in (o / "bench.md").read_text()
     decode = [r for r in result["rows"] if r["kind"] == "decode"]
     assert [r["batch"] for r in decode] == [1, 8] and all(r["same_tokens"] for r in decode)
     assert (

@@ -30,6 +30,7 @@ SHOWN_ON = {
     "threads.md": ("cli/index.md",),
     "kernel-zen4/kernel.md": ("results/benchmarks.md",),
     "kernel-zen4-avx2/kernel.md": ("results/benchmarks.md",),
+    "small-calls.md": ("results/benchmarks.md",),
 }
 
 
@@ -104,6 +105,21 @@ def test_decode_table_is_the_measured_one_and_tokens_agree():
     rows = json.loads((RESULTS / "decode.json").read_text())["rows"]
     assert "\n".join(markdown_lines(rows)).strip() == table
     assert all(row["same_tokens"] for row in rows)
+
+
+def test_small_call_table_is_the_measured_one_and_backs_the_ratios():
+    """small-calls.md is bench_small_calls.py's table of small-calls.json, and the ranges the
+    page quotes (N <= 16, without and with gradients) are the table's."""
+    from attnkit.analysis.bench_small import markdown_lines
+
+    rows = json.loads((RESULTS / "small-calls.json").read_text())["rows"]
+    table = (RESULTS / "small-calls.md").read_text()
+    assert table.startswith("\n".join(markdown_lines(rows)).strip() + "\n")
+    for grad in (False, True):
+        ratios = [r["ratio"] for r in rows if r["grad"] == grad and r["n"] <= 16]
+        claim = f"{min(ratios):.2f}–{max(ratios):.2f}"
+        for lang in LANGS:
+            assert claim in text("results/benchmarks.md", lang), (lang, claim)
 
 
 def test_ring_memory_claims_are_the_tables():

@@ -34,6 +34,8 @@ from attnkit._cpu import cpu_name
 from attnkit.analysis.bench_decode import DecodeShape, decode_rows
 from attnkit.analysis.bench_modules import module_rows
 from attnkit.analysis.bench_report import evaluate_targets
+from attnkit.analysis.bench_small import SHAPES as SMALL_SHAPES
+from attnkit.analysis.bench_small import small_call_rows
 from attnkit.functional import native
 from attnkit.functional.attention import _choose_backend, _mask_elems, attention
 
@@ -155,21 +157,29 @@ def kernel_step(impl: str, case: Case, backward: bool, inputs) -> Callable[[], N
     return step
 
 
-def time_interleaved(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
-    """Median milliseconds per step: warm-up, then `repeats` rounds in a shuffled order.
+def time_interleaved(
+    steps: dict[str, Callable[[], None]],
+    repeats: int,
+    stat: Callable = statistics.median,
+    sample_s: float = 0.02,
+) -> dict[str, float]:
+    """Median milliseconds per step (or `stat` of the samples, e.g. min: timeit's choice for
+    fixed costs, the least disturbed sample): warm-up, then `repeats` rounds in a shuffled order.
 
     The order is drawn afresh each round (seeded, so runs are comparable): rotating one fixed
     order keeps every step behind the same neighbour, and a step always run right after plain
     attention (which frees hundreds of MiB) paid that one's page faults and cache misses in
     most samples (measured: auto 1.8 ms vs fused 1.3 ms for the same SDPA call, N=256). A step
-    faster than 20 ms also gets one untimed call before each sample and is run several times
-    per sample (timeit's autorange idea), for the same reason.
+    faster than `sample_s` (20 ms) also gets one untimed call before each sample and is run
+    several times per sample (timeit's autorange idea), for the same reason. A short sample_s
+    with many repeats suits microsecond calls on a loaded machine: more samples escape the
+    other processes.
     """
     inner = {}
     for name, step in steps.items():
         t0 = time.perf_counter()
         step()
-        inner[name] = max(1, min(50, int(0.02 / max(time.perf_counter() - t0, 1e-6))))
+        inner[name] = max(1, min(50, int(sample_s / max(time.perf_counter() - t0, 1e-6))))
     names = list(steps)
     order = random.Random(len(names) * 1000 + repeats)
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -181,7 +191,7 @@ def time_interleaved(steps: dict[str, Callable[[], None]], repeats: int) -> dict
             for _ in range(inner[name]):
                 steps[name]()
             times[name].append((time.perf_counter() - t0) / inner[name])
-    return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+    return {name: 1e3 * stat(ts) for name, ts in times.items()}
 
 
 def attention_flops(case: Case, backward: bool) -> float:
@@ -336,7 +346,7 @@ def planned_steps(plan: Plan) -> int:
     )
     large = 2 if plan.large_mask_size else 0
     decode = 1 if plan.decode else 0
-    return 3 + kernel + target_b + memory + large + decode  # sgemm, overhead, modules
+    return 4 + kernel + target_b + memory + large + decode  # sgemm, overhead, small, modules
 
 
 def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
@@ -360,6 +370,8 @@ def run_benchmark(plan: Plan, log: Callable[[str], None] = print) -> dict:
     rows = result["rows"]
     log("dispatcher overhead (N=16)")
     rows.append(overhead_row(plan.repeats))
+    log(f"small calls {len(SMALL_SHAPES)} shapes x (no grad, grad) vs SDPA")
+    rows.extend(small_call_rows(plan.repeats, time_interleaved))
     for dtype in plan.dtypes:
         for n in (n for n in plan.sizes if dtype == "float32" or n <= plan.bf16_max_n):
             for mask in MASKS:

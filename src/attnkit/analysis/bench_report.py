@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from attnkit.analysis.bench_decode import markdown_lines as decode_markdown
+from attnkit.analysis.bench_small import markdown_lines as small_markdown
 
 __all__ = ["evaluate_targets", "markdown", "readme_section"]
 
@@ -201,6 +202,7 @@ def markdown(result: dict) -> str:
     for r in (r for r in result["rows"] if r["kind"] == "overhead"):
         us = ", ".join(f"{k} {v:.0f} µs" for k, v in r["us_per_call"].items())
         lines += ["", f"Per call at N={r['n']} (dispatch overhead): {us}."]
+    lines += small_markdown(result["rows"])
     lines += ["", "| module benchmark | B, N, C, H | ms |", "|---|---|---|"]
     for r in (r for r in result["rows"] if r["kind"] == "module"):
         ms = ", ".join(f"{k} {v:.1f}" for k, v in r["ms"].items())

@@ -176,6 +176,10 @@ def attention(
        there may spread through the blocked product (0 · NaN) on some backends and not on
        others, depending on their blocking. Zero padding and unused cache slots.
     """
+    if mask is None and bias is None and score_mod is None and not need_weights:
+        res = _plain_call(q, k, v, causal, scale, dropout_p, training, backend)
+        if res is not None:
+            return res
     if is_causal_bias(mask) or is_causal_bias(bias):
         _validate(q, k, v, None, None, dropout_p, scale)  # q and k give N and S
         mask, bias, causal = causal_bias_call(mask, bias, causal, q.shape[2], k.shape[2], q.device)
@@ -484,26 +488,68 @@ def _sdpa_unmasked(q, k, v, scale: float, dropout_p: float, causal: bool, gqa: b
     return exact_sdpa_second_order(out)
 
 
+# the dtypes SDPA computes in; q, k, v of another dtype take the full route (and its checks)
+_SDPA_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
+
+
+def _plain_call(q, k, v, causal, scale, p, training, backend: str) -> AttentionOutput | None:
+    """`attention` for a call with no mask, bias, score_mod, weights or dropout in force
+    (dropout_p `p` applies only when `training`) that runs SDPA unmasked (the usual decode step
+    and small model), in eager mode; None for any other call, which takes the full route: its
+    checks raise the errors, with their messages.
+
+    The same result as the full route, for less: the checks here only decide that the call is
+    valid and of this kind (plain tensors, one float dtype, one device, shapes that fit, no
+    empty axis), with no message formatted. Causal with N == 1 is the unmasked call (bottom-
+    right, the one query sees every key); causal with 1 < N != S takes the full route (SDPA's
+    is_causal is top-left). Per call at N=16 (B=1, H=8, D=64, 1 thread, AMD EPYC Zen 4) the
+    full route cost 1.6x SDPA, this one 1.3x (benchmarks/results/small-calls.md): the rest is
+    the sum of q (rule 1) and these checks. Never under tracing: compiled and exported graphs
+    keep the full route's one fixed choice.
+    """
+    if p != 0 and (training or type(p) is not float or not 0.0 < p < 1.0):
+        return None  # dropout in force, or a dropout_p for `_validate` to judge
+    if tracing() or not (type(q) is type(k) is type(v) is Tensor):
+        return None
+    if backend != "fused" and (backend != "auto" or _override not in (None, "fused")):
+        return None
+    dtype = q.dtype
+    if dtype not in _SDPA_DTYPES or dtype != k.dtype or dtype != v.dtype:
+        return None
+    if not ((q.is_cpu and k.is_cpu and v.is_cpu) or q.device == k.device == v.device):
+        return None
+    try:
+        (b, h, n, d), (kb, hkv, s, kd), (vb, vh, vs, dv) = q.shape, k.shape, v.shape
+    except ValueError:  # not 4-D
+        return None
+    if kb != b or vb != b or kd != d or vh != hkv or vs != s or 0 in (b, h, n, d, hkv, s, dv):
+        return None
+    if h % hkv or (causal and n != s and n != 1):
+        return None
+    if scale is None:
+        scale = d**-0.5
+    elif type(scale) not in (float, int) or not math.isfinite(scale) or (causal and scale <= 0):
+        return None  # SDPA's is_causal gives NaN rows for a scale <= 0 (see `_fused`)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if grad and backend == "auto" and dtype == torch.bfloat16 and not _NATIVE_BF16:
+        return None  # auto takes chunked here (see `_choose_backend`)
+    out = F.scaled_dot_product_attention(
+        q, k, v, None, 0.0, causal and n != 1, scale=scale, enable_gqa=hkv != h
+    )
+    if grad:
+        out = exact_sdpa_second_order(out)
+    if q.is_cpu and math.isfinite((q.detach() if grad else q).sum().item()):
+        return AttentionOutput(out)  # the usual case (see `_nan_where_q_is_not_finite`)
+    return _poison_rows(AttentionOutput(out), q)
+
+
 def attention_without_checks(q: Tensor, k: Tensor, v: Tensor, *, scale=None, backend="auto"):
     """`attention(q, k, v, scale=scale, backend=backend).out` for a call with no mask, bias,
-    causal limit, dropout or weights, skipping the input checks; None when that call would
-    not run SDPA (another backend chosen): the caller then calls `attention`.
-
-    For callers whose q (B, H, N, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv) are right by
-    construction, where the checks are most of the cost: the KV-cached decode step
-    (`CachedMultiHeadAttention`), a few µs of SDPA per layer and token. Rule 1 of the
-    non-finite contract (NaN where q is not finite) still holds.
+    causal limit, dropout or weights where it runs SDPA unmasked (`_plain_call`), else None:
+    the caller then calls `attention`. For the KV-cached decode step (`CachedMultiHeadAttention`).
     """
-    if backend not in ("auto", "fused") or (backend == "auto" and _override is not None):
-        return None
-    if k.shape[2] == 0 or q.numel() == 0:
-        return None  # `_no_work`'s empty results
-    low_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if backend == "auto" and q.dtype == torch.bfloat16 and not _NATIVE_BF16 and low_grad:
-        return None  # auto takes chunked here (see `_choose_backend`)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    out = _sdpa_unmasked(q, k, v, scale, 0.0, False, bool(k.shape[1] != q.shape[1]))
-    return out if _surely_finite(q) else _poison_rows(AttentionOutput(out), q).out
+    res = _plain_call(q, k, v, False, scale, 0.0, False, backend)
+    return None if res is None else res.out
 
 
 def _surely_at_least(value, bound: int) -> bool:
