@@ -179,7 +179,7 @@ fig = kernel_regression_figure(
     x_keys, y_values, x_queries,
     {"width 1": pred_fixed, "learned width": pred_learned},
     {"weights, width 1": weights_fixed, "weights, learned": weights_learned},
-    truth=truth,
+    truth=truth, lang="en",
 )  # fmt: skip
 fig.savefig("11-kernel-regression.png", dpi=100)
 
@@ -265,6 +265,7 @@ from attnkit.viz.lessons_more import weights_figure
 fig = weights_figure(
     {"additive (Bahdanau)": additive, "scaled dot-product": dot},
     title="Two scoring functions, keys 6-9 masked",
+    lang="en",
 )
 fig.savefig("11-scoring-functions.png", dpi=100)
 

@@ -186,6 +186,7 @@ fig = curves_figure(
         "tiled (FlashAttention)": peaks["tiled"],
     }},
     xlabel="sequence length N", ylabel="MiB alive at once", logx=True, logy=True,
+    lang="en",
 )  # fmt: skip
 fig.savefig("12-memory.png", dpi=100)
 

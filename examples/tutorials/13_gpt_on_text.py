@@ -278,16 +278,21 @@ def running_mean(xs, k=10):
 
 
 steps = range(1, total + 1)
+# the legend's name of each run
+labels = dict(
+    zip(runs, ("no warm-up", "warm-up 20 steps", "warm-up + label smoothing"), strict=True)
+)
 fig = curves_figure(
     steps,
     {
-        "training loss (running mean of 10)": {name: running_mean(losses) for name, (_, losses) in runs.items()},
+        "training loss (running mean of 10)": {labels[name]: running_mean(losses) for name, (_, losses) in runs.items()},
         "learning rate": {
             "no warm-up": [lr * schedule(1, total)(t) for t in range(total)],
             "warm-up 20 steps": [lr * schedule(20, total)(t) for t in range(total)],
         },
     },
     xlabel="step", ylabel=["loss (nats per token)", "learning rate"],
+    lang="en",
 )  # fmt: skip
 fig.savefig("13-loss-curves.png", dpi=100)
 

@@ -206,13 +206,16 @@ for name in ("plain softmax", "attnkit.attention"):
 # %%
 from attnkit.viz.lessons_more import curves_figure
 
+# the legend's name of each method
+labels = dict(zip(methods, ("plain softmax", "attnkit.attention", "linear"), strict=True))
 fig = curves_figure(
     sizes,
     {
-        "time of one head (best of several runs)": {name: [s * 1000 for s in seconds[name]] for name in methods},
-        "peak memory": {name: mib[name] for name in methods},
+        "time of one head (best of several runs)": {labels[name]: [s * 1000 for s in seconds[name]] for name in methods},
+        "peak memory": {labels[name]: mib[name] for name in methods},
     },
     xlabel="sequence length N", ylabel=["milliseconds", "MiB alive at once"], logx=True, logy=True,
+    lang="en",
 )  # fmt: skip
 fig.savefig("14-costs.png", dpi=100)
 
@@ -276,6 +279,7 @@ from attnkit.viz.lessons_more import weights_figure
 fig = weights_figure(
     {"softmax, beta = 16": soft, "linear (elu + 1), beta = 16": lin},
     title="Query t asks for key t: the weights of 32 queries",
+    lang="en",
 )
 fig.savefig("14-lookup.png", dpi=100)
 
