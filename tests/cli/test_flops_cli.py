@@ -302,18 +302,19 @@ def test_mask_table_and_closed_forms(capsys):
     code, out, err = run(capsys, *argv, "--causal")
     assert code == 0 and err == ""
     assert "mask: window:256 & causal, density 0.0606" in out
-    # A = N·w - w(w-1)/2 pairs per head; K: 32 query blocks spanning w + 127 keys (fewer first)
+    # A = N·w - w(w-1)/2 pairs per head; K: the kernel sizes its query blocks to the window,
+    # 32 rows: 128 blocks spanning w + 31 keys (the first 8 fewer: 32, 64, ..., 256)
     allowed = next(line for line in out.splitlines() if line.startswith("allowed:"))
     assert "4NC² + 2·A·C = 4·4096·512² + 2·1015936·512 = 5,335,285,760 MACs" in allowed
     assert 4096 * 256 - 256 * 255 // 2 == 1015936
     computed = next(line for line in out.splitlines() if line.startswith("computed:"))
-    assert f"2·{128 * (128 + 256 + 30 * 383)}·512" in computed
+    assert f"2·{32 * sum(32 * i for i in range(1, 9)) + 120 * 32 * (256 + 31)}·512" in computed
     for line in (allowed, computed):
         numbers = line.split(" = ")[1]
         assert f"{_evaluate(numbers):,}" == line.split(" = ")[2].split()[0]
     rows = {line.split("  ")[0]: line.split() for line in out.splitlines() if "  " in line}
-    assert rows["computed, forward"][-3:] == ["256", "of", "128×512"]
-    assert rows["computed, backward"][-3:] == ["496", "of", "128×256"]
+    assert rows["computed, forward"][-3:] == ["1,024", "of", "32×512"]
+    assert rows["computed, backward"][-3:] == ["1,984", "of", "32×256"]
     assert rows["dense (B·H·N·S)"][2:4] == ["134,217,728", "100.0%"]
 
 
