@@ -511,15 +511,18 @@ print(f"computed (blocks)     = {cost.computed_macs:>14,}")
 # dense    4NC² + 2N²C  = 21,474,836,480  mha_cost: 21,474,836,480
 # allowed  4NC² + 2·A·C =  5,335,285,760  mha_cost: 5,335,285,760
 # about    4NC² + 2wNC  =  5,368,709,120
-# computed (blocks)     =  5,851,316,224
+# computed (blocks)     =  5,461,245,952
 # ```
 #
-# Why does the kernel compute more than the mask allows? It works on blocks of 128 query rows
+# Why does the kernel compute more than the mask allows? It works on blocks of $b$ query rows
 # at a time, and a block computes every key that any of its rows may see: from the first row's
-# first key to the last row's last key. Under a sliding window that span is $w + 127$ keys wide,
-# while each row needs only $w$ of them: a triangle of $127 \cdot 128/2$ masked entries at each end of
-# the span is computed and thrown away (the partial blocks). `kernel_work` walks the blocks
-# exactly as the kernel does, with the kernel's own block sizes:
+# first key to the last row's last key. Under a sliding window that span is $w + b - 1$ keys
+# wide, while each row needs only $w$ of them: a triangle of $(b - 1) b/2$ masked entries at each
+# end of the span is computed and thrown away (the partial blocks). Smaller blocks waste less,
+# but each block is a call with a fixed cost, so the kernel sizes its query blocks to the mask
+# (16, 32, 64 or 128 rows, whichever its cost estimate finds cheapest): for this window, 32 rows,
+# so the first 8 blocks span 32, 64, …, 256 keys and the other 120 span $w + 31$. `kernel_work`
+# walks the blocks exactly as the kernel does, with the kernel's own block sizes:
 
 # %%
 from attnkit.analysis import kernel_work
@@ -530,19 +533,19 @@ for pass_ in ("forward", "backward"):
         f"{pass_:8} computed {work.computed:,} entries in {work.blocks} blocks of "
         f"{work.block_q}×{work.block_k}; allowed {work.allowed:,} of {work.dense:,}"
     )
-K = 128 * (128 + 256 + 30 * 383)  # one head: 32 query blocks span 128, 256, then 30 × (w + 127)
+K = 32 * (32 + 64 + 96 + 128 + 160 + 192 + 224 + 256) + 120 * 32 * (w + 31)  # one head
 print(f"K = {K:,} per head; 4NC² + 2·K·C = {4 * N * C**2 + 2 * K * C:,}")
 
 # %% [markdown]
 # ```text
-# forward  computed 12,158,976 entries in 256 blocks of 128×512; allowed 8,127,488 of 134,217,728
-# backward computed 12,158,976 entries in 496 blocks of 128×256; allowed 8,127,488 of 134,217,728
-# K = 1,519,872 per head; 4NC² + 2·K·C = 5,851,316,224
+# forward  computed 9,111,552 entries in 1024 blocks of 32×512; allowed 8,127,488 of 134,217,728
+# backward computed 9,111,552 entries in 1984 blocks of 32×256; allowed 8,127,488 of 134,217,728
+# K = 1,138,944 per head; 4NC² + 2·K·C = 5,461,245,952
 # ```
 #
 # The forward pass steps through a span 512 keys at a time, the backward pass 256 at a time:
-# the same entries in more, smaller blocks. The extra is at most 127 keys per row whatever $w$
-# is, so it matters less as the window grows:
+# the same entries in more, smaller blocks. The extra is at most $b - 1$ keys per row whatever
+# $w$ is, so it matters less as the window grows:
 
 # %%
 print("    w   allowed/row   computed/row   computed/allowed")
@@ -554,9 +557,9 @@ for width in (64, 256, 1024, 4096):
 # %% [markdown]
 # ```text
 #     w   allowed/row   computed/row   computed/allowed
-#    64          63.5          189.0               2.98
-#   256         248.0          371.1               1.50
-#  1024         896.1         1007.2               1.12
+#    64          63.5           94.3               1.48
+#   256         248.0          278.1               1.12
+#  1024         896.1          951.2               1.06
 #  4096        2048.5         2112.0               1.03
 # ```
 #
@@ -564,7 +567,8 @@ for width in (64, 256, 1024, 4096):
 # halves too.) Packed documents work the same way. A causal document of $L$ tokens allows
 # $L(L + 1)/2$ pairs; a block of rows inside one document computes from the document's first key
 # to its own last row; a block that straddles two documents spans both, so lengths that are not
-# multiples of 128 cost a little more:
+# multiples of the block cost a little more than they would otherwise (the kernel sizes its query
+# blocks to each mask, so the two packings below get different blocks):
 
 # %%
 for lengths in ([512, 512, 1024], [500, 600, 948]):
@@ -578,8 +582,8 @@ for lengths in ([512, 512, 1024], [500, 600, 948]):
 
 # %% [markdown]
 # ```text
-# [512, 512, 1024]: allowed 787,456 (ΣL(L+1)/2 = 787,456), computed 917,504 of 4,194,304
-# [500, 600, 948]: allowed 755,376 (ΣL(L+1)/2 = 755,376), computed 922,624 of 4,194,304
+# [512, 512, 1024]: allowed 787,456 (ΣL(L+1)/2 = 787,456), computed 851,968 of 4,194,304
+# [500, 600, 948]: allowed 755,376 (ΣL(L+1)/2 = 755,376), computed 805,120 of 4,194,304
 # ```
 #
 # As with the FLOP counter earlier, a referee that watches the real kernel keeps the model
