@@ -191,10 +191,10 @@ def _train(args, corpus, split, fmt, files, kept, tqdm) -> dict:
         )
     width = args.context + 1
     packed = getattr(args, "pack", False)
-    rows, held_rows, train_tokens = _tokenized(args, corpus, split, tokenizer, width, packed)
+    # packed rows (Packed) with --pack, else the text's ids (1-D tensors)
+    train, held, train_tokens = _tokenized(args, corpus, split, tokenizer, width, packed)
     if not args.quiet and not args.json:  # the checks have passed: say what will be trained on
         print(_documents_line(corpus), file=sys.stderr)
-    train_ids, held = rows, held_rows
     torch.manual_seed(args.seed)
     cfg = GPTConfig(
         tokenizer.size, args.layers, args.heads, args.d_model, args.context,
@@ -274,7 +274,7 @@ def _train(args, corpus, split, fmt, files, kept, tqdm) -> dict:
 
     def score() -> float:
         if packed:
-            last[0] = held_out_packed_loss(model, held_rows)
+            last[0] = held_out_packed_loss(model, held)
         else:
             last[0] = held_out_loss(model, held, args.context)
         return last[0]
@@ -303,13 +303,13 @@ def _train(args, corpus, split, fmt, files, kept, tqdm) -> dict:
         while done < plan["total"] and stopped is None:
             while epoch_steps < args.steps_per_epoch and done < plan["total"]:
                 if packed:
-                    pick = torch.randint(0, len(rows), (args.batch_size,), generator=gen)
-                    loss = model.loss(rows.ids[pick], document_ids=rows.document_ids[pick])
+                    pick = torch.randint(0, len(train), (args.batch_size,), generator=gen)
+                    loss = model.loss(train.ids[pick], document_ids=train.document_ids[pick])
                 else:
                     starts = torch.randint(
-                        0, len(train_ids) - width + 1, (args.batch_size,), generator=gen
+                        0, len(train) - width + 1, (args.batch_size,), generator=gen
                     )
-                    loss = model.loss(_windows(train_ids, starts, width))  # (B, context + 1)
+                    loss = model.loss(_windows(train, starts, width))  # (B, context + 1)
                 if not torch.isfinite(loss):
                     raise RuntimeError(
                         f"the loss is {float(loss)} at epoch {epoch}: lower --lr (now {args.lr})"
