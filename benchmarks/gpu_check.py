@@ -33,6 +33,7 @@ CUDA_TESTS = (
     "tests/test_accelerators.py",
     "tests/test_devices.py",
     "tests/test_devices_forward.py",
+    "tests/functional/test_flex_cuda.py",
 )
 
 
@@ -44,6 +45,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="a few small rows, no Flex (a dry run)")
     p.add_argument("--skip-tests", action="store_true", help="only the benchmark")
     p.add_argument("--skip-bench", action="store_true", help="only the tests")
+    p.add_argument(
+        "--structured",
+        action="store_true",
+        help="bench the FlexAttention route's rows (structured masks, score functions) instead",
+    )
     args = p.parse_args(argv)
     if not args.minutes > 0:
         p.error(f"--minutes must be > 0, got {args.minutes}")
@@ -96,7 +102,7 @@ def pytest_command(out: Path, budget_s: float) -> list[str]:
         "-m",
         "pytest",
         *CUDA_TESTS,
-        "-q",
+        "-v",  # a line per test as it ends: the log holds what ran even if the budget cuts it
         "-ra",
         "-p",
         "no:cacheprovider",
@@ -179,18 +185,23 @@ def mha_train_step_ms(device: str, *, repeats: int = 5, shape=(8, 512, 512, 8)) 
     return time_steps({"torch": step_of(ref), "attnkit": step_of(ours)}, device, repeats)
 
 
-def run_bench(out: Path, device: str, budget_s: float, quick: bool) -> dict:
+def run_bench(out: Path, device: str, budget_s: float, quick: bool, structured=False) -> dict:
     from attnkit.analysis.bench_device import (
         device_plan,
         results_json,
         rows_markdown,
         run_rows,
+        structured_plan,
     )
 
     started = time.monotonic()
     mha = mha_train_step_ms(device, shape=(2, 32, 32, 4) if quick else (8, 512, 512, 8))
+    if structured:
+        plan = structured_plan((256,), "float32", 16) if quick else structured_plan()
+    else:
+        plan = device_plan(quick)
     rows = run_rows(
-        device_plan(quick),
+        plan,
         device,
         repeats=3 if quick else 5,
         budget_s=max(0.0, budget_s - (time.monotonic() - started)),
@@ -252,7 +263,9 @@ def main(argv: list[str]) -> int:
         summary["tests"] = run_tests(args.out, tests_s)
     if not args.skip_bench:
         print(f"gpu_check: benchmark (budget {bench_s:.0f} s) ...", flush=True)
-        summary["bench"] = run_bench(args.out, args.device, bench_s, args.quick)
+        summary["bench"] = run_bench(
+            args.out, args.device, bench_s, args.quick, structured=args.structured
+        )
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     text = summary_markdown(summary)
     (args.out / "summary.md").write_text(text)

@@ -19,7 +19,7 @@ from torch.nn.attention.flex_attention import (
 
 import attnkit
 from attnkit import masks
-from attnkit.functional.structured import EMPTY, FULL
+from attnkit.functional.structured import EMPTY, FULL, causal_intervals
 
 N = 200
 
@@ -172,3 +172,30 @@ def test_to_block_mask_in_flex_compiled_cpu_forward():
     want = attnkit.attention(q, k, v, mask=m).out
     got = torch.compile(flex_attention, fullgraph=True)(q, k, v, block_mask=masks.to_block_mask(m))
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "mask, affine",
+    [
+        (masks.window(50, 7, causal=True), True),
+        (masks.window(40, 5, s=64), True),  # two-sided, bottom-right offset S - N
+        (masks.prefix(50, 12), True),
+        (masks.prefix(30, 12, s=45), True),
+        (causal_intervals(33, 70), True),
+        (masks.document(masks.document_ids([20, 30]), causal=True), False),
+        (masks.prefix(50, torch.tensor([3, 9])), False),  # per batch row: read from arrays
+    ],
+)
+def test_interval_masks_with_a_formula_get_an_arithmetic_mask_mod(mask, affine):
+    """Causal limits, windows and prefix-LM get a mask_mod of comparisons only (no loads per
+    score); it equals the mask on every position, as the array-reading one does."""
+    from attnkit.functional._mask_plan import plan_mask
+    from attnkit.functional.flex_masks import _affine_rows
+
+    plan = plan_mask(mask, 16, 16, "cpu")
+    assert (plan.rows is not None and _affine_rows(*plan.rows) is not None) == affine
+    bm = masks.to_block_mask(mask, 16)
+    b = torch.arange(mask.batch)[:, None, None, None]
+    q, kv = torch.arange(mask.n)[None, None, :, None], torch.arange(mask.s)[None, None, None, :]
+    got = bm.mask_mod(b, torch.zeros(1, 1, 1, 1, dtype=torch.long), q, kv)
+    assert torch.equal(got.expand(mask.batch, 1, mask.n, mask.s), mask.dense().expand_as(got))

@@ -126,10 +126,8 @@ def test_flex_route_returns_out_and_lse_as_on_cuda(monkeypatch):
     the compiled kernels: out and lse equal the chunked kernel's."""
     import warnings
 
-    from torch.nn.attention.flex_attention import flex_attention
-
     monkeypatch.setattr(_flex_backend, "_NO_LSE", ())
-    monkeypatch.setattr(_flex_backend, "_compiled_flex", lambda: flex_attention)
+    monkeypatch.setattr(_flex_backend, "_compiled_flex", lambda: _flex_backend._flex_call)
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 4, 150, 16, generator=g) for _ in range(3))
     mask = masks.window(150, 20)
@@ -139,3 +137,51 @@ def test_flex_route_returns_out_and_lse_as_on_cuda(monkeypatch):
         out, lse = _flex_backend.run(q, k, v, mask, True, 0.25, SOFTCAP)
     torch.testing.assert_close(out, want.out, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(lse, want.lse, atol=2e-5, rtol=2e-5)
+
+
+def test_past_its_compile_limit_flex_declines_once_with_a_warning(monkeypatch):
+    """Past the recompile limit torch.compile would run FlexAttention uncompiled (the whole
+    score matrix: 30-60x SDPA's time on an H200, out of memory at N = 16384). attnkit's frame
+    is compiled with fullgraph=True, so `run` gets the refusal and returns None, warning once;
+    kernels compiled before still run."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(_flex_backend, "RECOMPILES", 1)
+    monkeypatch.setattr(_flex_backend, "_compiled", None)
+    monkeypatch.setattr(_flex_backend, "_warned", False)
+    q, k, v = (torch.randn(1, 2, 32, 16) for _ in range(3))
+    small = [t[:, :, :24] for t in (q, k, v)]  # a new shape: a second kernel, past the limit
+    try:
+        with torch._dynamo.config.patch(recompile_limit=1):
+            first = _flex_backend.run(q, k, v, masks.window(32, 8), False, 0.25, None)
+            assert first is not None  # compiled: the frame's one kernel
+            with pytest.warns(RuntimeWarning, match="FlexAttention has compiled 1 kernels"):
+                assert _flex_backend.run(*small, masks.window(24, 8), False, 0.25, None) is None
+            again = _flex_backend.run(q, k, v, masks.window(32, 8), False, 0.25, None)
+        torch.testing.assert_close(again[0], first[0])  # the compiled one still runs
+    finally:
+        torch._dynamo.reset()
+
+
+def test_attention_takes_the_next_route_when_flex_declines(monkeypatch):
+    """`run` returning None sends the call where auto sends it without FlexAttention (on the
+    CPU the chunked kernel; on CUDA SDPA with the dense mask): the same numbers."""
+    real, picks = attention_module._choose_backend, []
+
+    def choose(*a, flex_fits, **kw):  # "flex" first, as on CUDA; then the real choice
+        picks.append("flex" if not picks else real(*a, flex_fits=flex_fits, **kw))
+        return picks[-1]
+
+    calls = []
+    monkeypatch.setattr(attention_module, "_choose_backend", choose)
+    monkeypatch.setattr(_flex_backend, "run", lambda *a: calls.append(1))  # declines: None
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 40, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = masks.window(40, 6)
+    from tests.naive import naive_attention
+
+    want, _ = naive_attention(q, k, v, mask=mask.dense())
+    res = attnkit.attention(q, k, v, mask=mask)
+    assert calls == [1] and picks == ["flex", "chunked"]
+    torch.testing.assert_close(res.out, want, atol=1e-12, rtol=0)

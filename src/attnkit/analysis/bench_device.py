@@ -22,12 +22,20 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
+from attnkit.functional import score_mods
 from attnkit.functional.attention import attention
-from attnkit.functional.structured import window
+from attnkit.functional.relative import alibi_slopes
+from attnkit.functional.structured import document, document_ids, prefix, window
 
-__all__ = ["DeviceRow", "device_plan", "rows_markdown", "run_rows", "sync", "time_steps"]
+__all__ = [
+    "DeviceRow", "device_plan", "rows_markdown", "run_rows", "structured_plan", "sync",
+    "time_steps",
+]  # fmt: skip
 
 MASKS = ("none", "causal", "padding", "window")
+# structure beyond SDPA's own cases, for `structured_plan`: on CUDA attnkit sends these to
+# FlexAttention, SDPA gets the dense mask (or bias), Flex its own mask_mod / score_mod
+STRUCTURED = ("documents", "prefix", "alibi", "softcap")
 
 
 @dataclass(frozen=True)
@@ -39,7 +47,10 @@ class DeviceRow:
     n: int
     d: int
     dtype: str
-    mask: str  # one of MASKS; "window": a 256-key causal window (a description)
+    mask: str  # MASKS or STRUCTURED; "window": a 256-key causal window (a description);
+    # "documents": 8 causal documents of N/8; "prefix": prefix-LM, the first N/4 bidirectional;
+    # "alibi" / "softcap" (50): causal with that score function (SDPA: the dense ALiBi bias;
+    # plain causal for softcap, which SDPA cannot express)
     dropout: float
     backward: bool
 
@@ -80,10 +91,10 @@ def device_plan(quick: bool = False) -> list[DeviceRow]:
             for mask in MASKS
             for p, bwd in ((0.0, False), (0.1, True))
         ]
-    rows = []
-    for n in (1024, 4096, 16384):
-        for d in (64, 128):
-            for dtype in ("float16", "bfloat16"):
+    rows = []  # the most telling rows first, so a spent budget cuts the least
+    for n in (4096, 16384, 1024):
+        for dtype in ("bfloat16", "float16"):
+            for d in (64, 128):
                 for mask in MASKS:
                     for p in (0.0, 0.1):
                         for bwd in (False, True):
@@ -91,6 +102,18 @@ def device_plan(quick: bool = False) -> list[DeviceRow]:
                                 continue  # the largest N once per mask: time is the limit
                             rows.append(DeviceRow(8, 16, n, d, dtype, mask, p, bwd))
     return rows
+
+
+def structured_plan(ns=(4096, 16384), dtype: str = "bfloat16", d: int = 64) -> list[DeviceRow]:
+    """Rows for the FlexAttention route (issue 36): every mask kind with structure, and the
+    plain ones beside them, forward and forward+backward, no dropout (Flex has none)."""
+    kinds = ("window", *STRUCTURED, "causal", "none")
+    return [
+        DeviceRow(8, 16, n, d, dtype, mask, 0.0, bwd)
+        for n in ns
+        for mask in kinds
+        for bwd in (False, True)
+    ]
 
 
 def sync(device: torch.device) -> None:
@@ -112,18 +135,34 @@ def _inputs(row: DeviceRow, device: torch.device, seed: int = 0):
 
 
 def _masks(row: DeviceRow, device: torch.device):
-    """(attnkit's mask, attnkit's causal, SDPA's attn_mask, SDPA's is_causal) for the row."""
+    """(attnkit's mask, attnkit's causal, attnkit's score_mod, SDPA's attn_mask, SDPA's
+    is_causal) for the row."""
     n = row.n
     if row.mask == "causal":
-        return None, True, None, True
+        return None, True, None, None, True
     if row.mask == "padding":  # (B, 1, 1, S): the last quarter of the keys is padding
         pad = torch.ones(row.b, 1, 1, n, dtype=torch.bool, device=device)
         pad[..., n - n // 4 :] = False
-        return pad, False, pad, False
-    if row.mask == "window":
-        desc = window(n, 256, causal=True, device=device)
-        return desc, False, desc.dense(device), False
-    return None, False, None, False
+        return pad, False, None, pad, False
+    if row.mask in ("window", "documents", "prefix"):
+        if row.mask == "window":
+            desc = window(n, 256, causal=True, device=device)
+        elif row.mask == "documents":
+            desc = document(document_ids([n // 8] * 7 + [n - 7 * (n // 8)]).to(device), causal=True)
+        else:
+            desc = prefix(n, n // 4, device=device)
+        return desc, False, None, desc.dense(device), False
+    if row.mask == "alibi":
+        mod = score_mods.alibi(alibi_slopes(row.h, device=device))
+        q = torch.empty(1, row.h, n, 1, device=device, dtype=getattr(torch, row.dtype))
+        bias = score_mods.dense_bias(mod, q, q, None).to(q.dtype)  # (1, H, N, S)
+        causal_bias = bias.masked_fill(
+            ~torch.ones(n, n, dtype=torch.bool, device=device).tril(), float("-inf")
+        )
+        return None, True, mod, causal_bias, False
+    if row.mask == "softcap":
+        return None, True, score_mods.softcap(50.0), None, True
+    return None, False, None, None, False
 
 
 def _flex_step(row: DeviceRow, device: torch.device):
@@ -136,26 +175,55 @@ def _flex_step(row: DeviceRow, device: torch.device):
         return None
     if device.type == "cpu" and row.backward:
         return None  # FlexAttention has no backward on the CPU
-    if row.mask == "none":
-        block = None
-    else:
-        width = 256 if row.mask == "window" else row.n
-
-        def keep(b, h, q_idx, kv_idx):
-            return (kv_idx <= q_idx) & (q_idx - kv_idx < width)
-
-        block = create_block_mask(keep, None, None, row.n, row.n, device=device.type)
+    keep, score = _flex_mods(row, device)
+    block = None if keep is None else create_block_mask(keep, None, None, row.n, row.n, device)
     compiled = torch.compile(flex_attention, dynamic=False)
-    return lambda q, k, v: compiled(q, k, v, block_mask=block)
+    return lambda q, k, v: compiled(q, k, v, score_mod=score, block_mask=block)
+
+
+def _flex_mods(row: DeviceRow, device: torch.device):
+    """FlexAttention's (mask_mod, score_mod) for the row, written as its documentation does."""
+    n = row.n
+    if row.mask == "none":
+        return None, None
+    width = 256 if row.mask == "window" else n
+    doc = torch.arange(n, device=device) // (n // 8) if row.mask == "documents" else None
+    if doc is not None:
+        doc = doc.clamp_max(7)
+
+    def keep(b, h, q_idx, kv_idx):
+        causal = (kv_idx <= q_idx) & (q_idx - kv_idx < width)
+        if doc is not None:
+            return causal & (doc[q_idx] == doc[kv_idx])
+        if row.mask == "prefix":
+            return causal | (kv_idx < n // 4)
+        return causal
+
+    slopes = alibi_slopes(row.h, device=device)
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return 50.0 * torch.tanh(score / 50.0)
+
+    return keep, {"alibi": alibi, "softcap": softcap}.get(row.mask)
 
 
 def _steps(row: DeviceRow, device: torch.device, flex: bool) -> dict[str, Callable[[], None]]:
     q, k, v = _inputs(row, device)
-    mask, causal, sdpa_mask, is_causal = _masks(row, device)
+    mask, causal, mod, sdpa_mask, is_causal = _masks(row, device)
     calls = {
         "attnkit": lambda: (
             attention(
-                q, k, v, mask=mask, causal=causal, dropout_p=row.dropout, training=row.dropout > 0
+                q,
+                k,
+                v,
+                mask=mask,
+                causal=causal,
+                dropout_p=row.dropout,
+                training=row.dropout > 0,
+                score_mod=mod,
             ).out
         ),
         "sdpa": lambda: F.scaled_dot_product_attention(
@@ -217,8 +285,16 @@ def run_rows(
         if time.monotonic() - start > budget_s:
             result.skipped = True
             continue
+        if flex:  # torch.compile keeps 8 kernels per function: the rows would exhaust it
+            torch._dynamo.reset()
         try:
-            result.ms = time_steps(_steps(row, device, flex), device, repeats)
+            try:
+                result.ms = time_steps(_steps(row, device, flex), device, repeats)
+            except (RuntimeError, ValueError, NotImplementedError) as err:
+                if not flex:
+                    raise
+                result.error = f"flex: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
+                result.ms = time_steps(_steps(row, device, False), device, repeats)
         except (RuntimeError, ValueError, NotImplementedError) as err:  # OOM, missing kernels
             result.error = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
         finally:

@@ -12,6 +12,8 @@ the tests run them on the CPU against FlexAttention's compiled CPU forward.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -24,7 +26,9 @@ __all__ = ["BLOCK", "fits", "run"]
 
 BLOCK = 128  # FlexAttention's default sparse block (its CUDA kernels' tiles divide it)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_compiled = None  # torch.compile(flex_attention), made on first use
+_compiled = None  # torch.compile(_flex_call), made on first use
+_warned = False  # the recompile-limit warning was given
+RECOMPILES = 64  # kernels attnkit's Flex frame may compile (torch's default limit: 8)
 _NO_LSE = ("cpu",)  # devices whose compiled Flex kernel cannot return the lse (torch 2.13)
 
 
@@ -62,26 +66,78 @@ def run(q, k, v, mask: StructuredMask | None, causal: bool, scale: float, score_
     limit, bottom-right) as a BlockMask, the score function as its score_mod. A row that may
     attend to nothing gets out 0 and lse -inf (FlexAttention's rule, attnkit's too). On the
     CPU (where only tests send it) lse is None: Flex's compiled CPU kernel cannot return it."""
-    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+    from torch.nn.attention.flex_attention import AuxRequest
 
     n, s = q.shape[2], k.shape[2]
     if causal:
         limit = _causal_limit(n, s, q.device)
         mask = limit if mask is None else mask & limit
     block_mask = None if mask is None else block_mask_for(mask, q.device)
-    fn = flex_attention if tracing() else _compiled_flex()
     if isinstance(score_mod, ScoreFn):  # Flex calls it per element itself
         score_mod = score_mod.fn
     want_lse = q.device.type not in _NO_LSE
-    got = fn(
-        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-        enable_gqa=bool(k.shape[1] != q.shape[1]),
-        return_aux=AuxRequest(lse=True) if want_lse else None,
-    )  # fmt: skip
+    args = (q, k, v, score_mod, block_mask, scale, bool(k.shape[1] != q.shape[1]))
+    aux = AuxRequest(lse=True) if want_lse else None
+    if tracing():  # inside the caller's own torch.compile / export: its graph takes Flex
+        got = _flex_call(*args, aux)
+    else:
+        got = _run_compiled(args, aux)
+        if got is None:
+            return None
     if not want_lse:
         return got, None
-    out, aux = got  # (out, AuxOutput(lse, max_scores=None))
-    return out, aux.lse
+    out, aux_out = got  # (out, AuxOutput(lse, max_scores=None))
+    return out, aux_out.lse
+
+
+def _flex_call(q, k, v, score_mod, block_mask, scale, enable_gqa, return_aux):
+    """attnkit's own frame around `flex_attention`. torch.compile keeps its kernels, and counts
+    them against `recompile_limit`, per frame: in a frame of its own, attnkit's kernels (one
+    per shape, dtype and grad mode, since dynamic=False) neither count against a user's own
+    compiled flex_attention nor run out with it."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(
+        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+        enable_gqa=enable_gqa, return_aux=return_aux,
+    )  # fmt: skip
+
+
+def _run_compiled(args, aux):
+    """`_flex_call` compiled, or None once torch.compile will make no further kernel for it.
+
+    Past its recompile limit torch.compile would run FlexAttention uncompiled, which forms the
+    whole (B, H, N, S) score matrix: seen on an H200 at 30-60x SDPA's time, and out of memory
+    at N = 16384. So the frame is compiled with fullgraph=True, which raises there instead, and
+    the call goes back to SDPA with the mask as a tensor (a warning says so, once). The limit
+    is raised to `RECOMPILES` for this frame only, while it runs."""
+    import torch._dynamo
+
+    global _warned
+    limit = max(RECOMPILES, torch._dynamo.config.recompile_limit)
+    try:
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            return _compiled_flex()(*args, aux)
+    except _limit_hit() as err:
+        if not _warned:
+            _warned = True
+            warnings.warn(
+                f"attnkit: FlexAttention has compiled {limit} kernels (one per call shape, "
+                f"dtype and grad mode); further new shapes run SDPA with a dense mask "
+                f"({type(err).__name__}). Pad inputs to a few lengths to stay on FlexAttention.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return None
+
+
+def _limit_hit() -> tuple[type[BaseException], ...]:
+    from torch._dynamo import exc
+
+    found = getattr(exc, "FailOnRecompileLimitHit", None) or getattr(
+        exc, "FailOnCacheLimitHit", None
+    )
+    return (found,) if found is not None else ()
 
 
 _CAUSAL: dict = {}  # (N, S, device) -> causal_intervals, the few shapes a model runs
@@ -99,11 +155,10 @@ def _causal_limit(n: int, s: int, device) -> StructuredMask:
 
 
 def _compiled_flex():
-    """FlexAttention compiled once (its fused kernels exist only compiled); dynamic=False as
-    its documentation does, so each new shape compiles its own kernel."""
+    """`_flex_call` compiled once (FlexAttention's fused kernels exist only compiled);
+    dynamic=False as its documentation does, so each new shape compiles its own kernel;
+    fullgraph=True so that the recompile limit raises (see `_run_compiled`)."""
     global _compiled
     if _compiled is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _compiled = torch.compile(flex_attention, dynamic=False)
+        _compiled = torch.compile(_flex_call, dynamic=False, fullgraph=True)
     return _compiled

@@ -28,6 +28,7 @@ Backends compute the same thing and are pinned together by the tests:
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
@@ -211,25 +212,32 @@ def attention(
     flex_fits = q.device.type == "cuda" and _flex_backend.fits(
         q, v, mask=mask, bias=bias, score_mod=score_mod, dropout=p > 0, need_weights=need_weights
     )
-    name = _choose_backend(
-        backend, need_weights=need_weights, dropout=p > 0, mask_elems=elems,
+    choose = functools.partial(
+        _choose_backend, backend, need_weights=need_weights, dropout=p > 0, mask_elems=elems,
         low_precision_grad=low_grad, device_type=q.device.type, structured=structured,
-        score_mod=score_mod, flex_fits=flex_fits,
+        score_mod=score_mod,
     )  # fmt: skip
+    name, res = choose(flex_fits=flex_fits), None
+    if name == "flex":
+        got = _flex_backend.run(q, k, v, mask, causal, scale, score_mod)
+        if got is not None:
+            res = AttentionOutput(got[0], None, got[1])
+        else:  # FlexAttention compiles no further kernel: the route it would take otherwise
+            name = choose(flex_fits=False)
     if structured and name not in ("chunked", "flex"):  # the kernels that read the structure
         mask = mask.dense(q.device)
     if name == "fused" and score_mod is not None:
         from attnkit.functional.score_mods import dense_bias
 
         bias = dense_bias(score_mod, q, k, bias)  # the stand-in: O(H·N·S)
-    if name == "reference":
+    if res is not None:
+        pass
+    elif name == "reference":
         res = AttentionOutput(
             *reference(q, k, v, mask, bias, causal, scale, p, need_weights, score_mod)
         )
     elif name == "fused":
         res = _fused(q, k, v, mask, bias, causal, scale, p)
-    elif name == "flex":
-        res = AttentionOutput(*_flex_backend.run(q, k, v, mask, causal, scale, score_mod))
     else:
         from attnkit.functional.chunked import chunked_attention
 
