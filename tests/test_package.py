@@ -49,14 +49,41 @@ def test_import_attnkit_needs_no_extra():
     assert out.stdout.strip() == "[]"
 
 
+EXTRAS = tuple(
+    tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+)
+
+
+@pytest.mark.parametrize("extra", EXTRAS)
+def test_install_hint_is_the_readmes_command_from_a_clone(extra):
+    """attnkit is not on PyPI: the hint is the README's `pip install '.[...]'` in its clone."""
+    from attnkit._optional import install_hint
+
+    readme = (ROOT / "README.md").read_text()
+    (url,) = re.findall(r"^git clone (\S+) && cd attnkit$", readme, flags=re.M)
+    assert "pip install '.[" in readme
+    hint = install_hint(extra)
+    assert hint == f"pip install '.[{extra}]' in a clone of {url}"
+    assert "attnkit[" not in hint
+
+
 def test_missing_extra_names_the_extra():
     from attnkit._optional import MissingExtraError, require
 
-    with pytest.raises(
-        MissingExtraError, match=r"needs the viz extra: pip install 'attnkit\[viz\]'"
-    ):
+    with pytest.raises(MissingExtraError) as e:
         require("attnkit_no_such_module_xyz", "viz", "attnkit explain")
+    assert str(e.value) == (
+        "attnkit explain needs the viz extra: "
+        "pip install '.[viz]' in a clone of https://github.com/attnkit/attnkit"
+    )
     assert require("json", "viz", "x").__name__ == "json"
+
+
+def test_every_required_extra_exists():
+    """Each require(module, extra, ...) in the sources names an extra pyproject.toml has."""
+    calls = re.compile(r"require\(\s*\"[\w.]+\",\s*\"(\w+)\"")
+    named = {m for f in (ROOT / "src").rglob("*.py") for m in calls.findall(f.read_text())}
+    assert named and named <= set(EXTRAS), named - set(EXTRAS)
 
 
 def test_py_typed_and_license_exist():
@@ -83,6 +110,6 @@ def test_missing_onnx_names_the_deploy_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if it were not installed
     with pytest.raises(
         MissingExtraError,
-        match=r"exporting to ONNX needs the deploy extra: pip install 'attnkit\[deploy\]'",
+        match=r"exporting to ONNX needs the deploy extra: pip install '\.\[deploy\]' in a clone",
     ):
         require("onnxscript", "deploy", "exporting to ONNX")

@@ -7,7 +7,7 @@
 # "Transformers are RNNs") replaces the exponential of the softmax by a product of feature maps,
 # $\mathrm{sim}(q, k) = \phi(q)^\top \phi(k)$, and then reorders one product so that the
 # $N \times S$ matrix is never formed: time and memory grow linearly. This page derives it,
-# writes it in a few lines (the causal form is a running sum: an RNN), measures both costs
+# writes it in a few lines (the causal form is a running sum: an RNN), counts both costs
 # against softmax attention, and shows what the trick gives up, on a lookup that softmax
 # attention gets right and linear attention cannot.
 #
@@ -16,7 +16,7 @@
 # - the kernel trick: $(\phi(Q)\phi(K)^\top)V = \phi(Q)\,(\phi(K)^\top V)$, and the feature map
 #   $\phi(x) = \mathrm{elu}(x) + 1$;
 # - the causal form as running sums, one state of size $D \times D_v$ per head;
-# - the measured time and memory of both against $N$;
+# - the arithmetic (FLOPs, counted) and the memory of both against $N$;
 # - why linear attention blurs a sharp lookup: its weights have rank at most $D$, and a sharper
 #   query does not sharpen them.
 #
@@ -126,17 +126,23 @@ print("state size:", d * dv + d, "numbers, for any N")
 # once, at the price of an $(N, D, D_v)$ tensor, or a chunked scan keeps memory small; see the
 # exercises.)
 #
-# ## The costs, measured
+# ## The costs, counted
 #
 # Softmax attention as tutorial 1 writes it (`plain`), attnkit's own `attnkit.attention` (whose
-# CPU kernel is tiled: $O(N)$ memory, still $O(N^2)$ time), and `linear_attention`, for one head
-# of $D = 64$ in float32, on one thread. Memory is the peak of the tensors alive at once, counted exactly by
-# `PeakTensors` (tutorial 12); time is the best of several runs (as `timeit` advises: the slower
-# runs measure what else the machine was doing).
+# CPU kernel is tiled: $O(N)$ memory, still $O(N^2)$ arithmetic), and `linear_attention`, for
+# one head of $D = 64$ in float32. Two costs that do not depend on the machine or on what else
+# it is doing: the floating-point operations of the matrix products (2 per multiply-add, the
+# rule of tutorial 7), counted by torch's `FlopCounterMode` on the call itself, and memory, the
+# peak of the tensors alive at once, counted exactly by `PeakTensors` (tutorial 12). The counter
+# cannot see inside attnkit's kernel, so for it `attnkit.analysis.kernel_work` counts the score
+# entries a tiled kernel computes (all $N \cdot S$ of them without a mask), each one a $D$-wide
+# product $q \cdot k$ and a $D_v$-wide one with $v$. Time follows the arithmetic, but loosely and
+# noisily (memory traffic, threads, other work on the machine), so this page does not print it.
 
 # %%
-import time
+from torch.utils.flop_counter import FlopCounterMode
 
+from attnkit.analysis import kernel_work
 from attnkit.analysis.peak_tensors import PeakTensors
 
 
@@ -148,14 +154,17 @@ def with_attnkit(q, k, v):
     return attnkit.attention(q[None, None], k[None, None], v[None, None]).out[0, 0]
 
 
-def best_seconds(fn, *args):
-    """The fastest of at least 5 runs (of up to 50 while they take under 0.2 s in all)."""
-    times = []
-    while len(times) < 5 or (sum(times) < 0.2 and len(times) < 50):
-        start = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - start)
-    return min(times)
+def counted_flops(fn, q, k, v):
+    """The FLOPs of fn's matrix products, as torch counts them on the call."""
+    with FlopCounterMode(display=False) as counter:
+        fn(q, k, v)
+    return counter.get_total_flops()
+
+
+def tiled_kernel_flops(q, k, v):
+    """The score entries the kernel computes, each a q·k and a weights·v product."""
+    entries = kernel_work(n=q.shape[0], s=k.shape[0]).computed
+    return 2 * entries * (q.shape[1] + v.shape[1])
 
 
 methods = {
@@ -164,44 +173,49 @@ methods = {
     "linear": linear_attention,
 }
 sizes = [512, 1024, 2048, 4096]
-seconds = {name: [] for name in methods}
+flops = {name: [] for name in methods}
 mib = {name: [] for name in methods}
-threads = torch.get_num_threads()
-torch.set_num_threads(1)  # one thread: a busy machine stalls a thread pool at every call
 for n in sizes:
     g = torch.Generator().manual_seed(n)
     qkv = [torch.randn(n, 64, generator=g) for _ in range(3)]  # q, k, v: (N, 64) each
     for name, fn in methods.items():
-        fn(*qkv)  # warm-up
-        seconds[name].append(best_seconds(fn, *qkv))
+        if fn is with_attnkit:  # torch's counter does not see inside the kernel
+            flops[name].append(tiled_kernel_flops(*qkv))
+        else:
+            flops[name].append(counted_flops(fn, *qkv))
         with PeakTensors() as meter:
             fn(*qkv)
         mib[name].append(meter.peak / 2**20)
-torch.set_num_threads(threads)
-print(f"{'N':>5} {'plain softmax MiB':>18} {'linear MiB':>11}")
+print(f"{'N':>5} {'plain MFLOP':>12} {'linear MFLOP':>13} {'plain MiB':>10} {'linear MiB':>11}")
 for i, n in enumerate(sizes):
-    print(f"{n:5d} {mib['plain softmax'][i]:18.2f} {mib['linear'][i]:11.2f}")
-for name in ("plain softmax", "attnkit.attention"):
-    faster = seconds["linear"][-1] < seconds[name][-1] / 5
-    print(f"N = 4096: linear more than 5x faster than {name}: {faster}")
+    print(f"{n:5d} {flops['plain softmax'][i] / 1e6:12,.0f} {flops['linear'][i] / 1e6:13,.1f} "
+          f"{mib['plain softmax'][i]:10.2f} {mib['linear'][i]:11.2f}")  # fmt: skip
+same = flops["attnkit.attention"] == flops["plain softmax"]
+print("attnkit.attention: the FLOPs of plain softmax:", same)
+ratio = flops["plain softmax"][-1] / flops["linear"][-1]
+print(f"N = 4096: softmax attention does {ratio:.0f}x the arithmetic of linear attention")
 
 # %% [markdown]
 # ```text
-#     N  plain softmax MiB  linear MiB
-#   512               2.00        0.52
-#  1024               8.00        1.02
-#  2048              32.00        2.02
-#  4096             128.00        4.03
-# N = 4096: linear more than 5x faster than plain softmax: True
-# N = 4096: linear more than 5x faster than attnkit.attention: True
+#     N  plain MFLOP  linear MFLOP  plain MiB  linear MiB
+#   512           67           8.4       2.00        0.52
+#  1024          268          16.8       8.00        1.02
+#  2048        1,074          33.6      32.00        2.02
+#  4096        4,295          67.1     128.00        4.03
+# attnkit.attention: the FLOPs of plain softmax: True
+# N = 4096: softmax attention does 64x the arithmetic of linear attention
 # ```
 #
-# The plain version's memory is the $(N, N)$ scores and their softmax, 4 times more per doubling;
-# linear attention holds $\phi(Q)$, $\phi(K)$ and two $(N, D)$ results, twice as much per doubling.
-# attnkit's tiled kernel is $O(N)$ in memory too (tutorial 12), but its time, like the plain
-# version's, grows with $N^2$ (eight times the length, in theory 64 times the time); linear
-# attention's time grows with $N$. The curves (time and memory on log-log axes;
-# your machine draws its own times):
+# Softmax attention's two products cost $2 \cdot N S (D + D_v) = 4 N^2 D$ FLOPs here, 4 times more
+# per doubling of $N$; linear attention's, $\phi(K)^\top V$ and $\phi(Q)$ times it, cost
+# $4 N D D_v$, twice as much per doubling (the normaliser's matrix-vector product, $2 N D$ more,
+# is not among what torch counts). Their ratio is $N / D_v$: 64 at $N = 4096$, and it keeps
+# growing with $N$. The plain version's memory is
+# the $(N, N)$ scores and their softmax, 4 times more per doubling; linear attention holds
+# $\phi(Q)$, $\phi(K)$ and two $(N, D)$ results, twice as much per doubling. attnkit's tiled
+# kernel is $O(N)$ in memory too (tutorial 12), but it does every multiplication of the plain
+# version: tiling saves memory, not arithmetic. The curves (log-log axes; on the left,
+# attnkit.attention's line lies on top of the plain version's):
 
 # %%
 from attnkit.viz.lessons_more import curves_figure
@@ -211,16 +225,16 @@ labels = dict(zip(methods, ("plain softmax", "attnkit.attention", "linear"), str
 fig = curves_figure(
     sizes,
     {
-        "time of one head (best of several runs)": {labels[name]: [s * 1000 for s in seconds[name]] for name in methods},
+        "matrix-product FLOPs of one head": {labels[name]: [f / 1e6 for f in flops[name]] for name in methods},
         "peak memory": {labels[name]: mib[name] for name in methods},
     },
-    xlabel="sequence length N", ylabel=["milliseconds", "MiB alive at once"], logx=True, logy=True,
+    xlabel="sequence length N", ylabel=["MFLOP", "MiB alive at once"], logx=True, logy=True,
     lang="en",
 )  # fmt: skip
 fig.savefig("14-costs.png", dpi=100)
 
 # %% [markdown]
-# ![Two log-log panels against N from 512 to 4096. Time: plain softmax and attnkit.attention rise with slope about 2, linear attention with slope about 1 and far below. Memory: plain softmax rises with slope 2, attnkit.attention and linear attention with slope 1](../../assets/tutorials/14-costs.png)
+# ![Two log-log panels against N from 512 to 4096. FLOPs: plain softmax and attnkit.attention lie on one line of slope 2, linear attention rises with slope 1 and far below. Memory: plain softmax rises with slope 2, attnkit.attention and linear attention with slope 1](../../assets/tutorials/14-costs.png)
 #
 # ## What linear attention loses: a sharp lookup
 #

@@ -177,7 +177,7 @@ def test_without_transformers_one_line_names_the_extra(folders, monkeypatch, tmp
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert "'roberta' checkpoint" in err and "pip install 'attnkit[hf]'" in err
+    assert "'roberta' checkpoint" in err and "pip install '.[hf]' in a clone of https://" in err
     assert not (tmp_path / "o").exists()
 
 

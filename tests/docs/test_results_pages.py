@@ -13,6 +13,7 @@ import json
 import re
 
 import pytest
+import tomllib
 
 from tests.docs.pages import DOCS, LANGS, ROOT
 
@@ -65,6 +66,37 @@ def test_install_size_table_is_the_measured_one():
     measured = json.loads((RESULTS / "install-size.json").read_text())
     assert (RESULTS / "install-size.md").read_text() == module.markdown(measured)
     assert [row["extra"] for row in measured["rows"]] == list(module.EXTRAS)
+
+
+def _extra_packages(extras: dict[str, list[str]], extra: str) -> set[str]:
+    """The distribution names an extra asks for, its own `attnkit[...]` references resolved."""
+    names = set()
+    for spec in extras[extra]:
+        name = re.split(r"[<>=!~;\[ ]", spec)[0].lower().replace("_", "-")
+        if name == "attnkit":
+            for inner in spec[spec.index("[") + 1 : spec.index("]")].split(","):
+                names |= _extra_packages(extras, inner.strip())
+        else:
+            names.add(name)
+    return names
+
+
+def test_install_size_rows_hold_every_package_of_their_extra():
+    """A package added to an extra after the table was measured leaves the table stale (the
+    [viz] row once left out its CJK font): each measured row installed all its extra asks."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    measured = json.loads((RESULTS / "install-size.json").read_text())
+    for row in measured["rows"]:
+        if row["extra"] == "core":
+            continue
+        installed = {n.replace("_", "-") for n in row["distributions"]}
+        missing = _extra_packages(extras, row["extra"]) - installed
+        assert not missing, (
+            f"install-size.json's [{row['extra']}] row lacks {sorted(missing)}: "
+            "run python benchmarks/install_size.py"
+        )
 
 
 def test_attention_table_backs_the_dropout_claim():

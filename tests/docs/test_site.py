@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from attnkit._optional import install_hint
 from tests.docs.pages import parse
 
-pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install 'attnkit[docs]'")
+pytest.importorskip("mkdocs", reason=f"the docs extra is not installed: {install_hint('docs')}")
 pytest.importorskip("mkdocs_static_i18n", reason="the docs extra is not installed")
 
 ROOT = Path(__file__).resolve().parents[2]

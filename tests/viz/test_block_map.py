@@ -22,6 +22,23 @@ def test_draws_the_block_classes_and_says_what_is_computed():
     assert legend == ["empty: skipped", "partial: masked", "full: no mask"]
 
 
+@pytest.mark.parametrize("n, block", [(4096, 256), (512, 64), (8, 4), (97, 7)])
+def test_ticks_are_whole_block_numbers(n, block):
+    """The ticks number blocks: integers inside the grid, labelled without a fraction."""
+    ax = plot_block_map(masks.window(n, n // 8 + 1, causal=True), block)
+    ax.figure.canvas.draw()
+    blocks = -(-n // block)
+    for ticks, labels, (lo, hi) in (
+        (ax.get_xticks(), ax.get_xticklabels(), sorted(ax.get_xlim())),
+        (ax.get_yticks(), ax.get_yticklabels(), sorted(ax.get_ylim())),
+    ):
+        shown = [(t, lab.get_text()) for t, lab in zip(ticks, labels, strict=True) if lo <= t <= hi]
+        assert len(shown) >= 2
+        for t, text in shown:
+            assert t == int(t) and 0 <= t < blocks
+            assert text.replace("\u2212", "-") == str(int(t)), text
+
+
 def test_refuses_what_it_cannot_draw():
     with pytest.raises(ValueError, match="mask must be a StructuredMask, got Tensor"):
         plot_block_map(masks.causal(4))

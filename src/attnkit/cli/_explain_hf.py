@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnkit._optional import install_hint
 from attnkit.cli._errors import FileError, UsageError
 
 __all__ = [
@@ -110,7 +111,7 @@ def require_transformers(folder: Path) -> Any:
     except ImportError:
         raise UsageError(
             f"--checkpoint {str(folder)!r} is a {model_type(folder)!r} checkpoint, which "
-            "attnkit reads through Hugging Face transformers: pip install 'attnkit[hf]'"
+            f"attnkit reads through Hugging Face transformers: {install_hint('hf')}"
         ) from None
     import attnkit.integrations.transformers as hf
 

@@ -41,6 +41,7 @@ def plot_block_map(
     plt = require("matplotlib.pyplot", "viz", "drawing a block map")
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
 
     grid = mask.block_map(block, block)
     if not (0 <= batch < grid.shape[0] and 0 <= head < grid.shape[1]):
@@ -58,6 +59,8 @@ def plot_block_map(
                  f"{computed:.0%} of blocks computed", fontsize=10)  # fmt: skip
     ax.set_xlabel(f"key block ({block} keys)")
     ax.set_ylabel(f"query block ({block} queries)")
+    for axis in (ax.xaxis, ax.yaxis):  # block numbers: never 2.5 of a block
+        axis.set_major_locator(MaxNLocator(integer=True))
     if legend:
         names = ("empty: skipped", "partial: masked", "full: no mask")
         pairs = zip(_COLOURS, names, strict=True)
