@@ -1,5 +1,5 @@
-"""attention()'s fast path for calls that run SDPA unmasked (`_plain_call`): the same meaning,
-the same contracts and the same refusals as the full route, against a float64 truth."""
+"""attention()'s fast path for calls that run SDPA unmasked (`_fast_path.plain_call`): the same
+meaning, the same contracts and the same refusals as the full route, against a float64 truth."""
 
 from __future__ import annotations
 
@@ -9,11 +9,16 @@ import pytest
 import torch
 
 from attnkit import attention, use_backend
+from attnkit.functional import _fast_path
 from tests.naive import naive_attention
 
 # the module (attnkit.functional's `attention` attribute is the function)
 attention_module = importlib.import_module("attnkit.functional.attention")
-plain_call = attention_module._plain_call
+
+
+def plain_call(*args):
+    """The fast path's output for a call (None: the full route), `use_backend`'s choice in force."""
+    return _fast_path.plain_call(*args, attention_module._override)
 
 
 def qkv(h, hkv, n, s, d=16, dv=None, dtype=torch.float32, seed=0, grad=False):
