@@ -72,7 +72,7 @@ def plain_call(q, k, v, causal, scale, p, training, backend: str, override) -> T
     if dtype is torch.bfloat16 and not _NATIVE_BF16 and backend == "auto" and _grad(q, k, v):
         return None  # auto takes chunked here (see `attention._choose_backend`)
     try:
-        out = _sdpa(q, k, v, causal and n != 1, scale, hkv != h)
+        out = _sdpa(q, k, v, (n != 1) if causal else False, scale, hkv != h)
     except RuntimeError:  # k or v of another dtype or device than q (SDPA checks them)
         return None  # the full route says so, in its words
     if out.requires_grad:  # a graph is recorded

@@ -483,12 +483,15 @@ def _sdpa_unmasked(q, k, v, scale: float, dropout_p: float, causal: bool, gqa: b
     return exact_sdpa_second_order(out)
 
 
-def attention_without_checks(q: Tensor, k: Tensor, v: Tensor, *, scale=None, backend="auto"):
-    """`attention(q, k, v, scale=scale, backend=backend).out` for a call with no mask, bias,
-    causal limit, dropout or weights where it runs SDPA unmasked (`plain_call`), else None:
-    the caller then calls `attention`. For the KV-cached decode step (`CachedMultiHeadAttention`).
+def attention_without_checks(
+    q: Tensor, k: Tensor, v: Tensor, *, causal=False, scale=None, backend="auto"
+) -> Tensor | None:
+    """`attention(q, k, v, causal=causal, scale=scale, backend=backend).out` for a call with no
+    mask, bias, dropout or weights where it runs SDPA unmasked (`plain_call`), else None: the
+    caller then calls `attention`. For the KV-cached decode step (`CachedMultiHeadAttention`)
+    and the drop-in `attnkit.nn.functional.scaled_dot_product_attention`.
     """
-    return plain_call(q, k, v, False, scale, 0.0, False, backend, _override)
+    return plain_call(q, k, v, causal, scale, 0.0, False, backend, _override)
 
 
 def _surely_at_least(value, bound: int) -> bool:
