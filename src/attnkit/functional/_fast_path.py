@@ -77,7 +77,7 @@ def plain_call(q, k, v, causal, scale, p, training, backend: str, override) -> T
         return None  # the full route says so, in its words
     if out.requires_grad:  # a graph is recorded
         hook_fused_node(out)
-    if q.is_cpu and _isfinite((q.detach() if q.requires_grad else q).sum().item()):
+    if q.is_cpu and _sum_is_finite(q):  # eager, as checked above
         return out  # the usual case (see `surely_finite`)
     return out.add(row_poison(q).to(dtype))
 
@@ -91,19 +91,19 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, top_left: bool, scale, gqa: bool) -> 
     """SDPA unmasked, passing no argument it would take as its default: each keyword costs
     ~0.2 µs of its ~19 µs at N=16. Its default scale, 1/sqrt(D), is `attention`'s too, to the
     bit (`default_scale`)."""
-    if gqa:
+    if gqa or scale is not None:
         return F.scaled_dot_product_attention(
-            q, k, v, None, 0.0, top_left, scale=scale, enable_gqa=True
+            q, k, v, is_causal=top_left, scale=scale, enable_gqa=gqa
         )
-    if scale is None:
-        return F.scaled_dot_product_attention(q, k, v, None, 0.0, top_left)
-    return F.scaled_dot_product_attention(q, k, v, None, 0.0, top_left, scale=scale)
+    if top_left:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v)
 
 
 def default_scale(head_dim: int) -> float:
     """1/sqrt(D), computed as SDPA computes its default (``1.0 / sqrt(D)`` in double), so that
     passing it and leaving SDPA's default give the same bits (``D ** -0.5`` differs in the last
-    bit of the double for D = 2, 3, 6, 32, ...)."""
+    bit of the double for D = 2, 3, 6, 7, 32, ...)."""
     return 1.0 / math.sqrt(head_dim)
 
 
@@ -116,7 +116,11 @@ def surely_finite(q: Tensor) -> bool:
     NaN) needs this check on SDPA: its CPU kernel gives such a row 0 when every score of the
     row is -inf (float32: q·k = -inf for every key), and in float16/bfloat16 more often.
     """
-    return _eager_cpu(q) and _isfinite((q.detach() if q.requires_grad else q).sum().item())
+    return _eager_cpu(q) and _sum_is_finite(q)
+
+
+def _sum_is_finite(q: Tensor) -> bool:
+    return _isfinite((q.detach() if q.requires_grad else q).sum().item())
 
 
 def row_poison(q: Tensor) -> Tensor:
