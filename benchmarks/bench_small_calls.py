@@ -2,10 +2,11 @@
 
 B=1, H=8, D=64, float32; N=S=16 and 64, a decode step N=1 against S=128, with and without
 ``causal=True``, under ``torch.no_grad`` and with inputs that require gradients (forward).
-Timings: a warm-up call each, then attnkit and SDPA interleaved in a fresh order per round,
-samples of about 1 ms; the best sample of each (`attnkit.analysis.bench_small`). Prints the
-markdown table and writes benchmarks/results/small-calls.json and the table in
-small-calls.md (included by the benchmarks page).
+Timings (one process): a warm-up call each, then attnkit and SDPA interleaved in a fresh
+order per round, samples of about 1 ms; the best sample of each
+(`attnkit.analysis.bench_small`). Prints the markdown table and writes
+benchmarks/results/small-calls.json and the table in small-calls.md (included by the
+benchmarks page).
 
     python benchmarks/bench_small_calls.py [--threads 1] [--repeats 201]
     python benchmarks/bench_small_calls.py --tiny     # a seconds-long smoke run, no files
@@ -25,6 +26,7 @@ from attnkit._cpu import cpu_name
 from attnkit._io import atomic_write_json, atomic_write_text
 from attnkit.analysis.bench import time_interleaved
 from attnkit.analysis.bench_small import markdown_lines, small_call_rows
+from attnkit.analysis.bench_structured import machine
 
 
 def main() -> None:
@@ -43,6 +45,7 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu": cpu_name(),
+        "machine": machine(),  # the CPU with its widest vector units, and torch
         "load_avg_start": load,
         "load_avg_end": os.getloadavg(),
         "repeats": args.repeats,
@@ -57,7 +60,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, {"env": env, "rows": rows})
     md = args.out.with_suffix(".md")  # included by docs/{en,zh}/results/benchmarks.md
-    cpu = f"{env['cpu']}, {env['threads']} thread, torch {env['torch']}"
+    cpu = f"{env['machine']}, {env['threads']} thread"
     atomic_write_text(md, table + f"\n{cpu}; load average {load[0]:.1f} at the start.\n")
     print(f"bench_small_calls: wrote {args.out} and {md}")
 

@@ -53,6 +53,8 @@ def test_tiny_run_writes_json_and_markdown(tmp_path, capsys):
     ]
     assert all(r["ratio"] > 0 and set(r["us_per_call"]) == {"attnkit", "sdpa"} for r in small)
     assert "| decode step | 1 | 128 | True | True |" in (o / "bench.md").read_text()
+    printed = [line for line in err.splitlines() if line.startswith("[bench] small call ")]
+    assert len(printed) == len(small) and "N=1 S=128 causal, grad: attnkit " in printed[-1]
     decode = [r for r in result["rows"] if r["kind"] == "decode"]
     assert [r["batch"] for r in decode] == [1, 8] and all(r["same_tokens"] for r in decode)
     assert (

@@ -1,5 +1,5 @@
-"""attention()'s fast path for calls that run SDPA unmasked (`_plain_call`): the same meaning,
-the same contracts and the same refusals as the full route, against a float64 truth."""
+"""attention()'s fast path for calls that run SDPA unmasked (`_fast_path.plain_call`): the same
+meaning, the same contracts and the same refusals as the full route, against a float64 truth."""
 
 from __future__ import annotations
 
@@ -9,11 +9,16 @@ import pytest
 import torch
 
 from attnkit import attention, use_backend
+from attnkit.functional import _fast_path
 from tests.naive import naive_attention
 
 # the module (attnkit.functional's `attention` attribute is the function)
 attention_module = importlib.import_module("attnkit.functional.attention")
-plain_call = attention_module._plain_call
+
+
+def plain_call(*args):
+    """The fast path's output for a call (None: the full route), `use_backend`'s choice in force."""
+    return _fast_path.plain_call(*args, attention_module._override)
 
 
 def qkv(h, hkv, n, s, d=16, dv=None, dtype=torch.float32, seed=0, grad=False):
@@ -120,3 +125,97 @@ def test_second_order_gradients_are_exact_on_the_fast_path():
     assert plain_call(q, k, v, True, None, 0.0, False, "auto") is not None
     fn = lambda q, k, v: attention(q, k, v, causal=True).out  # noqa: E731
     assert torch.autograd.gradgradcheck(fn, (q, k, v))
+
+
+def full_route(monkeypatch, *args, **kwargs):
+    """`attention` with the short path turned off: the route every other call takes."""
+    with monkeypatch.context() as m:
+        m.setattr(attention_module, "plain_call", lambda *a: None)
+        return attention(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("h", "hkv", "n", "s", "causal", "scale"),
+    [(4, 4, 1, 97, True, None), (4, 2, 1, 7, False, 0.3), (4, 4, 16, 16, True, None),
+     (4, 1, 7, 7, False, 2), (4, 4, 64, 64, False, None)],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("grad", [False, True])
+def test_fast_path_equals_the_full_route_bit_for_bit(monkeypatch, h, hkv, n, s, causal, scale,
+                                                     dtype, grad):  # fmt: skip
+    """Same kernel, same scale (SDPA's default 1/sqrt(D) when none is given), same bits:
+    outputs and the gradients of q, k and v."""
+    q, k, v = qkv(h, hkv, n, s, d=24, dtype=dtype)
+    if grad and dtype == torch.bfloat16 and not attention_module._NATIVE_BF16:
+        dtype = torch.float32  # auto takes chunked there (pinned by its own tests)
+        q, k, v = (t.float() for t in (q, k, v))
+    inputs = [[t.clone().requires_grad_(grad) for t in (q, k, v)] for _ in range(2)]
+    assert plain_call(*inputs[0], causal, scale, 0.0, False, "auto") is not None
+    fast = attention(*inputs[0], causal=causal, scale=scale).out
+    full = full_route(monkeypatch, *inputs[1], causal=causal, scale=scale).out
+    assert torch.equal(fast, full)
+    if grad:
+        dout = torch.randn(fast.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+        fast.backward(dout)
+        full.backward(dout)
+        for a, b in zip(inputs[0], inputs[1], strict=True):
+            assert torch.equal(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("d", [2, 3, 24, 32, 64, 97])
+def test_default_scale_is_sdpas_to_the_bit(d):
+    """`default_scale` is the double SDPA computes (``D ** -0.5`` differs for D = 2, 3, 24,
+    32...), so leaving SDPA its default and passing attention's scale agree in float64."""
+    q, k, v = qkv(2, 2, 5, 9, d=d, dtype=torch.float64)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert torch.equal(sdpa(q, k, v), sdpa(q, k, v, scale=_fast_path.default_scale(d)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("n", "s"), [(1, 1), (1, 128), (16, 16)])
+def test_a_q_row_whose_every_score_is_minus_inf_is_nan(dtype, n, s):
+    """Why the fast path sums q (rule 1): q = +inf in one entry where every key is negative
+    gives the row the score -inf for every key, and SDPA's CPU kernel returns 0 there, as for
+    a row that sees nothing. attnkit returns NaN in that row only, with or without a graph."""
+    q, k, v = qkv(4, 4, n, s, dtype=dtype)
+    k[..., 0] = -k[..., 0].abs() - 0.1  # every key negative in entry 0
+    q[1, 2, n - 1, 0] = float("inf")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert (sdpa(q, k, v)[1, 2, n - 1] == 0).all()  # the behaviour the check corrects
+    for grad in (False, True):
+        out = attention(*(t.clone().requires_grad_(grad) for t in (q, k, v))).out
+        assert out[1, 2, n - 1].isnan().all()
+        want = naive_attention(q.nan_to_num(posinf=0.0), k, v)[0].to(dtype)
+        rows = torch.ones(out.shape[:3], dtype=torch.bool)
+        rows[1, 2, n - 1] = False
+        tol = 2e-5 if dtype == torch.float32 else 1e-10
+        torch.testing.assert_close(out[rows].detach(), want[rows], atol=tol, rtol=tol)
+
+
+def test_a_finite_row_whose_every_score_is_minus_inf_sees_nothing():
+    """Rule 2 on the fast path: keys whose entry 0 is -inf give a row with q_0 > 0 the score
+    -inf for every key: output 0, never NaN; rows with q_0 < 0 get +inf scores: NaN."""
+    q, k, v = qkv(2, 2, 1, 6, dtype=torch.float64)
+    q[..., 0] = torch.tensor([1.0, -1.0])[:, None, None]  # batch 0: > 0, batch 1: < 0
+    k[..., 0] = -float("inf")
+    assert plain_call(q, k, v, False, None, 0.0, False, "auto") is not None
+    out = attention(q, k, v).out
+    assert (out[0] == 0).all() and out[1].isnan().all()
+
+
+def test_gradients_match_float64_truth_on_the_fast_path():
+    q, k, v = (t.requires_grad_() for t in qkv(4, 2, 1, 33, d=16, dtype=torch.float64))
+    ref = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    dout = torch.randn(2, 4, 1, 16, dtype=torch.float64)
+    attention(q, k, v, causal=True).out.backward(dout)
+    naive_attention(*ref, causal=True)[0].backward(dout)
+    for got, want in zip((q, k, v), ref, strict=True):
+        torch.testing.assert_close(got.grad, want.grad, atol=1e-10, rtol=1e-10)
+
+
+def test_k_or_v_on_another_device_is_refused_in_words():
+    """SDPA's own check sends the call to the full route, whose ValueError names the devices."""
+    q, k, v = qkv(2, 2, 3, 5)
+    assert plain_call(q, k.to("meta"), v, False, None, 0.0, False, "auto") is None
+    with pytest.raises(ValueError, match="must share a device"):
+        attention(q, k.to("meta"), v)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnkit.nn.functional import _unmasked
 from attnkit.nn.functional import scaled_dot_product_attention as sdpa
 
 F64 = torch.float64
@@ -184,3 +185,39 @@ def test_property_every_combination_equals_torch(call):
         kw["attn_mask"] = allowed if call["kind"] == "bool" else bias.masked_fill(~allowed, -inf)
     want = F.scaled_dot_product_attention(q, k, v, **kw)
     torch.testing.assert_close(sdpa(q, k, v, **kw), want, **TOL, msg=lambda m: f"{call}: {m}")
+
+
+@pytest.mark.parametrize(
+    ("h", "hkv", "n", "s", "is_causal", "gqa"),
+    [(4, 4, 16, 16, True, False), (4, 4, 1, 9, False, False), (4, 2, 3, 5, False, True),
+     (4, 1, 2, 6, False, False)],
+)  # fmt: skip
+def test_unmasked_calls_take_attentions_short_path_with_torchs_result(h, hkv, n, s, is_causal,
+                                                                       gqa):  # fmt: skip
+    """No mask or dropout, (B, H, L, E): attention's short path (`_unmasked`). The same SDPA call
+    as torch's where torch runs it the same way (equal heads, or enable_gqa): the same bits."""
+    q, k, v = (t.float() for t in qkv((2, h, n, 16), (2, hkv, s, 16)))
+    assert _unmasked(q, k, v, None, 0.0, is_causal, None, gqa) is not None
+    got = sdpa(q, k, v, is_causal=is_causal, enable_gqa=gqa)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=gqa)
+    if hkv == h or gqa:
+        assert torch.equal(got, want)
+    else:  # one key/value head, broadcast by torch's math path: the same up to rounding
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize(
+    ("why", "call"),
+    [
+        ("a mask", dict(attn_mask=torch.ones(3, 5, dtype=torch.bool))),
+        ("dropout", dict(dropout_p=0.1)),
+        ("is_causal with L != S: top-left", dict(is_causal=True)),
+        ("heads torch refuses", dict(kv_heads=2)),
+        ("rank 3", dict(rank=3)),
+    ],
+)
+def test_other_calls_take_the_full_route(why, call):
+    kv_heads, rank = call.pop("kv_heads", 4), call.pop("rank", 4)
+    q, k, v = (t.float() for t in qkv((2, 4, 3, 8)[-rank:], (2, kv_heads, 5, 8)[-rank:]))
+    args = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False} | call
+    assert _unmasked(q, k, v, *args.values(), None, False) is None, why

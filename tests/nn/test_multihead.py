@@ -9,6 +9,7 @@ Hypothesis property over every combination at once (head counts, bias, unbatched
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import warnings
 
@@ -345,3 +346,17 @@ def _pair_heads(seed, heads, **kw):
     theirs = nn.MultiheadAttention(E, heads, dtype=F64, **kw)
     torch.manual_seed(seed)
     return theirs, MultiheadAttention(E, heads, dtype=F64, **kw)
+
+
+def test_an_unmasked_call_without_weights_takes_attentions_short_path(monkeypatch):
+    """need_weights=False and no mask: the heads go through `attention`'s short path
+    (`_fast_path.plain_call`, SDPA unmasked), with torch's result."""
+    module = importlib.import_module("attnkit.functional.attention")
+    answers = []
+    real = module.plain_call
+    monkeypatch.setattr(module, "plain_call", lambda *a: answers.append(real(*a)) or answers[-1])
+    theirs, ours = pair(batch_first=True)
+    x = torch.randn(B, L, E, dtype=F64)
+    got = ours(x, x, x, need_weights=False)[0]
+    assert len(answers) == 1 and answers[0] is not None
+    torch.testing.assert_close(got, theirs(x, x, x, need_weights=False)[0], **TOL)

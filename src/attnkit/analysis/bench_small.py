@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from attnkit.functional.attention import attention
 
-__all__ = ["SHAPES", "markdown_lines", "small_call_rows"]
+__all__ = ["SHAPES", "markdown_lines", "small_call_rows", "summary_lines"]
 
 # (N, S, causal): the shapes of issue 38, item 6
 SHAPES = ((16, 16, False), (16, 16, True), (64, 64, False), (1, 128, False), (1, 128, True))
@@ -93,5 +93,18 @@ def markdown_lines(rows: list[dict]) -> list[str]:
         lines.append(
             f"| {what} | {r['n']} | {r['s']} | {r['causal']} | {r['grad']} | "
             f"{us['attnkit']:.1f} | {us['sdpa']:.1f} | {r['ratio']:.2f} |"
+        )
+    return lines
+
+
+def summary_lines(rows: list[dict]) -> list[str]:
+    """One line per small-call row, as `attnkit bench` prints them."""
+    lines = []
+    for r in (r for r in rows if r["kind"] == "small_call"):
+        us = r["us_per_call"]
+        what = f"N={r['n']} S={r['s']}" + (" causal" if r["causal"] else "")
+        lines.append(
+            f"small call {what}, {'grad' if r['grad'] else 'no grad'}: attnkit "
+            f"{us['attnkit']:.1f} µs, SDPA {us['sdpa']:.1f} µs ({r['ratio']:.2f}x SDPA)"
         )
     return lines

@@ -259,6 +259,7 @@ def _run(args, plan) -> int:
     from attnkit._io import atomic_write_json, atomic_write_text
     from attnkit.analysis.bench import planned_steps, run_benchmark
     from attnkit.analysis.bench_report import markdown, readme_section
+    from attnkit.analysis.bench_small import summary_lines
 
     json_path, md_path, readme_path = (args.out / name for name in FILES)
     bar = tqdm(total=planned_steps(plan), desc="bench", disable=args.quiet, file=sys.stderr)
@@ -290,6 +291,8 @@ def _run(args, plan) -> int:
         print(json.dumps({"command": "bench", "files": files, "targets": targets}))
         return 0
     if not args.quiet:
+        for line in summary_lines(result["rows"]):
+            print(f"[bench] {line}", file=sys.stderr)
         for r in (r for r in result["rows"] if r["kind"] == "decode"):
             tps, mib = r["tokens_per_s"], r["cache_mib"]
             print(

@@ -18,6 +18,8 @@ A first-order backward (grad mode off) never comes here.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -25,7 +27,13 @@ from attnkit.functional._dropout import keep_words, row_ids
 from attnkit.functional._reference import _allowed, _repeat_kv
 from attnkit.functional._trace import tracing
 
-__all__ = ["attention_grads", "dropout_multiplier", "exact_sdpa_second_order", "kernel_grads"]
+__all__ = [
+    "attention_grads",
+    "dropout_multiplier",
+    "exact_sdpa_second_order",
+    "hook_fused_node",
+    "kernel_grads",
+]
 
 
 def dropout_multiplier(
@@ -160,12 +168,17 @@ def exact_sdpa_second_order(out: Tensor) -> Tensor:
     attnkit's bottom-right alignment agree). Returns `out`. Costs one attribute read when no
     graph is recorded; skipped under tracing (compiled graphs have no double backward).
     """
-    if not out.requires_grad or tracing():
-        return out
+    if out.requires_grad and not tracing():
+        hook_fused_node(out)
+    return out
+
+
+def hook_fused_node(out: Tensor) -> None:
+    """`exact_sdpa_second_order` for an eager SDPA output that requires grad."""
     node = out.grad_fn
     if node is not None and node.name().startswith(_FUSED_NODE_PREFIX):
         node.register_hook(_sdpa_hook)
-    return out  # else a leaf, or SDPA's math path: ordinary ops, differentiable twice already
+    # else a leaf, or SDPA's math path: ordinary ops, differentiable twice already
 
 
 def _sdpa_hook(grad_inputs: tuple, grad_outputs: tuple) -> tuple | None:
@@ -193,7 +206,7 @@ def _sdpa_hook(grad_inputs: tuple, grad_outputs: tuple) -> tuple | None:
         raise NotImplementedError(_REFUSAL.format(why=why))
     mask = saved["attn_mask"] if saved["attn_mask"] is not None else saved["attn_bias"]
     is_bool = mask is not None and mask.dtype == torch.bool
-    scale = q.shape[-1] ** -0.5 if saved["scale"] is None else saved["scale"]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if saved["scale"] is None else saved["scale"]  # SDPA's
     dq, dk, dv, _ = attention_grads(
         q, k, v, grad_outputs[0], None, mask=mask if is_bool else None,
         bias=None if is_bool else mask, causal=bool(saved["is_causal"]), scale=scale,

@@ -10,4 +10,6 @@ __all__ = ["tracing"]
 
 def tracing() -> bool:
     """Inside torch.compile / torch.export / torch.jit.trace."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+    # torch._C._is_tracing is what torch.jit.is_tracing returns outside TorchScript (this
+    # function is never scripted), ~0.1 µs less per call; is_compiling first: Dynamo folds it
+    return torch.compiler.is_compiling() or torch._C._is_tracing()

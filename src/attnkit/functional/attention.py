@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -41,6 +40,7 @@ from attnkit._cpu import has_native_bf16
 from attnkit.functional import _flex_backend
 from attnkit.functional._causal_bias import causal_bias_call, is_causal_bias
 from attnkit.functional._double_backward import exact_sdpa_second_order
+from attnkit.functional._fast_path import default_scale, plain_call, row_poison, surely_finite
 from attnkit.functional._reference import _allowed, _eager_cpu, _repeat_kv, reference
 from attnkit.functional._trace import tracing
 from attnkit.functional._validate import validate as _validate
@@ -57,6 +57,8 @@ BACKENDS = ("auto", "reference", "fused", "chunked")
 # reads a global as a constant and guards on it (a changed choice recompiles), while a ContextVar
 # read breaks the graph at every attention call.
 _override: str | None = None
+
+_tuple_new = tuple.__new__
 
 # bfloat16 dot products in hardware, read once (see `_choose_backend`).
 _NATIVE_BF16 = has_native_bf16()
@@ -178,9 +180,9 @@ def attention(
        others, depending on their blocking. Zero padding and unused cache slots.
     """
     if mask is None and bias is None and score_mod is None and not need_weights:
-        res = _plain_call(q, k, v, causal, scale, dropout_p, training, backend)
-        if res is not None:
-            return res
+        out = plain_call(q, k, v, causal, scale, dropout_p, training, backend, _override)
+        if out is not None:  # the short path (`_fast_path`): SDPA unmasked, in eager mode
+            return _tuple_new(AttentionOutput, (out, None, None))  # ~0.1 µs less than the call
     if is_causal_bias(mask) or is_causal_bias(bias):
         _validate(q, k, v, None, None, dropout_p, scale)  # q and k give N and S
         mask, bias, causal = causal_bias_call(mask, bias, causal, q.shape[2], k.shape[2], q.device)
@@ -204,7 +206,7 @@ def attention(
         bias = bias[(None,) * (4 - bias.dim())]
     if q.numel() == 0 or k.shape[2] == 0:  # no query, or no key to attend to
         return _no_work(q, k, v, need_weights)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     p = float(dropout_p) if training else 0.0
     elems = _mask_elems(q, k, mask, bias, causal)
     low_grad = q.dtype == torch.bfloat16 and torch.is_grad_enabled()
@@ -264,21 +266,14 @@ def _nan_where_q_is_not_finite(res: AttentionOutput, q: Tensor) -> AttentionOutp
     N = 16) are skipped. The sum is non-finite when any entry is, or when finite entries
     overflow it; then the exact row-wise path runs, so the check can cost time, never truth.
     """
-    if _surely_finite(q):
+    if surely_finite(q):
         return res
     return _poison_rows(res, q)
 
 
-def _surely_finite(q: Tensor) -> bool:
-    """The eager-CPU shortcut of `_nan_where_q_is_not_finite`: one sum of q read on the host
-    is finite (a float16 sum may overflow where float32 would not: a slower path only)."""
-    return _eager_cpu(q) and math.isfinite((q.detach() if q.requires_grad else q).sum().item())
-
-
 def _poison_rows(res: AttentionOutput, q: Tensor) -> AttentionOutput:
     """NaN in the rows of res whose q is not finite, with no data-dependent branch."""
-    acc = torch.promote_types(q.dtype, torch.float32)
-    poison = q.detach().sum(-1, keepdim=True, dtype=acc).mul_(0)  # (B, H, N, 1): 0, or NaN
+    poison = row_poison(q)  # (B, H, N, 1): 0, or NaN
     out = res.out.add(poison.to(res.out.dtype))
     lse = None if res.lse is None else res.lse.add(poison[..., 0].to(res.lse.dtype))
     return AttentionOutput(out, res.weights, lse)
@@ -496,68 +491,15 @@ def _sdpa_unmasked(q, k, v, scale: float, dropout_p: float, causal: bool, gqa: b
     return exact_sdpa_second_order(out)
 
 
-# the dtypes SDPA computes in; q, k, v of another dtype take the full route (and its checks)
-_SDPA_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
-
-
-def _plain_call(q, k, v, causal, scale, p, training, backend: str) -> AttentionOutput | None:
-    """`attention` for a call with no mask, bias, score_mod, weights or dropout in force
-    (dropout_p `p` applies only when `training`) that runs SDPA unmasked (the usual decode step
-    and small model), in eager mode; None for any other call, which takes the full route: its
-    checks raise the errors, with their messages.
-
-    The same result as the full route, for less: the checks here only decide that the call is
-    valid and of this kind (plain tensors, one float dtype, one device, shapes that fit, no
-    empty axis), with no message formatted. Causal with N == 1 is the unmasked call (bottom-
-    right, the one query sees every key); causal with 1 < N != S takes the full route (SDPA's
-    is_causal is top-left). Per call at N=16 (B=1, H=8, D=64, 1 thread, AMD EPYC Zen 4) the
-    full route cost 1.6x SDPA, this one 1.3x (benchmarks/results/small-calls.md): the rest is
-    the sum of q (rule 1) and these checks. Never under tracing: compiled and exported graphs
-    keep the full route's one fixed choice.
+def attention_without_checks(
+    q: Tensor, k: Tensor, v: Tensor, *, causal=False, scale=None, backend="auto"
+) -> Tensor | None:
+    """`attention(q, k, v, causal=causal, scale=scale, backend=backend).out` for a call with no
+    mask, bias, dropout or weights where it runs SDPA unmasked (`plain_call`), else None: the
+    caller then calls `attention`. For the KV-cached decode step (`CachedMultiHeadAttention`)
+    and the drop-in `attnkit.nn.functional.scaled_dot_product_attention`.
     """
-    if p != 0 and (training or type(p) is not float or not 0.0 < p < 1.0):
-        return None  # dropout in force, or a dropout_p for `_validate` to judge
-    if tracing() or not (type(q) is type(k) is type(v) is Tensor):
-        return None
-    if backend != "fused" and (backend != "auto" or _override not in (None, "fused")):
-        return None
-    dtype = q.dtype
-    if dtype not in _SDPA_DTYPES or dtype != k.dtype or dtype != v.dtype:
-        return None
-    if not ((q.is_cpu and k.is_cpu and v.is_cpu) or q.device == k.device == v.device):
-        return None
-    try:
-        (b, h, n, d), (kb, hkv, s, kd), (vb, vh, vs, dv) = q.shape, k.shape, v.shape
-    except ValueError:  # not 4-D
-        return None
-    if kb != b or vb != b or kd != d or vh != hkv or vs != s or 0 in (b, h, n, d, hkv, s, dv):
-        return None
-    if h % hkv or (causal and n != s and n != 1):
-        return None
-    if scale is None:
-        scale = d**-0.5
-    elif type(scale) not in (float, int) or not math.isfinite(scale) or (causal and scale <= 0):
-        return None  # SDPA's is_causal gives NaN rows for a scale <= 0 (see `_fused`)
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if grad and backend == "auto" and dtype == torch.bfloat16 and not _NATIVE_BF16:
-        return None  # auto takes chunked here (see `_choose_backend`)
-    out = F.scaled_dot_product_attention(
-        q, k, v, None, 0.0, causal and n != 1, scale=scale, enable_gqa=hkv != h
-    )
-    if grad:
-        out = exact_sdpa_second_order(out)
-    if q.is_cpu and math.isfinite((q.detach() if grad else q).sum().item()):
-        return AttentionOutput(out)  # the usual case (see `_nan_where_q_is_not_finite`)
-    return _poison_rows(AttentionOutput(out), q)
-
-
-def attention_without_checks(q: Tensor, k: Tensor, v: Tensor, *, scale=None, backend="auto"):
-    """`attention(q, k, v, scale=scale, backend=backend).out` for a call with no mask, bias,
-    causal limit, dropout or weights where it runs SDPA unmasked (`_plain_call`), else None:
-    the caller then calls `attention`. For the KV-cached decode step (`CachedMultiHeadAttention`).
-    """
-    res = _plain_call(q, k, v, False, scale, 0.0, False, backend)
-    return None if res is None else res.out
+    return plain_call(q, k, v, causal, scale, 0.0, False, backend, _override)
 
 
 def _surely_at_least(value, bound: int) -> bool:
