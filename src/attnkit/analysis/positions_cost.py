@@ -1,4 +1,4 @@
-"""What relative positions cost: RoPE, ALiBi, T5 and Swin biases, soft-capping (no matmul).
+"""What relative positions cost: RoPE, ALiBi, T5's buckets, soft-capping (no matmul).
 
 Dimensions: B batch, N query tokens, S key tokens, H query heads, G key/value
 heads, d head width, R rotary width, L = N + S - 1 distances of a call.
@@ -20,6 +20,10 @@ Two ways to run a relative bias, both in attnkit, same numbers:
   The counts follow attnkit's compiled CPU kernel (``score_mod_add`` in
   ``_native/attention_cpu.cpp``), which runs the score function only on the key
   blocks it visits: under a causal or structured mask, fewer scores than N·S.
+  The PyTorch kernel (a score function of your own, slopes that want a gradient,
+  tracing) does the same work per score, except that ALiBi's multiply is shared
+  by the batch (H·N·S) and T5's buckets are computed per (query, key) pair of
+  each block (4·N·S). Swin's table: `attnkit.analysis.window_cost`.
 * dense (``dense=True``): the classic ``bias=`` of shape (1, H, N, S), built
   once and added to every score (``AlibiBias(H)(n, s)``, ``RelativePositionBias``'s
   ``forward``, `alibi_bias`; the ``fused`` backend builds the same from a score
@@ -132,7 +136,8 @@ def relative_bias_cost(
 
     Score function (default; `attnkit.score_mods.relative_bias` with `t5_buckets`): each
     call buckets only its L = N + S - 1 distances, 4·L per layer, and reads the table
-    along them, (H, L) values and L indices: O(H·(N + S)) memory, never (N, S).
+    along them, (H, L) values and L indices: O(H·(N + S)) memory, never (N, S). That is
+    one call's; in training each layer keeps its (H, L) values for backward.
 
     `dense` (``RelativePositionBias.forward``, a ``bias=`` (1, H, N, S)): the N·S
     pairs are bucketed once (4·N·S, an (N, S) index) and gathered into the H·N·S bias,
