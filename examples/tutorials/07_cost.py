@@ -384,6 +384,55 @@ print(f"{full.macs / windows.macs:.1f}× fewer MACs; the score products alone {n
 # The price: a token sees only its own window. Swin shifts the windows by half a window
 # in every other block, so information crosses window borders one block later.
 #
+# ### The relative bias: a table, not a tensor of scores
+#
+# Swin also adds a learned relative-position bias to every score: a table of $(2M-1)^2$ rows
+# (one per 2-D offset between two tokens of a window) and $H$ columns, read at each
+# (query, key) offset. Swin's code gathers it into an $(H, M^2, M^2)$ tensor and adds that;
+# attnkit's `WindowAttention` hands the table to the kernel as a score function
+# (`attnkit.score_mods.relative_bias` with `window_offsets(M)`), which reads it where the
+# scores are, block by block. The FLOPs are the same, one add per score, and small beside the
+# $2M^2hwC$ MACs of the formula; what changes is the memory: the size of the table, not $M^4$
+# numbers per head. ALiBi and T5's buckets, on long sequences, show the difference better: a
+# dense bias $(1, H, N, S)$ grows as $N^2$, while a score function holds $H$ slopes, or the
+# table read along the $N + S - 1$ distances of the call. `dense=True` gives the classic
+# count, the bias built once and added to every score.
+
+# %%
+from attnkit.analysis import alibi_cost, relative_bias_cost
+
+dense = swin_window_cost(h, w, C, heads, M, dense=True)
+print(f"relative bias: {windows.elementwise['position bias']:,} FLOPs, one add per score")
+print(f"score function holds {windows.memory_elements:,} numbers: {windows.memory}")
+print(f"dense (H, M², M²):   {dense.memory_elements:,} numbers: {dense.memory}")
+
+n_dec, h_dec = 4096, 32  # a long decoder: N = S = 4096, 32 heads
+for name, cost in [
+    ("ALiBi, score function", alibi_cost(n_dec, h_dec)),
+    ("ALiBi, dense bias", alibi_cost(n_dec, h_dec, dense=True)),
+    ("T5, score function", relative_bias_cost(n_dec, h_dec)),
+    ("T5, dense bias", relative_bias_cost(n_dec, h_dec, dense=True)),
+]:
+    print(f"{name:22} {cost.elementwise_flops:>13,} FLOPs {cost.memory_elements:>12,} numbers")
+
+# %% [markdown]
+# ```text
+# relative bias: 460,992 FLOPs, one add per score
+# score function holds 774 numbers: {'relative values': 507, 'relative index': 267}
+# dense (H, M², M²):   9,604 numbers: {'relative bias': 7203, 'relative index': 2401}
+# ALiBi, score function  1,073,741,824 FLOPs           32 numbers
+# ALiBi, dense bias      1,090,519,040 FLOPs  536,870,912 numbers
+# T5, score function       536,903,676 FLOPs      270,303 numbers
+# T5, dense bias           603,979,776 FLOPs  553,648,128 numbers
+# ```
+#
+# The dense ALiBi bias of this decoder is 2 GiB in float32 (536,870,912 numbers × 4 bytes),
+# for every call; its score function holds 32 slopes and pays for it with one more multiply
+# per score (2 FLOPs instead of 1; building the dense table costs about as much once). T5's
+# score function buckets only the 8,191 distances, not the 16.8 million (query, key) pairs.
+# The classic formulas of this page count matmuls and do not move: $4NC^2 + 2N^2C$, and
+# $4hwC^2 + 2M^2hwC$ for the windows.
+#
 # ## The picture: formulas and measured time
 #
 # Now measure. The loop below times one forward pass of global attention on $g \times g$ grids

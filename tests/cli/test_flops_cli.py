@@ -76,6 +76,19 @@ def test_json_equals_library(capsys, argv, cost):
     assert all(type(data[k]) is int for k in ("macs", "flops", "params", "score_matrix_bytes"))
 
 
+def test_swin_names_the_memory_of_its_relative_bias(capsys):
+    code, out, _ = run(capsys, "--grid", "56x56", "--window", "7", "--dim", "96", "--heads", "3")
+    assert code == 0
+    sf, dense = (swin_window_cost(56, 56, 96, 3, 7, dense=d) for d in (False, True))
+    assert sf.memory_elements == 3 * 13**2 + 13**2 + 2 * 49 and dense.memory_elements == 4 * 49**2
+    line = f"the score function holds {sf.memory_elements:,} numbers (a dense (H, M², M²) bias: "
+    assert line + f"{dense.memory_elements:,})" in out
+    assert "  position bias 460,992" in out  # one add per score: 64 windows · 3 heads · 49²
+    code, out, _ = run(capsys, "--grid", "56x56", "--window", "7", "--dim", "96", "--heads", "3",
+                       "--json")  # fmt: skip
+    assert json.loads(out)["memory"] == sf.memory
+
+
 def test_self_attention_without_output_projection_prints_3nc2_plus_2n2c(capsys):
     code, out, err = run(
         capsys, "--tokens", "197", "--dim", "768", "--heads", "12", "--no-out-proj"

@@ -195,6 +195,53 @@ SDPA_CASES = {  # test_invalid_inputs_* and friends: torch raises RuntimeError f
 }  # fmt: skip
 
 
+class _SdpaBlock(torch.nn.Module):
+    """A user's attention block calling attnkit's SDPA drop-in (GQA: 4 query heads, 2 kv)."""
+
+    def __init__(self, e: int = 12, heads: int = 4, kv_heads: int = 2):
+        super().__init__()
+        self.heads, self.kv_heads, self.d = heads, kv_heads, e // heads
+        self.q = torch.nn.Linear(e, e, dtype=F64)
+        self.kv = torch.nn.Linear(e, 2 * kv_heads * self.d, dtype=F64)
+
+    def forward(self, x: torch.Tensor, mem: torch.Tensor, mask: torch.Tensor | None,
+                causal: bool) -> torch.Tensor:  # fmt: skip
+        b, n, s = x.shape[0], x.shape[1], mem.shape[1]
+        q = self.q(x).view(b, n, self.heads, self.d).transpose(1, 2)  # (B, H, L, d)
+        kv = self.kv(mem).view(b, s, 2, self.kv_heads, self.d).permute(2, 0, 3, 1, 4)
+        k, v = kv[0], kv[1]  # (B, Hkv, S, d) each
+        o = sdpa(q, k, v, attn_mask=mask, is_causal=causal, scale=0.3, enable_gqa=True)
+        return o.transpose(1, 2).reshape(b, n, self.heads * self.d)  # (B, L, E)
+
+
+@pytest.mark.parametrize("kind", ["none", "bool", "float"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_torchscript_scripts_a_module_calling_the_sdpa_drop_in(kind, causal):
+    torch.manual_seed(0)
+    block = _SdpaBlock()
+    x, mem = torch.randn(2, 5, 12, dtype=F64), torch.randn(2, 7, 12, dtype=F64)
+    mask = torch.rand(5, 7) < 0.6
+    mask[:, 0] = True  # every row sees a key (torch's math path gives NaN rows otherwise)
+    if kind == "float":
+        mask = torch.zeros(5, 7, dtype=F64).masked_fill(~mask, float("-inf"))
+    mask = None if kind == "none" else mask
+    scripted = torch.jit.script(block)
+    want = block(x, mem, mask, causal)  # attnkit's computation; is_causal top-left (L != S)
+    torch.testing.assert_close(scripted(x, mem, mask, causal), want, rtol=1e-12, atol=1e-12)
+    buffer = io.BytesIO()
+    torch.jit.save(scripted, buffer)  # TorchScript that saves: no Python left in it
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    torch.testing.assert_close(loaded(x, mem, mask, causal), want, rtol=1e-12, atol=1e-12)
+
+
+def test_torchscript_scripts_the_sdpa_drop_in_itself():
+    q, k, v = _qkv(2, 3, 6, 4)
+    scripted = torch.jit.script(sdpa)
+    got = scripted(q, k[:, :, :4], v[:, :, :4], is_causal=True, scale=0.5)
+    torch.testing.assert_close(got, sdpa(q, k[:, :, :4], v[:, :, :4], is_causal=True, scale=0.5))
+
+
 @pytest.mark.parametrize("case", sorted(SDPA_CASES))
 def test_sdpa_bad_input_raises_torchs_runtime_error(case):
     make, kw, word = SDPA_CASES[case]

@@ -31,7 +31,7 @@ product keeps its own widths:
     N·C·Hd_k + S·C_k·Gd_k + S·C_v·Gd_v + H·N·S·d_k + H·N·S·d_v [+ N·Hd_v·C_out]
 
 Swin windows (Liu et al. 2021, eq. 1-2) of M×M patches on an h×w grid:
-4hwC² + 2M²hwC.
+4hwC² + 2M²hwC (`swin_window_cost`, in `attnkit.analysis.window_cost`).
 
 A sliding window of w keys is the 1-D Swin: 4NC² + 2·(allowed pairs)·C ≈ 4NC² + 2wNC once
 masked products are skipped; `mha_cost(mask=...)` counts the pairs a structured mask allows
@@ -44,19 +44,20 @@ it (it counts only mm/bmm/addmm/baddbmm, convolutions and SDPA kernels):
 * scale: one multiply per score (attnkit scales the scores, not q);
 * softmax: 5 per score (running max, subtract, exp, sum, divide);
 * mask: one select per score when a causal/window/shift/structured mask is applied;
-* bias: one add per projection output element (Linear biases, the Swin
-  relative-position bias).
+* bias: one add per projection output element (Linear biases);
+* position bias: the work of a relative position scheme per score (ALiBi, T5's
+  and Swin's tables, in `attnkit.analysis.positions_cost`), with the tensors it
+  holds in `Cost.memory`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 from attnkit.analysis.kernel_work import kernel_work
 from attnkit.functional.structured import StructuredMask
 
-__all__ = ["Cost", "allowed_pairs", "mha_cost", "single_head_cost", "swin_window_cost"]
+__all__ = ["Cost", "allowed_pairs", "mha_cost", "single_head_cost"]
 
 # FLOPs per attention score for the elementwise conventions in the module docstring.
 SOFTMAX_FLOPS_PER_SCORE = 5
@@ -78,7 +79,8 @@ class Cost:
     """The cost of one forward pass of a layer (or of a stack of layers).
 
     Add two costs to chain layers; multiply by an integer to stack identical
-    layers (parameters scale too: k layers have k sets of weights).
+    layers (parameters and memory scale too: k layers have k sets of weights; the
+    position costs take ``layers=`` where the layers share one table).
     """
 
     # MACs of each matmul term, e.g. {"q_proj": ..., "scores (QKᵀ)": ...}.
@@ -96,11 +98,15 @@ class Cost:
     # structured mask (`mha_cost(mask=...)`): whole key blocks it does not visit
     # (`attnkit.analysis.kernel_work`). 0 where no structured mask was given.
     skipped_macs: int = 0
+    # Elements (numbers; × the dtype's size for bytes) of the tensors a position scheme holds
+    # for a call beyond the parameters: ALiBi's slopes, the compiled kernel's look-up of a
+    # relative table, or a dense (1, H, N, S) bias. Shared by the batch (B does not scale it).
+    memory: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Own copies: the dataclass is frozen, its maps should not change under it.
-        object.__setattr__(self, "terms", {k: int(v) for k, v in self.terms.items()})
-        object.__setattr__(self, "elementwise", {k: int(v) for k, v in self.elementwise.items()})
+        for name in ("terms", "elementwise", "memory"):
+            object.__setattr__(self, name, {k: int(v) for k, v in getattr(self, name).items()})
 
     @property
     def macs(self) -> int:
@@ -149,6 +155,11 @@ class Cost:
         """Sum of the non-matmul FLOPs (conventions in the module docstring)."""
         return sum(self.elementwise.values())
 
+    @property
+    def memory_elements(self) -> int:
+        """Sum of `memory`: elements held for positions (tables, slopes, a dense bias)."""
+        return sum(self.memory.values())
+
     def __add__(self, other: Cost) -> Cost:
         if not isinstance(other, Cost):
             return NotImplemented
@@ -158,6 +169,7 @@ class Cost:
             elementwise=_add_maps(self.elementwise, other.elementwise),
             masked_macs=self.masked_macs + other.masked_macs,
             skipped_macs=self.skipped_macs + other.skipped_macs,
+            memory=_add_maps(self.memory, other.memory),
         )
 
     def __mul__(self, k: int) -> Cost:
@@ -171,6 +183,7 @@ class Cost:
             elementwise={n: k * v for n, v in self.elementwise.items()},
             masked_macs=k * self.masked_macs,
             skipped_macs=k * self.skipped_macs,
+            memory={n: k * v for n, v in self.memory.items()},
         )
 
     __rmul__ = __mul__
@@ -189,6 +202,8 @@ class Cost:
             "elementwise_flops": self.elementwise_flops,
             "terms": dict(self.terms),
             "elementwise": dict(self.elementwise),
+            "memory": dict(self.memory),
+            "memory_elements": self.memory_elements,
         }
 
 
@@ -326,9 +341,7 @@ def _structured(cost: Cost, mask, n, s, heads, per_entry, causal, window, batch)
 def _batched(cost: Cost, batch: int) -> Cost:
     """`cost` for a batch of B inputs: work scales with B, the weights are shared."""
     scaled = batch * cost
-    return Cost(
-        scaled.terms, cost.params, scaled.elementwise, scaled.masked_macs, scaled.skipped_macs
-    )
+    return replace(scaled, params=cost.params, memory=cost.memory)
 
 
 def mha_cost(
@@ -416,48 +429,3 @@ def single_head_cost(
         out_dim=None, qkv_bias=bias, out_bias=False, causal=causal, window=None,
         batch=batch, out_proj=False,
     )  # fmt: skip
-
-
-def swin_window_cost(
-    grid_h: int,
-    grid_w: int,
-    dim: int,
-    heads: int,
-    window: int,
-    shifted: bool = False,
-    *,
-    qkv_bias: bool = True,
-    batch: int = 1,
-) -> Cost:
-    """Window attention (W-MSA / SW-MSA) of one Swin block on an h×w grid of tokens.
-
-    The grid is padded up to multiples of M (Swin pads before the qkv
-    projection, so padded tokens are projected and attended like real ones and
-    are counted here): with h', w' the padded sizes, the MACs are
-    4h'w'C² + 2M²h'w'C (Liu et al. 2021, eq. 2, with padding).
-
-    The shifted variant (SW-MSA) costs the same matmuls: the cyclic shift is a
-    roll and the shift mask is an elementwise add. As in Swin's code, a grid no
-    larger than the window becomes one window of min(h, w) and is not shifted.
-
-    Parameters: qkv (C·3C + 3C), proj (C² + C) and the relative-position-bias
-    table ((2M - 1)² × H).
-    """
-    _check_positive(grid_h=grid_h, grid_w=grid_w, dim=dim, heads=heads, window=window, batch=batch)
-    if min(grid_h, grid_w) <= window:  # SwinTransformerBlock.__init__ in Swin's code
-        window, shifted = min(grid_h, grid_w), False
-    hp = math.ceil(grid_h / window) * window
-    wp = math.ceil(grid_w / window) * window
-    windows, m2 = (hp // window) * (wp // window), window * window
-    per_window = mha_cost(m2, dim, heads, qkv_bias=qkv_bias)
-    stacked = _batched(windows * per_window, batch)  # all windows share one set of weights
-    elementwise = dict(stacked.elementwise)
-    rel_bias = batch * windows * heads * m2 * m2  # relative-position bias add, per score
-    elementwise["bias"] = elementwise.get("bias", 0) + rel_bias
-    if shifted:
-        elementwise["mask"] = rel_bias
-    return Cost(
-        terms=stacked.terms,
-        params=per_window.params + (2 * window - 1) ** 2 * heads,
-        elementwise=elementwise,
-    )

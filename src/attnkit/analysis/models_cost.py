@@ -60,6 +60,7 @@ def _prefixed(cost: Cost, prefix: str) -> Cost:
         {f"{prefix}{k}": v for k, v in cost.elementwise.items()},
         cost.masked_macs,
         cost.skipped_macs,
+        {f"{prefix}{k}": v for k, v in cost.memory.items()},
     )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import textwrap
 from pathlib import Path
 
 from attnkit.cli._common import add_out_options, add_report_options, emit, prepare_out
@@ -346,6 +345,12 @@ def _layer_report(args: argparse.Namespace) -> dict:
     lines.append(f"score matrix (B·H·N·S, float32): {_bytes(scores)}")
     lines.append(f"kept for backward (reference backend): {_bytes(mem.saved_bytes)}")
     lines.append(_elementwise_line(cost))
+    if args.window is not None:
+        dense = swin_window_cost(gh, gw, args.dim, args.heads, args.window, dense=True)
+        lines.append(
+            f"relative position bias: the score function holds {cost.memory_elements:,} numbers "
+            f"(a dense (H, M², M²) bias: {dense.memory_elements:,})"
+        )
     data = {**cost.to_dict(), "closed_form": closed, "score_matrix_bytes": scores}
     if work:
         data["score_entries"] = work["summary"]
@@ -471,9 +476,14 @@ def _parts_table(model) -> list[str]:
 
 
 def _elementwise_line(cost) -> str:
-    parts = ", ".join(f"{k} {v:,}" for k, v in cost.elementwise.items())
-    text = f"not matmuls, not in the totals (FLOPs): {parts}"
-    return textwrap.fill(text, width=100, subsequent_indent="  ", break_on_hyphens=False)
+    lines = ["not matmuls, not in the totals (FLOPs):"]
+    items = [f"{k} {v:,}" for k, v in cost.elementwise.items()]
+    for i, item in enumerate(items):  # a name and its count stay on one line ("position bias")
+        item += "," if i < len(items) - 1 else ""
+        if len(lines[-1]) + 1 + len(item) > 100:
+            lines.append(" ")
+        lines[-1] += " " + item
+    return "\n".join(lines)
 
 
 def _bytes(n: int) -> str:

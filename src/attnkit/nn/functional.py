@@ -60,7 +60,22 @@ def scaled_dot_product_attention(
     instance of both ValueError and the RuntimeError torch raises. Dropout keeps each
     probability with chance 1 - dropout_p and scales by 1 / (1 - dropout_p), as torch does,
     but from attnkit's own random stream: the same seed drops other positions than torch's.
+
+    `torch.jit.trace` records attnkit's computation. `torch.jit.script` cannot compile
+    attnkit's backends: in a scripted function or module this call is torch's own
+    `F.scaled_dot_product_attention` with the same arguments, so it gives torch's results
+    (its dropout stream, its errors).
     """
+    if torch.jit.is_scripting():  # TorchScript compiles this branch only
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+            scale=scale, enable_gqa=enable_gqa,
+        )  # fmt: skip
+    return _attnkit_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def _attnkit_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """`scaled_dot_product_attention` computed by `attnkit.attention` (eager, trace, export)."""
     out = _unmasked(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if out is not None:
         return out
