@@ -171,6 +171,11 @@ struct Args {
     int64_t rel_len;
     int64_t rel_post;       // 1: added after the cap
     float* rel_grad;        // backward, may be null: (H, rel_len), d rel accumulated (zeroed)
+    // Interleaved sequences (a strided mask's residue classes, attnkit/functional/reordered.py):
+    // the token axis of q, k, v, out, lse and their gradients holds `groups` independent
+    // sequences, token i * groups + r being position i of sequence r; N and S count one
+    // sequence's positions, and masks, bias and causal apply to positions. 1: one sequence.
+    int64_t groups;
 };
 
 }  // extern "C"
@@ -467,19 +472,30 @@ struct Scratch {
           lo(a.bq), hi(a.bq) {}
 };
 
-// Rows i0..i1 of head (b, h), pre-scaled: qs (nq, D) = scale * q.
-void load_q(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t nq, float* qs) {
-    const float* src = a.q + ((b * a.H + h) * a.N + i0) * a.D;
-#pragma omp simd
-    for (int64_t e = 0; e < nq * a.D; ++e) qs[e] = src[e] * a.scale;
+// The tensor row of position i of sequence r in head `head` (b * H + h for q, out and lse,
+// b * Hkv + kvh for k and v) of n positions a sequence: sequences interleave (Args::groups).
+inline int64_t row_of(const Args& a, int64_t head, int64_t n, int64_t r, int64_t i) {
+    return (head * n + i) * a.groups + r;
 }
 
-void forward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1, Scratch& w) {
+// Rows i0..i1 of head (b, h), sequence r, pre-scaled: qs (nq, D) = scale * q.
+void load_q(const Args& a, int64_t b, int64_t h, int64_t r, int64_t i0, int64_t nq, float* qs) {
+    for (int64_t row = 0; row < nq; ++row) {
+        const float* src = a.q + row_of(a, b * a.H + h, a.N, r, i0 + row) * a.D;
+        float* dst = qs + row * a.D;
+#pragma omp simd
+        for (int64_t e = 0; e < a.D; ++e) dst[e] = src[e] * a.scale;
+    }
+}
+
+void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t i1,
+                   Scratch& w) {
     const int64_t nq = i1 - i0, D = a.D, Dv = a.Dv, kvh = h / (a.H / a.Hkv);
-    const float* kb = a.k + (b * a.Hkv + kvh) * a.S * D;
-    const float* vb = a.v + (b * a.Hkv + kvh) * a.S * Dv;
+    const int64_t ldk = D * a.groups, ldv = Dv * a.groups;  // key and value rows of sequence sq
+    const float* kb = a.k + row_of(a, b * a.Hkv + kvh, a.S, sq, 0) * D;
+    const float* vb = a.v + row_of(a, b * a.Hkv + kvh, a.S, sq, 0) * Dv;
     float *s = w.s.data(), *qs = w.qs.data(), *acc = w.acc.data();
-    load_q(a, b, h, i0, nq, qs);
+    load_q(a, b, h, sq, i0, nq, qs);
     std::fill(w.m.begin(), w.m.begin() + nq, kNegInf);  // running row max
     std::fill(w.l.begin(), w.l.begin() + nq, 0.0f);     // running sum of exp (before dropout)
     std::fill(acc, acc + nq * Dv, 0.0f);                // unnormalised output
@@ -487,7 +503,7 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1, 
     for (const KeyBlock& blk : w.blocks) {
         const int64_t j0 = blk.j0, nk = blk.nk;
         w.work += nq * nk;
-        mm_nt(nq, nk, D, qs, D, kb + j0 * D, D, 0.0f, s, nk);  // S = (scale q) k^T
+        mm_nt(nq, nk, D, qs, D, kb + j0 * ldk, ldk, 0.0f, s, nk);  // S = (scale q) k^T
         for (int64_t r = 0; r < nq; ++r) {
             float* sr = s + r * nk;
             const int64_t i = i0 + r;
@@ -499,7 +515,7 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1, 
             const float alpha = exp_f(w.m[r] - m_safe);
             float sum;
             if (a.keep_t < kNoDropout) {
-                const RowKey key = row_key(a, (b * a.H + h) * a.N + i);
+                const RowKey key = row_key(a, row_of(a, b * a.H + h, a.N, sq, i));
                 sum = exp_sum_row<true>(sr, nk, m_safe, key, static_cast<uint32_t>(a.keep_t), j0);
             } else {
                 sum = exp_sum_row<false>(sr, nk, m_safe, RowKey{}, 0, j0);
@@ -512,10 +528,10 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1, 
                 for (int64_t e = 0; e < Dv; ++e) ar[e] *= alpha;
             }
         }
-        mm_nn(nq, Dv, nk, s, nk, vb + j0 * Dv, Dv, 1.0f, acc, Dv);  // acc += P~ v
+        mm_nn(nq, Dv, nk, s, nk, vb + j0 * ldv, ldv, 1.0f, acc, Dv);  // acc += P~ v
     }
     for (int64_t r = 0; r < nq; ++r) {
-        const int64_t row = (b * a.H + h) * a.N + i0 + r;
+        const int64_t row = row_of(a, b * a.H + h, a.N, sq, i0 + r);
         float* o = a.out + row * Dv;
         const float l = w.l[r];
         // l == 0 exactly when the row saw nothing: out 0 and lse -inf, never 0 / 0. A NaN
@@ -526,29 +542,31 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1, 
     }
 }
 
-// One query block of head (b, h); dk, dv (S, D) / (S, Dv) of its kv head are accumulated into
-// dk_acc / dv_acc. FlashAttention-2 Algorithm 2 with dropout: with keep mask K and
-// dO' = dO * inv_keep, dV += (P*K)^T dO', dP~ = dO' V^T, dS = (P*K) * dP~ - P * D_i.
-void backward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1, Scratch& w,
-                    float* dk_acc, float* dv_acc) {
+// One query block of head (b, h), sequence sq; dk, dv (S, D) / (S, Dv) of its kv head are
+// accumulated into dk_acc / dv_acc, whose position j is row j * step. FlashAttention-2
+// Algorithm 2 with dropout: with keep mask K and dO' = dO * inv_keep, dV += (P*K)^T dO',
+// dP~ = dO' V^T, dS = (P*K) * dP~ - P * D_i.
+void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t i1,
+                    Scratch& w, float* dk_acc, float* dv_acc, int64_t step) {
     const int64_t nq = i1 - i0, D = a.D, Dv = a.Dv, kvh = h / (a.H / a.Hkv);
-    const float* kb = a.k + (b * a.Hkv + kvh) * a.S * D;
-    const float* vb = a.v + (b * a.Hkv + kvh) * a.S * Dv;
-    const int64_t row0 = (b * a.H + h) * a.N + i0;
+    const int64_t ldk = D * a.groups, ldv = Dv * a.groups;  // key and value rows of sequence sq
+    const float* kb = a.k + row_of(a, b * a.Hkv + kvh, a.S, sq, 0) * D;
+    const float* vb = a.v + row_of(a, b * a.Hkv + kvh, a.S, sq, 0) * Dv;
     float *s = w.s.data(), *dp = w.dp.data(), *qs = w.qs.data(), *dq = w.acc.data();
     float *dob = w.dob.data(), *dlt = w.dlt.data(), *lse = w.l.data();
-    load_q(a, b, h, i0, nq, qs);
+    load_q(a, b, h, sq, i0, nq, qs);
     for (int64_t r = 0; r < nq; ++r) {
-        const float* go = a.dout + (row0 + r) * Dv;
-        const float* o = a.out + (row0 + r) * Dv;
+        const int64_t row = row_of(a, b * a.H + h, a.N, sq, i0 + r);
+        const float* go = a.dout + row * Dv;
+        const float* o = a.out + row * Dv;
         float d = 0.0f;  // D_i = rowsum(dO * O) (Algorithm 2, line 4)
         for (int64_t e = 0; e < Dv; ++e) {
             d += go[e] * o[e];
             dob[r * Dv + e] = go[e] * a.inv_keep;
         }
         // a gradient on lse adds P_ij * dlse_i to dS_ij, i.e. subtracts dlse_i from D_i
-        dlt[r] = a.dlse ? d - a.dlse[row0 + r] : d;
-        lse[r] = a.lse[row0 + r];
+        dlt[r] = a.dlse ? d - a.dlse[row] : d;
+        lse[r] = a.lse[row];
     }
     std::fill(dq, dq + nq * D, 0.0f);
     key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
@@ -556,8 +574,8 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
     for (const KeyBlock& blk : w.blocks) {
         const int64_t j0 = blk.j0, nk = blk.nk;
         w.work += nq * nk;
-        mm_nt(nq, nk, D, qs, D, kb + j0 * D, D, 0.0f, s, nk);         // S
-        mm_nt(nq, nk, Dv, dob, Dv, vb + j0 * Dv, Dv, 0.0f, dp, nk);  // dP~ = dO' v^T
+        mm_nt(nq, nk, D, qs, D, kb + j0 * ldk, ldk, 0.0f, s, nk);         // S
+        mm_nt(nq, nk, Dv, dob, Dv, vb + j0 * ldv, ldv, 0.0f, dp, nk);  // dP~ = dO' v^T
         for (int64_t r = 0; r < nq; ++r) {
             float *sr = s + r * nk, *dr = dp + r * nk;
             const int64_t i = i0 + r;
@@ -571,19 +589,23 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
             mask_row(a, b, h, i, j0, nk, sr);
             mask_row_structured(a, blk, w.lo[r], w.hi[r], r, sr);
             if (a.keep_t < kNoDropout) {
-                grad_row<true>(sr, dr, nk, lse[r], dlt[r], row_key(a, row0 + r), t, j0);
+                const RowKey key = row_key(a, row_of(a, b * a.H + h, a.N, sq, i));
+                grad_row<true>(sr, dr, nk, lse[r], dlt[r], key, t, j0);
             } else {
                 grad_row<false>(sr, dr, nk, lse[r], dlt[r], RowKey{}, 0, j0);
             }
             score_mod_row_bwd(a, h, i, j0, nk, dr, gr, w.dtab.empty() ? nullptr : w.dtab.data());
         }
-        mm_tn(nk, Dv, nq, s, nk, dob, Dv, 1.0f, dv_acc + j0 * Dv, Dv);  // dV += (P K)^T dO'
-        mm_nn(nq, D, nk, dp, nk, kb + j0 * D, D, 1.0f, dq, D);          // dQ += dS k
-        mm_tn(nk, D, nq, dp, nk, qs, D, 1.0f, dk_acc + j0 * D, D);      // dK += dS^T (scale q)
+        const int64_t ldv_acc = Dv * step, ldk_acc = D * step;
+        mm_tn(nk, Dv, nq, s, nk, dob, Dv, 1.0f, dv_acc + j0 * ldv_acc, ldv_acc);  // dV += (PK)^T dO'
+        mm_nn(nq, D, nk, dp, nk, kb + j0 * ldk, ldk, 1.0f, dq, D);  // dQ += dS k
+        mm_tn(nk, D, nq, dp, nk, qs, D, 1.0f, dk_acc + j0 * ldk_acc, ldk_acc);  // dK += dS^T (sq)
     }
-    float* dq_out = a.dq + row0 * D;
+    for (int64_t r = 0; r < nq; ++r) {
+        float* dq_out = a.dq + row_of(a, b * a.H + h, a.N, sq, i0 + r) * D;
 #pragma omp simd
-    for (int64_t e = 0; e < nq * D; ++e) dq_out[e] = dq[e] * a.scale;
+        for (int64_t e = 0; e < D; ++e) dq_out[e] = dq[r * D + e] * a.scale;
+    }
 }
 
 int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
@@ -592,19 +614,19 @@ int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
 extern "C" {
 
-int attnkit_abi_version() { return 5; }
+int attnkit_abi_version() { return 6; }
 
-// Forward: fills out and lse. Work items are (b, h, query block), spread over the threads.
+// Forward: fills out and lse. Work items are (b, h, sequence, query block), over the threads.
 void attnkit_attention_forward(const Args* args) {
     const Args& a = *args;
-    const int64_t nqb = ceil_div(a.N, a.bq), items = a.B * a.H * nqb;
+    const int64_t nqb = ceil_div(a.N, a.bq), items = a.B * a.H * a.groups * nqb;
 #pragma omp parallel num_threads(static_cast<int>(a.nthreads))
     {
         Scratch w(a);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < items; ++t) {
-            const int64_t bh = t / nqb, i0 = (t % nqb) * a.bq;
-            forward_block(a, bh / a.H, bh % a.H, i0, std::min(i0 + a.bq, a.N), w);
+            const int64_t seq = t / nqb, bh = seq / a.groups, i0 = (t % nqb) * a.bq;
+            forward_block(a, bh / a.H, bh % a.H, seq % a.groups, i0, std::min(i0 + a.bq, a.N), w);
         }
         if (a.work) {
 #pragma omp atomic
@@ -614,13 +636,13 @@ void attnkit_attention_forward(const Args* args) {
 }
 
 // Backward: fills dq and accumulates dk, dv (zeroed by the caller). Work items are a kv head
-// (b, kvh) and a contiguous share of its G * ceil(N / bq) query blocks. With fewer kv heads than
+// (b, kvh) of one sequence and a contiguous share of its G * ceil(N / bq) query blocks. With fewer kv heads than
 // threads, a kv head's blocks are split and each share sums its dk, dv privately before adding
 // them under a lock.
 void attnkit_attention_backward(const Args* args) {
     const Args& a = *args;
     const int64_t G = a.H / a.Hkv, nqb = ceil_div(a.N, a.bq), per_head = G * nqb;
-    const int64_t heads = a.B * a.Hkv;
+    const int64_t heads = a.B * a.Hkv * a.groups;
     const int64_t splits = std::min(per_head, std::max<int64_t>(1, ceil_div(a.nthreads, heads)));
     const int64_t items = heads * splits;
 #pragma omp parallel num_threads(static_cast<int>(a.nthreads))
@@ -637,13 +659,15 @@ void attnkit_attention_backward(const Args* args) {
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < items; ++t) {
-            const int64_t bk = t / splits, part = t % splits;
-            const int64_t b = bk / a.Hkv, kvh = bk % a.Hkv;
-            float* dk = a.dk + bk * a.S * a.D;
-            float* dv = a.dv + bk * a.S * a.Dv;
+            const int64_t seq = t / splits, part = t % splits, sq = seq % a.groups;
+            const int64_t bk = seq / a.groups, b = bk / a.Hkv, kvh = bk % a.Hkv;
+            float* dk = a.dk + row_of(a, bk, a.S, sq, 0) * a.D;
+            float* dv = a.dv + row_of(a, bk, a.S, sq, 0) * a.Dv;
             float* dk_acc = dk;
             float* dv_acc = dv;
+            int64_t step = a.groups;  // rows between a sequence's positions
             if (splits > 1) {
+                step = 1;
                 std::fill(w.dk.begin(), w.dk.end(), 0.0f);
                 std::fill(w.dv.begin(), w.dv.end(), 0.0f);
                 dk_acc = w.dk.data();
@@ -652,13 +676,17 @@ void attnkit_attention_backward(const Args* args) {
             const int64_t first = part * per_head / splits, last = (part + 1) * per_head / splits;
             for (int64_t u = first; u < last; ++u) {
                 const int64_t h = kvh * G + u / nqb, i0 = (u % nqb) * a.bq;
-                backward_block(a, b, h, i0, std::min(i0 + a.bq, a.N), w, dk_acc, dv_acc);
+                backward_block(a, b, h, sq, i0, std::min(i0 + a.bq, a.N), w, dk_acc, dv_acc, step);
             }
             if (splits > 1) {
 #pragma omp critical(attnkit_dkdv)
                 {
-                    for (int64_t e = 0; e < a.S * a.D; ++e) dk[e] += w.dk[e];
-                    for (int64_t e = 0; e < a.S * a.Dv; ++e) dv[e] += w.dv[e];
+                    for (int64_t j = 0; j < a.S; ++j) {
+                        float* dkj = dk + j * a.groups * a.D;
+                        float* dvj = dv + j * a.groups * a.Dv;
+                        for (int64_t e = 0; e < a.D; ++e) dkj[e] += w.dk[j * a.D + e];
+                        for (int64_t e = 0; e < a.Dv; ++e) dvj[e] += w.dv[j * a.Dv + e];
+                    }
                 }
             }
         }
