@@ -488,6 +488,83 @@ void load_q(const Args& a, int64_t b, int64_t h, int64_t r, int64_t i0, int64_t 
     }
 }
 
+// out and lse of one row from its running max m and sum l and unnormalised output acc.
+void write_row(const Args& a, int64_t row, const float* acc, float m, float l) {
+    float* o = a.out + row * a.Dv;
+    // l == 0 exactly when the row saw nothing: out 0 and lse -inf, never 0 / 0. A NaN
+    // score makes l NaN: out (acc * 0) and lse stay NaN, and backward keeps the row.
+    const float f = l > 0.0f ? a.inv_keep / l : 0.0f;
+    for (int64_t e = 0; e < a.Dv; ++e) o[e] = acc[e] * f;
+    a.lse[row] = l > 0.0f ? m + std::log(l) : (l == 0.0f ? kNegInf : l);
+}
+
+// ------------------------------------------------------------------ the row path
+// A block whose rows each see a few keys of a wider span (a narrow window: nq rows span
+// w + nq - 1 keys) is computed a row at a time over each row's own keys, without matrix
+// products, whose set-up (the BLAS packs its operands) costs more than their work there. Same
+// masks, score functions, dropout and softmax as the block path. Measured (AMD EPYC Zen 4,
+// 1 thread, N=4096, H=8, D=64, forward, fastest of 15): two-sided windows of 9 and 17 keys
+// 11.1 -> 6.7 and 10.6 -> 8.4 ms, causal 16 keys 13.2 -> 7.9 ms; at 31-32 keys the blocks
+// are faster (14.3 vs 17.1 ms), and where the span is no wider than the rows (short
+// interleaved sequences, small documents) the row path only re-reads the keys.
+constexpr int64_t kRowPathKeys = 24;  // the widest row for which a block takes the row path
+
+inline float dot(const float* x, const float* y, int64_t n) {
+    vfloat acc{};
+    int64_t e = 0;
+    for (; e + kLanes <= n; e += kLanes) acc += load(x + e) * load(y + e);
+    if (e < n) acc += load_part(x + e, n - e, 0.0f) * load_part(y + e, n - e, 0.0f);
+    return reduce_add(acc);
+}
+
+// The keys [lo, hi) of row r (query i) of a block on the row path: its interval, cut by the
+// causal limit and the key blocks' span [first, end).
+inline void row_span(const Args& a, const Scratch& w, int64_t r, int64_t i, int64_t first,
+                     int64_t end, int64_t& lo, int64_t& hi) {
+    lo = a.rows ? std::max(w.lo[r], first) : first;
+    hi = a.rows ? std::min(w.hi[r], end) : end;
+    if (a.causal) hi = std::min(hi, i + a.S - a.N + 1);
+    hi = std::max(hi, lo);
+}
+
+// Whether rows i0..i1 take the row path: no tiles, every row's keys at most kRowPathKeys,
+// and the blocks' span wider than the widest row.
+bool row_path(const Args& a, const Scratch& w, int64_t i0, int64_t i1) {
+    if (a.table) return false;
+    const int64_t first = w.blocks.empty() ? 0 : w.blocks.front().j0;
+    const int64_t end = w.blocks.empty() ? 0 : w.blocks.back().j0 + w.blocks.back().nk;
+    int64_t widest = 0;
+    for (int64_t r = 0; r < i1 - i0; ++r) {
+        int64_t lo, hi;
+        row_span(a, w, r, i0 + r, first, end, lo, hi);
+        widest = std::max(widest, hi - lo);
+    }
+    return widest <= kRowPathKeys && end - first > widest;
+}
+
+// Forward of query i (pre-scaled row qr) over keys [lo, hi); kb, vb: the keys and values of
+// its sequence, ldk, ldv apart.
+void forward_row(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, const float* qr,
+                 const float* kb, int64_t ldk, const float* vb, int64_t ldv, int64_t lo,
+                 int64_t hi, float* s, float* acc) {
+    const int64_t nk = hi - lo, row = row_of(a, b * a.H + h, a.N, sq, i);
+    for (int64_t c = 0; c < nk; ++c) s[c] = dot(qr, kb + (lo + c) * ldk, a.D);
+    score_mod_row_fwd(a, h, i, lo, nk, s, nullptr);
+    mask_row(a, b, h, i, lo, nk, s);
+    const float m = row_max(s, nk), m_safe = m == kNegInf ? 0.0f : m;
+    const float l = a.keep_t < kNoDropout
+        ? exp_sum_row<true>(s, nk, m_safe, row_key(a, row), static_cast<uint32_t>(a.keep_t), lo)
+        : exp_sum_row<false>(s, nk, m_safe, RowKey{}, 0, lo);
+    std::fill(acc, acc + a.Dv, 0.0f);
+    for (int64_t c = 0; c < nk; ++c) {
+        const float p = s[c];
+        const float* vr = vb + (lo + c) * ldv;
+#pragma omp simd
+        for (int64_t e = 0; e < a.Dv; ++e) acc[e] += p * vr[e];
+    }
+    write_row(a, row, acc, m, l);
+}
+
 void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t i1,
                    Scratch& w) {
     const int64_t nq = i1 - i0, D = a.D, Dv = a.Dv, kvh = h / (a.H / a.Hkv);
@@ -496,10 +573,21 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     const float* vb = a.v + row_of(a, b * a.Hkv + kvh, a.S, sq, 0) * Dv;
     float *s = w.s.data(), *qs = w.qs.data(), *acc = w.acc.data();
     load_q(a, b, h, sq, i0, nq, qs);
+    key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
+    if (row_path(a, w, i0, i1)) {
+        const int64_t first = w.blocks.empty() ? 0 : w.blocks.front().j0;
+        const int64_t end = w.blocks.empty() ? 0 : w.blocks.back().j0 + w.blocks.back().nk;
+        for (int64_t r = 0; r < nq; ++r) {
+            int64_t lo, hi;
+            row_span(a, w, r, i0 + r, first, end, lo, hi);
+            w.work += hi - lo;
+            forward_row(a, b, h, sq, i0 + r, qs + r * D, kb, ldk, vb, ldv, lo, hi, s, acc);
+        }
+        return;
+    }
     std::fill(w.m.begin(), w.m.begin() + nq, kNegInf);  // running row max
     std::fill(w.l.begin(), w.l.begin() + nq, 0.0f);     // running sum of exp (before dropout)
     std::fill(acc, acc + nq * Dv, 0.0f);                // unnormalised output
-    key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
     for (const KeyBlock& blk : w.blocks) {
         const int64_t j0 = blk.j0, nk = blk.nk;
         w.work += nq * nk;
@@ -531,14 +619,7 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
         mm_nn(nq, Dv, nk, s, nk, vb + j0 * ldv, ldv, 1.0f, acc, Dv);  // acc += P~ v
     }
     for (int64_t r = 0; r < nq; ++r) {
-        const int64_t row = row_of(a, b * a.H + h, a.N, sq, i0 + r);
-        float* o = a.out + row * Dv;
-        const float l = w.l[r];
-        // l == 0 exactly when the row saw nothing: out 0 and lse -inf, never 0 / 0. A NaN
-        // score makes l NaN: out (acc * 0) and lse stay NaN, and backward keeps the row.
-        const float f = l > 0.0f ? a.inv_keep / l : 0.0f;
-        for (int64_t e = 0; e < Dv; ++e) o[e] = acc[r * Dv + e] * f;
-        a.lse[row] = l > 0.0f ? w.m[r] + std::log(l) : (l == 0.0f ? kNegInf : l);
+        write_row(a, row_of(a, b * a.H + h, a.N, sq, i0 + r), acc + r * Dv, w.m[r], w.l[r]);
     }
 }
 

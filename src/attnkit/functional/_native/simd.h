@@ -89,6 +89,20 @@ inline float hsum(vfloat v) {
     return s;
 }
 
+// The sum of the lanes as a tree of shuffles and adds (hsum adds them one after another): for
+// the row path's dot products, one per key.
+inline float reduce_add(vfloat v) {
+#if defined(__AVX512F__)
+    return _mm512_reduce_add_ps(v);
+#elif defined(__AVX__)
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+#else
+    return hsum(v);
+#endif
+}
+
 inline float hmax(vfloat v, float m) {
     for (int u = 0; u < kLanes; ++u) m = v[u] > m ? v[u] : m;
     return m;
