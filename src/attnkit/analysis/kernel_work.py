@@ -50,7 +50,7 @@ PASSES = {
 }
 
 
-ROW_PATH_KEYS = 24  # attention_cpu.cpp's kRowPathKeys: the widest row of a row-path block
+ROW_PATH_KEYS = 64  # attention_cpu.cpp's kRowPathKeys: the widest row of a row-path block
 
 
 @dataclass(frozen=True)

@@ -503,11 +503,12 @@ void write_row(const Args& a, int64_t row, const float* acc, float m, float l) {
 // w + nq - 1 keys) is computed a row at a time over each row's own keys, without matrix
 // products, whose set-up (the BLAS packs its operands) costs more than their work there. Same
 // masks, score functions, dropout and softmax as the block path. Measured (AMD EPYC Zen 4,
-// 1 thread, N=4096, H=8, D=64, forward, fastest of 15): two-sided windows of 9 and 17 keys
-// 11.1 -> 6.7 and 10.6 -> 8.4 ms, causal 16 keys 13.2 -> 7.9 ms; at 31-32 keys the blocks
-// are faster (14.3 vs 17.1 ms), and where the span is no wider than the rows (short
-// interleaved sequences, small documents) the row path only re-reads the keys.
-constexpr int64_t kRowPathKeys = 24;  // the widest row for which a block takes the row path
+// 1 thread, N=4096, H=8, D=64, forward, fastest of 15, block path -> row path): two-sided
+// windows of 9, 17, 31, 47 and 63 keys 10.6 -> 5.2, 10.4 -> 6.1, 14.3 -> 7.6, 16.5 -> 10.2 and
+// 18.3 -> 15.8 ms, causal windows of 32 and 64 keys 14.8 -> 7.5 and 19.2 -> 14.4 ms; from
+// about 96 keys on the blocks are as fast or faster, and where the span is no wider than the
+// rows (short interleaved sequences, small documents) the row path only re-reads the keys.
+constexpr int64_t kRowPathKeys = 64;  // the widest row for which a block takes the row path
 
 inline float dot(const float* x, const float* y, int64_t n) {
     vfloat acc{};
@@ -515,6 +516,38 @@ inline float dot(const float* x, const float* y, int64_t n) {
     for (; e + kLanes <= n; e += kLanes) acc += load(x + e) * load(y + e);
     if (e < n) acc += load_part(x + e, n - e, 0.0f) * load_part(y + e, n - e, 0.0f);
     return reduce_add(acc);
+}
+
+// out (n) = sum over c < nk of p[c] * row c of x (rows ld apart): n in chunks of four vectors,
+// held in registers across the rows (accumulating in memory would chain every row's update
+// to the previous one's store).
+inline void weighted_sum(const float* p, int64_t nk, const float* x, int64_t ld, int64_t n,
+                         float* out) {
+    int64_t e = 0;
+    for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
+        vfloat a0{}, a1{}, a2{}, a3{};
+        for (int64_t c = 0; c < nk; ++c) {
+            const vfloat pc = splat(p[c]);
+            const float* xr = x + c * ld + e;
+            a0 += pc * load(xr);
+            a1 += pc * load(xr + kLanes);
+            a2 += pc * load(xr + 2 * kLanes);
+            a3 += pc * load(xr + 3 * kLanes);
+        }
+        store(out + e, a0);
+        store(out + e + kLanes, a1);
+        store(out + e + 2 * kLanes, a2);
+        store(out + e + 3 * kLanes, a3);
+    }
+    for (; e < n; e += kLanes) {  // one vector at a time, the last one partial
+        const int64_t m = std::min<int64_t>(kLanes, n - e);
+        vfloat a{};
+        for (int64_t c = 0; c < nk; ++c) {
+            const float* xr = x + c * ld + e;
+            a += splat(p[c]) * (m == kLanes ? load(xr) : load_part(xr, m, 0.0f));
+        }
+        store_part(out + e, a, m);
+    }
 }
 
 // The keys [lo, hi) of row r (query i) of a block on the row path: its interval, cut by the
@@ -555,13 +588,7 @@ void forward_row(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, con
     const float l = a.keep_t < kNoDropout
         ? exp_sum_row<true>(s, nk, m_safe, row_key(a, row), static_cast<uint32_t>(a.keep_t), lo)
         : exp_sum_row<false>(s, nk, m_safe, RowKey{}, 0, lo);
-    std::fill(acc, acc + a.Dv, 0.0f);
-    for (int64_t c = 0; c < nk; ++c) {
-        const float p = s[c];
-        const float* vr = vb + (lo + c) * ldv;
-#pragma omp simd
-        for (int64_t e = 0; e < a.Dv; ++e) acc[e] += p * vr[e];
-    }
+    weighted_sum(s, nk, vb + lo * ldv, ldv, a.Dv, acc);
     write_row(a, row, acc, m, l);
 }
 
