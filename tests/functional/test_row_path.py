@@ -88,18 +88,25 @@ def test_score_functions_on_the_row_path(score_mod):
         torch.testing.assert_close(a.double(), b, rtol=0, atol=2e-5)
 
 
-def test_dropout_drops_the_entries_of_the_pytorch_kernel():
-    """Same seed, same dropped entries on the row path as on the PyTorch kernel's blocks."""
+@pytest.mark.parametrize("threads", [1, 4])  # 4 threads on B·Hkv = 2 kv heads: split blocks
+def test_dropout_drops_the_entries_of_the_pytorch_kernel(threads):
+    """Same seed, same dropped entries on the row path as on the PyTorch kernel's blocks,
+    forward and backward."""
     n = 90
-    q, k, v = (t.float() for t in _inputs(n, n))
-    mask = masks.window(n, 3)
-    outs = []
-    for kernel in ("native", "torch"):
-        torch.manual_seed(7)
-        outs.append(
-            chunked_attention(
-                q, k, v, mask=mask, bias=None, causal=False, scale=0.25, dropout_p=0.4,
-                training=True, kernel=kernel,
-            )[0]
-        )  # fmt: skip
-    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=2e-6)
+    results = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for kernel in ("native", "torch"):
+            q, k, v = (t.float().requires_grad_() for t in _inputs(n, n, hkv=1))
+            torch.manual_seed(7)
+            out, lse = chunked_attention(
+                q, k, v, mask=masks.window(n, 3), bias=None, causal=False, scale=0.25,
+                dropout_p=0.4, training=True, kernel=kernel,
+            )  # fmt: skip
+            cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+            results.append((out, *torch.autograd.grad((out * cot).sum() + lse.sum(), (q, k, v))))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)

@@ -16,9 +16,9 @@ the counter on the kernel (`native.count_work()`); the tests hold them equal.
 Where the blocks add work: a query block's key span is as wide as the union of its rows'
 intervals. A causal window of w keys over blocks of bq rows spans w + bq - 1 keys per block,
 so the kernel computes about N·(w + bq - 1) entries for the N·w the mask allows; a query block
-that straddles two documents spans both. Except in the forward where every row of a block
-sees at most `ROW_PATH_KEYS` keys of a wider span (a narrow window): the kernel then computes
-each row over its own keys alone (attention_cpu.cpp's row path), N·w entries for a window of w.
+that straddles two documents spans both. Except where every row of a block sees at most
+`ROW_PATH_KEYS[pass_]` keys of a wider span (a narrow window): the kernel then computes each
+row over its own keys alone (attention_cpu.cpp's row path), N·w entries for a window of w.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ PASSES = {
 }
 
 
-ROW_PATH_KEYS = 64  # attention_cpu.cpp's kRowPathKeys: the widest row of a row-path block
+# attention_cpu.cpp's kRowPathKeys / kRowPathKeysBackward: the widest row of a row-path block
+ROW_PATH_KEYS = {"forward": 64, "backward": 32}
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def kernel_work(
         for i0 in range(0, n, bq):
             i1 = min(i0 + bq, n)
             spans = [(j0, j1) for j0, j1, _, _ in key_blocks(one, i0, i1, n, s, bq, bk, causal)]
-            rows = _row_path(one, i0, i1, n, s, causal, spans) if pass_ == "forward" else None
+            rows = _row_path(one, i0, i1, n, s, causal, spans, ROW_PATH_KEYS[pass_])
             if rows is not None:  # each row over its own keys, no blocks
                 computed += rows
                 continue
@@ -167,11 +168,11 @@ def _sizes(mask: StructuredMask | None, n: int | None, s: int | None) -> tuple[i
     return n, s
 
 
-def _row_path(plan: MaskPlan | None, i0, i1, n, s, causal, spans) -> int | None:
-    """The entries rows i0:i1 compute on the forward's row path (attention_cpu.cpp's
+def _row_path(plan: MaskPlan | None, i0, i1, n, s, causal, spans, limit) -> int | None:
+    """The entries rows i0:i1 compute on the row path (attention_cpu.cpp's
     `row_path`, `row_span`: each row's interval within the blocks' span, cut by the causal
-    limit), or None where they take the block path (tiles, a row wider than `ROW_PATH_KEYS`,
-    or no row narrower than the span)."""
+    limit), or None where they take the block path (tiles, a row wider than `limit`, or no
+    row narrower than the span)."""
     if plan is not None and plan.table is not None:
         return None
     first, end = (spans[0][0], spans[-1][1]) if spans else (0, 0)
@@ -184,7 +185,7 @@ def _row_path(plan: MaskPlan | None, i0, i1, n, s, causal, spans) -> int | None:
         hi = torch.minimum(hi, i + s - n + 1)
     width = (hi - lo).clamp(min=0)
     widest = int(width.max())
-    return int(width.sum()) if widest <= ROW_PATH_KEYS and end - first > widest else None
+    return int(width.sum()) if widest <= limit and end - first > widest else None
 
 
 def _walks(plan: MaskPlan | None) -> list[MaskPlan | None]:

@@ -508,7 +508,10 @@ void write_row(const Args& a, int64_t row, const float* acc, float m, float l) {
 // 18.3 -> 15.8 ms, causal windows of 32 and 64 keys 14.8 -> 7.5 and 19.2 -> 14.4 ms; from
 // about 96 keys on the blocks are as fast or faster, and where the span is no wider than the
 // rows (short interleaved sequences, small documents) the row path only re-reads the keys.
-constexpr int64_t kRowPathKeys = 64;  // the widest row for which a block takes the row path
+// The backward's rows do twice the dot products: forward + backward, windows of 9 and 17 keys
+// 28.1 -> 20.0 and 28.1 -> 24.9 ms, 33 keys even (34.4 vs 34.2), 63 keys slower (47.9 -> 55.5).
+constexpr int64_t kRowPathKeys = 64;          // the widest row of a forward row-path block
+constexpr int64_t kRowPathKeysBackward = 32;  // and of a backward one
 
 inline float dot(const float* x, const float* y, int64_t n) {
     vfloat acc{};
@@ -560,19 +563,24 @@ inline void row_span(const Args& a, const Scratch& w, int64_t r, int64_t i, int6
     hi = std::max(hi, lo);
 }
 
-// Whether rows i0..i1 take the row path: no tiles, every row's keys at most kRowPathKeys,
-// and the blocks' span wider than the widest row.
-bool row_path(const Args& a, const Scratch& w, int64_t i0, int64_t i1) {
+// The keys [first, end) the key blocks of a query block span ([0, 0) when there are none).
+inline void blocks_span(const Scratch& w, int64_t& first, int64_t& end) {
+    first = w.blocks.empty() ? 0 : w.blocks.front().j0;
+    end = w.blocks.empty() ? 0 : w.blocks.back().j0 + w.blocks.back().nk;
+}
+
+// Whether rows i0..i1 take the row path: no tiles, every row's keys at most `limit`
+// (kRowPathKeys, kRowPathKeysBackward), and the blocks' span wider than the widest row.
+bool row_path(const Args& a, const Scratch& w, int64_t i0, int64_t i1, int64_t limit) {
     if (a.table) return false;
-    const int64_t first = w.blocks.empty() ? 0 : w.blocks.front().j0;
-    const int64_t end = w.blocks.empty() ? 0 : w.blocks.back().j0 + w.blocks.back().nk;
-    int64_t widest = 0;
+    int64_t first, end, widest = 0;
+    blocks_span(w, first, end);
     for (int64_t r = 0; r < i1 - i0; ++r) {
         int64_t lo, hi;
         row_span(a, w, r, i0 + r, first, end, lo, hi);
         widest = std::max(widest, hi - lo);
     }
-    return widest <= kRowPathKeys && end - first > widest;
+    return widest <= limit && end - first > widest;
 }
 
 // Forward of query i (pre-scaled row qr) over keys [lo, hi); kb, vb: the keys and values of
@@ -601,9 +609,9 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     float *s = w.s.data(), *qs = w.qs.data(), *acc = w.acc.data();
     load_q(a, b, h, sq, i0, nq, qs);
     key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
-    if (row_path(a, w, i0, i1)) {
-        const int64_t first = w.blocks.empty() ? 0 : w.blocks.front().j0;
-        const int64_t end = w.blocks.empty() ? 0 : w.blocks.back().j0 + w.blocks.back().nk;
+    if (row_path(a, w, i0, i1, kRowPathKeys)) {
+        int64_t first, end;
+        blocks_span(w, first, end);
         for (int64_t r = 0; r < nq; ++r) {
             int64_t lo, hi;
             row_span(a, w, r, i0 + r, first, end, lo, hi);
@@ -650,6 +658,42 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     }
 }
 
+// Backward of query i (pre-scaled row qr, dO' row dor, its lse and D_i) over keys [lo, hi):
+// the block path's Algorithm 2, lines 11-13, a row at a time. dq (D) is written (dS k), and
+// the rows lo..hi of dk_acc and dv_acc (D * step and Dv * step apart) are added to.
+void backward_row(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, const float* qr,
+                  const float* dor, float lse, float di, const float* kb, int64_t ldk,
+                  const float* vb, int64_t ldv, int64_t lo, int64_t hi, Scratch& w, float* dq,
+                  float* dk_acc, float* dv_acc, int64_t step) {
+    const int64_t nk = hi - lo, D = a.D, Dv = a.Dv;
+    std::fill(dq, dq + D, 0.0f);
+    if (lse == kNegInf || nk == 0) return;  // the row sees nothing: no gradient
+    float *s = w.s.data(), *dp = w.dp.data(), *g = w.g.empty() ? nullptr : w.g.data();
+    for (int64_t c = 0; c < nk; ++c) {
+        s[c] = dot(qr, kb + (lo + c) * ldk, D);    // S
+        dp[c] = dot(dor, vb + (lo + c) * ldv, Dv);  // dP~ = dO' v^T
+    }
+    score_mod_row_fwd(a, h, i, lo, nk, s, g);
+    mask_row(a, b, h, i, lo, nk, s);
+    if (a.keep_t < kNoDropout) {
+        const RowKey key = row_key(a, row_of(a, b * a.H + h, a.N, sq, i));
+        grad_row<true>(s, dp, nk, lse, di, key, static_cast<uint32_t>(a.keep_t), lo);
+    } else {
+        grad_row<false>(s, dp, nk, lse, di, RowKey{}, 0, lo);
+    }
+    score_mod_row_bwd(a, h, i, lo, nk, dp, g, w.dtab.empty() ? nullptr : w.dtab.data());
+    weighted_sum(dp, nk, kb + lo * ldk, ldk, D, dq);  // dQ = dS k
+    for (int64_t c = 0; c < nk; ++c) {
+        const float ds = dp[c], pk = s[c];
+        float* dkr = dk_acc + (lo + c) * D * step;
+        float* dvr = dv_acc + (lo + c) * Dv * step;
+#pragma omp simd
+        for (int64_t e = 0; e < D; ++e) dkr[e] += ds * qr[e];  // dK += dS^T (scale q)
+#pragma omp simd
+        for (int64_t e = 0; e < Dv; ++e) dvr[e] += pk * dor[e];  // dV += (P K)^T dO'
+    }
+}
+
 // One query block of head (b, h), sequence sq; dk, dv (S, D) / (S, Dv) of its kv head are
 // accumulated into dk_acc / dv_acc, whose position j is row j * step. FlashAttention-2
 // Algorithm 2 with dropout: with keep mask K and dO' = dO * inv_keep, dV += (P*K)^T dO',
@@ -679,6 +723,18 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
     std::fill(dq, dq + nq * D, 0.0f);
     key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
     const uint32_t t = static_cast<uint32_t>(a.keep_t < kNoDropout ? a.keep_t : 0);
+    if (row_path(a, w, i0, i1, kRowPathKeysBackward)) {
+        int64_t first, end;
+        blocks_span(w, first, end);
+        for (int64_t r = 0; r < nq; ++r) {
+            int64_t lo, hi;
+            row_span(a, w, r, i0 + r, first, end, lo, hi);
+            w.work += hi - lo;
+            backward_row(a, b, h, sq, i0 + r, qs + r * D, dob + r * Dv, lse[r], dlt[r], kb, ldk,
+                         vb, ldv, lo, hi, w, dq + r * D, dk_acc, dv_acc, step);
+        }
+        w.blocks.clear();  // computed: no blocks left
+    }
     for (const KeyBlock& blk : w.blocks) {
         const int64_t j0 = blk.j0, nk = blk.nk;
         w.work += nq * nk;
