@@ -270,13 +270,19 @@ def test_groups_with_empty_rows_give_zero(kernel, threads):
         torch.testing.assert_close(a.double(), merge_groups(b, g), rtol=0, atol=1e-5)
 
 
-def test_groups_refuse_bias_dropout_and_score_functions():
+def test_groups_refuse_bias_dropout_and_masks_of_their_own():
     q = torch.randn(1, 1, 6, 4)
     kw = dict(mask=None, causal=False, scale=1.0, training=True, groups=2)
     with pytest.raises(ValueError, match="groups > 1 takes no bias, dropout or score_mod"):
         chunked_attention(q, q, q, bias=torch.zeros(6, 6), dropout_p=0.0, **kw)
     with pytest.raises(ValueError, match="groups > 1 takes no bias, dropout or score_mod"):
         chunked_attention(q, q, q, bias=None, dropout_p=0.5, **kw)
+    kw |= {"training": False}
+    per_row = torch.ones(2, 1, 1, 3, dtype=torch.bool)  # a key padding mask of batch 2
+    for mask, got in ((torch.ones(3, 3, dtype=torch.bool), "a tensor"),
+                      (window(3, 1) & per_row, "batch 2")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"the mask is one sequence's.*got {got}"):
+            chunked_attention(q, q, q, bias=None, dropout_p=0.0, **kw | {"mask": mask})
 
 
 @needs_kernel

@@ -348,9 +348,10 @@ def chunked_attention(
     `_chunked_mod` (checkpointed query blocks, gradients through the function).
 
     ``groups`` = g > 1: the token axis holds g independent interleaved sequences (token t·g + r
-    is position t of sequence r; N and S multiples of g), which ``mask`` (over one sequence's
-    N/g × S/g) and ``causal`` describe; no bias, dropout or score function. The compiled
-    kernel reads them in place; the PyTorch one gets them as rows of the batch (a copy).
+    is position t of sequence r; N and S multiples of g), which ``mask`` (a structured mask of
+    batch 1 over one sequence's N/g × S/g, or None) and ``causal`` describe; no bias, dropout
+    or score function. The compiled kernel reads them in place; the PyTorch one gets them as
+    rows of the batch (a copy).
     """
     if kernel not in ("auto", "native", "torch"):
         raise ValueError(f"kernel must be 'auto', 'native' or 'torch', got {kernel!r}")
@@ -359,6 +360,13 @@ def chunked_attention(
     seed = draw_seed(q.device) if t_keep < NO_DROPOUT else None
     if groups > 1 and (bias is not None or score_mod is not None or t_keep < NO_DROPOUT):
         raise ValueError("chunked_attention: groups > 1 takes no bias, dropout or score_mod")
+    shared = mask is None or (isinstance(mask, StructuredMask) and mask.batch == 1)
+    if groups > 1 and not shared:
+        got = "a tensor" if isinstance(mask, Tensor) else f"batch {mask.batch}"
+        raise ValueError(
+            f"chunked_attention: with groups > 1 the mask is one sequence's, shared by every "
+            f"sequence and batch row (a structured mask of batch 1), got {got}"
+        )
     if kernel == "native" and not native.supports(q, bias):
         raise ValueError(
             f"kernel='native' cannot run this call ({q.dtype} on {q.device}, bias needing a "
