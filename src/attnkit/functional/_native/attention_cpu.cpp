@@ -521,6 +521,34 @@ inline float dot(const float* x, const float* y, int64_t n) {
     return reduce_add(acc);
 }
 
+// s[c] = x . row c of y (n wide, rows ld apart) for c < nk: four rows at a time, sharing the
+// loads of x and reduced together.
+inline void dots(const float* x, const float* y, int64_t ld, int64_t n, int64_t nk, float* s) {
+    int64_t c = 0;
+    for (; c + 4 <= nk; c += 4) {
+        const float* y0 = y + c * ld;
+        vfloat a0{}, a1{}, a2{}, a3{};
+        int64_t e = 0;
+        for (; e + kLanes <= n; e += kLanes) {
+            const vfloat xv = load(x + e);
+            a0 += xv * load(y0 + e);
+            a1 += xv * load(y0 + ld + e);
+            a2 += xv * load(y0 + 2 * ld + e);
+            a3 += xv * load(y0 + 3 * ld + e);
+        }
+        if (e < n) {
+            const int64_t m = n - e;
+            const vfloat xv = load_part(x + e, m, 0.0f);
+            a0 += xv * load_part(y0 + e, m, 0.0f);
+            a1 += xv * load_part(y0 + ld + e, m, 0.0f);
+            a2 += xv * load_part(y0 + 2 * ld + e, m, 0.0f);
+            a3 += xv * load_part(y0 + 3 * ld + e, m, 0.0f);
+        }
+        reduce_add4(a0, a1, a2, a3, s + c);
+    }
+    for (; c < nk; ++c) s[c] = dot(x, y + c * ld, n);
+}
+
 // out (n) = sum over c < nk of p[c] * row c of x (rows ld apart): n in chunks of four vectors,
 // held in registers across the rows (accumulating in memory would chain every row's update
 // to the previous one's store).
@@ -589,7 +617,7 @@ void forward_row(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, con
                  const float* kb, int64_t ldk, const float* vb, int64_t ldv, int64_t lo,
                  int64_t hi, float* s, float* acc) {
     const int64_t nk = hi - lo, row = row_of(a, b * a.H + h, a.N, sq, i);
-    for (int64_t c = 0; c < nk; ++c) s[c] = dot(qr, kb + (lo + c) * ldk, a.D);
+    dots(qr, kb + lo * ldk, ldk, a.D, nk, s);
     score_mod_row_fwd(a, h, i, lo, nk, s, nullptr);
     mask_row(a, b, h, i, lo, nk, s);
     const float m = row_max(s, nk), m_safe = m == kNegInf ? 0.0f : m;
@@ -669,10 +697,8 @@ void backward_row(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, co
     std::fill(dq, dq + D, 0.0f);
     if (lse == kNegInf || nk == 0) return;  // the row sees nothing: no gradient
     float *s = w.s.data(), *dp = w.dp.data(), *g = w.g.empty() ? nullptr : w.g.data();
-    for (int64_t c = 0; c < nk; ++c) {
-        s[c] = dot(qr, kb + (lo + c) * ldk, D);    // S
-        dp[c] = dot(dor, vb + (lo + c) * ldv, Dv);  // dP~ = dO' v^T
-    }
+    dots(qr, kb + lo * ldk, ldk, D, nk, s);     // S
+    dots(dor, vb + lo * ldv, ldv, Dv, nk, dp);  // dP~ = dO' v^T
     score_mod_row_fwd(a, h, i, lo, nk, s, g);
     mask_row(a, b, h, i, lo, nk, s);
     if (a.keep_t < kNoDropout) {

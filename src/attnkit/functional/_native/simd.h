@@ -103,6 +103,33 @@ inline float reduce_add(vfloat v) {
 #endif
 }
 
+// The lane sums of four vectors into out[0..4): the four reduced together, a shuffle tree
+// within each 128-bit lane, then the lanes added (two or four dot products' worth of shuffles
+// fewer than four reduce_add).
+inline void reduce_add4(vfloat a0, vfloat a1, vfloat a2, vfloat a3, float* out) {
+#if defined(__AVX512F__)
+    // per 128-bit lane: t0 = [a0 0+2, a1 0+2, a0 1+3, a1 1+3], t1 the same of a2, a3
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1));
+    const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(u), hi);
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+#elif defined(__AVX__)
+    const __m256 t0 = _mm256_add_ps(_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
+    const __m256 t1 = _mm256_add_ps(_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
+    const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+#else
+    out[0] = hsum(a0);
+    out[1] = hsum(a1);
+    out[2] = hsum(a2);
+    out[3] = hsum(a3);
+#endif
+}
+
 inline float hmax(vfloat v, float m) {
     for (int u = 0; u < kLanes; ++u) m = v[u] > m ? v[u] : m;
     return m;
