@@ -42,7 +42,7 @@ _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class _Args(ctypes.Structure):
-    """Mirror of ``struct Args`` in attention_cpu.cpp (same order, same types)."""
+    """Mirror of ``struct Args`` in _native/args.h (same order, same types)."""
 
     _fields_ = [
         *[(n, ctypes.c_int64) for n in ("B", "H", "Hkv", "N", "S", "D", "Dv", "bq", "bk")],
@@ -125,7 +125,7 @@ def _args(
     q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, structure, blocks, groups=1
 ) -> _Args:
     """The kernel's arguments. `groups`: the token axis interleaves that many independent
-    sequences (`Args::groups` in attention_cpu.cpp), N and S counting one sequence's."""
+    sequences (`Args::groups` in _native/args.h), N and S counting one sequence's."""
     b, h, n, d = q.shape
     n, s = n // groups, k.shape[2] // groups
     rows, table, tiles = structure

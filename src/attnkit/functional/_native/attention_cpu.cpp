@@ -28,6 +28,8 @@
 #include <limits>
 #include <vector>
 
+#include "args.h"
+#include "score_mods.h"
 #include "simd.h"
 
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
@@ -71,33 +73,8 @@ inline void mm_tn(int r, int c, int k, const float* A, int lda, const float* B, 
 }
 
 // ------------------------------------------------------------------ elementwise pieces
-
-// exp(x) in float32 for softmax arguments: Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2,
-// and the Cephes expf polynomial (under 1 ulp); 2^k is built from the bits of the sum that
-// rounds x log2(e), so that exp is 0 exactly for x < -87.68 (k = -127) and at -inf, and NaN
-// stays NaN (simd.h, kExpLo). The scalar twin of exp_v, for the one value per row (the
-// rescale factor of the running sums); branch-free, no libm call.
-inline float exp_f(float x) {
-    float xc = kExpLo > x ? kExpLo : x;
-    xc = 88.0f < xc ? 88.0f : xc;
-    const float t = xc * 1.44269504088896341f + kExpShifter;
-    const float kf = t - kExpShifter;  // nearest integer
-    float r = xc - kf * 0.693359375f;
-    r = r + kf * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * (r * r) + r + 1.0f;
-    uint32_t bits;
-    std::memcpy(&bits, &t, sizeof bits);
-    bits <<= 23;
-    float two_k;
-    std::memcpy(&two_k, &bits, sizeof two_k);
-    return y * two_k;
-}
+// (exp_f, the scalar exponential, and the row path's small products live in simd.h; the
+// score functions in score_mods.h)
 
 // max over x[0..n); -inf for n = 0; NaNs are passed over (the exponentials carry them on).
 // Two vector accumulators, so that consecutive maxima do not wait for each other.
@@ -118,69 +95,6 @@ inline uint64_t mix64(uint64_t z) {  // splitmix64's output function (Steele et 
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
 }
-
-}  // namespace
-
-extern "C" {
-
-// Mirrored field by field by attnkit/functional/native.py (ctypes.Structure).
-struct Args {
-    int64_t B, H, Hkv, N, S, D, Dv;
-    int64_t bq, bk;
-    int64_t causal;     // 1: query i sees keys j <= i + S - N (bottom-right aligned)
-    int64_t keep_t;     // dropout: keep iff 32-bit word < keep_t; 2^32 = no dropout
-    int64_t nthreads;
-    uint64_t seed;
-    float scale;        // multiplies q . k^T
-    float inv_keep;     // 2^32 / keep_t, applied to the output (and to dO in backward)
-    const float* q;
-    const float* k;
-    const float* v;
-    const uint8_t* mask;  // may be null
-    int64_t mask_st[4];
-    const float* bias;    // may be null
-    int64_t bias_st[4];
-    float* out;
-    float* lse;
-    const float* dout;    // backward only
-    const float* dlse;    // backward only, may be null
-    float* dq;
-    float* dk;            // zeroed by the caller
-    float* dv;            // zeroed by the caller
-    // Structured masks (attnkit/functional/_mask_plan.py), ANDed with mask, bias and causal:
-    const int64_t* rows;  // may be null: lo (B|1, N) then hi, row i sees keys lo <= j < hi
-    int64_t rows_bst;     // batch stride of lo and hi (0 when one row set serves every batch)
-    int64_t rows_half;    // offset of hi from lo
-    const int32_t* table; // may be null: (B|1, H|1, nqb, nkb) on the bq x bk grid, per block
-                          // -1 empty (skipped), -2 full, t >= 0 partial with tile t
-    int64_t table_st[2];  // batch and head strides of the table (elements)
-    const uint8_t* tiles; // (T, bq, bk): the partial blocks' booleans
-    int64_t* work;        // may be null: score entries computed are added here
-    // Score functions (attnkit/functional/score_mods.py, `_native_mod.py`), applied to
-    // scale q k^T before bias and masks: s -> post(cap(pre(s))), where ALiBi and the relative
-    // table are each added before the cap (pre) or after it (post).
-    float softcap;          // 0: none; else s -> softcap * tanh(s / softcap)
-    const float* alibi;     // may be null: slopes (H,); s += slope_h * (j - (i + alibi_offset)),
-    int64_t alibi_offset;   // or -slope_h * |j - (i + alibi_offset)| when alibi_symmetric
-    int64_t alibi_symmetric;
-    int64_t alibi_post;     // 1: added after the cap
-    const float* rel;       // may be null: (H, rel_len) values, s += rel[h, kpos_j - qpos_i + zero]
-    const int64_t* rel_qpos;  // (N,) positions of the queries; null: qpos_i = i
-    const int64_t* rel_kpos;  // (S,) positions of the keys; null: kpos_j = j
-    int64_t rel_zero;
-    int64_t rel_len;
-    int64_t rel_post;       // 1: added after the cap
-    float* rel_grad;        // backward, may be null: (H, rel_len), d rel accumulated (zeroed)
-    // Interleaved sequences (a strided mask's residue classes, attnkit/functional/reordered.py):
-    // the token axis of q, k, v, out, lse and their gradients holds `groups` independent
-    // sequences, token i * groups + r being position i of sequence r; N and S count one
-    // sequence's positions, and masks, bias and causal apply to positions. 1: one sequence.
-    int64_t groups;
-};
-
-}  // extern "C"
-
-namespace {
 
 constexpr int64_t kNoDropout = int64_t{1} << 32;  // keep_t meaning "keep everything"
 
@@ -315,109 +229,6 @@ void mask_row_structured(const Args& a, const KeyBlock& kb, int64_t lo, int64_t 
     }
 }
 
-// ------------------------------------------------------------------ score functions
-
-// tanh(x) in float32, branch-free so the loops vectorise: Cephes' tanhf (an odd polynomial for
-// |x| < 0.625, 1 - 2 / (exp(2|x|) + 1) beyond, about 2 ulp); tanh(±inf) = ±1, NaN stays NaN.
-inline float tanh_f(float x) {
-    const float ax = std::fabs(x), z = x * x;
-    float p = -5.70498872745e-3f;
-    p = p * z + 2.06390887954e-2f;
-    p = p * z - 5.37397155531e-2f;
-    p = p * z + 1.33314422036e-1f;
-    p = p * z - 3.33332819422e-1f;
-    const float small = p * z * x + x;
-    const float big = 1.0f - 2.0f / (exp_f(2.0f * ax) + 1.0f);
-    return ax < 0.625f ? small : std::copysign(big, x);
-}
-
-// The relative values of head h and query i, indexed by the key's position: row[kpos_j].
-inline const float* rel_row(const Args& a, int64_t h, int64_t i) {
-    const int64_t qp = a.rel_qpos ? a.rel_qpos[i] : i;
-    return a.rel + h * a.rel_len + a.rel_zero - qp;
-}
-
-// The additive terms of one stage (post = 0 before the cap, 1 after) on row i, keys j0..j0+nk.
-void score_mod_add(const Args& a, int64_t post, int64_t h, int64_t i, int64_t j0, int64_t nk,
-                   float* s) {
-    if (a.alibi && a.alibi_post == post) {
-        const float m = a.alibi[h];
-        const int64_t d0 = j0 - (i + a.alibi_offset);
-        if (a.alibi_symmetric) {
-#pragma omp simd
-            for (int64_t c = 0; c < nk; ++c) s[c] += -m * std::fabs(static_cast<float>(d0 + c));
-        } else {
-#pragma omp simd
-            for (int64_t c = 0; c < nk; ++c) s[c] += m * static_cast<float>(d0 + c);
-        }
-    }
-    if (a.rel && a.rel_post == post) {
-        const float* row = rel_row(a, h, i);
-        if (a.rel_kpos) {
-            const int64_t* kp = a.rel_kpos + j0;
-            for (int64_t c = 0; c < nk; ++c) s[c] += row[kp[c]];
-        } else {
-            row += j0;
-#pragma omp simd
-            for (int64_t c = 0; c < nk; ++c) s[c] += row[c];
-        }
-    }
-}
-
-inline bool has_score_mod(const Args& a) { return a.softcap > 0.0f || a.alibi || a.rel; }
-
-// Forward: the score function on one row of raw scores s (before bias and masks). With g
-// non-null (backward), g[c] = d cap / d s = 1 - tanh^2 is kept for `score_mod_row_bwd`.
-void score_mod_row_fwd(const Args& a, int64_t h, int64_t i, int64_t j0, int64_t nk, float* s,
-                       float* g) {
-    if (!has_score_mod(a)) return;
-    score_mod_add(a, 0, h, i, j0, nk, s);
-    if (a.softcap > 0.0f) {
-        const float cap = a.softcap, inv = 1.0f / a.softcap;
-        if (g) {
-#pragma omp simd
-            for (int64_t c = 0; c < nk; ++c) {
-                const float t = tanh_f(s[c] * inv);
-                s[c] = cap * t;
-                g[c] = 1.0f - t * t;
-            }
-        } else {
-#pragma omp simd
-            for (int64_t c = 0; c < nk; ++c) s[c] = cap * tanh_f(s[c] * inv);
-        }
-    }
-    score_mod_add(a, 1, h, i, j0, nk, s);
-}
-
-// Gradient of one row's relative values: d rel[h, kpos_j - qpos_i + zero] += ds[c], into this
-// thread's copy drel (H, rel_len).
-void rel_grad_add(const Args& a, int64_t h, int64_t i, int64_t j0, int64_t nk, const float* ds,
-                  float* drel) {
-    const int64_t qp = a.rel_qpos ? a.rel_qpos[i] : i;
-    float* row = drel + h * a.rel_len + a.rel_zero - qp;
-    if (a.rel_kpos) {
-        const int64_t* kp = a.rel_kpos + j0;
-        for (int64_t c = 0; c < nk; ++c) row[kp[c]] += ds[c];
-    } else {
-        row += j0;
-#pragma omp simd
-        for (int64_t c = 0; c < nk; ++c) row[c] += ds[c];
-    }
-}
-
-// Backward: ds (dS of the final scores) becomes dS of the raw scores, in place; the relative
-// values' gradient goes to dtab (this thread's (H, rel_len) copy, null when not wanted).
-void score_mod_row_bwd(const Args& a, int64_t h, int64_t i, int64_t j0, int64_t nk, float* ds,
-                       const float* g, float* dtab) {
-    if (!has_score_mod(a)) return;
-    if (dtab && a.rel_post == 1) rel_grad_add(a, h, i, j0, nk, ds, dtab);
-    if (a.softcap > 0.0f) {
-#pragma omp simd
-        for (int64_t c = 0; c < nk; ++c) ds[c] *= g[c];
-    }
-    if (dtab && a.rel_post == 0) rel_grad_add(a, h, i, j0, nk, ds, dtab);
-}
-
 // End (exclusive) of the keys that rows i0..i1-1 may see at all under `causal`.
 inline int64_t key_end(const Args& a, int64_t i1) {
     return a.causal ? std::min(a.S, std::max<int64_t>(i1 + a.S - a.N, 0)) : a.S;
@@ -513,73 +324,6 @@ void write_row(const Args& a, int64_t row, const float* acc, float m, float l) {
 constexpr int64_t kRowPathKeys = 64;          // the widest row of a forward row-path block
 constexpr int64_t kRowPathKeysBackward = 32;  // and of a backward one
 
-inline float dot(const float* x, const float* y, int64_t n) {
-    vfloat acc{};
-    int64_t e = 0;
-    for (; e + kLanes <= n; e += kLanes) acc += load(x + e) * load(y + e);
-    if (e < n) acc += load_part(x + e, n - e, 0.0f) * load_part(y + e, n - e, 0.0f);
-    return reduce_add(acc);
-}
-
-// s[c] = x . row c of y (n wide, rows ld apart) for c < nk: four rows at a time, sharing the
-// loads of x and reduced together.
-inline void dots(const float* x, const float* y, int64_t ld, int64_t n, int64_t nk, float* s) {
-    int64_t c = 0;
-    for (; c + 4 <= nk; c += 4) {
-        const float* y0 = y + c * ld;
-        vfloat a0{}, a1{}, a2{}, a3{};
-        int64_t e = 0;
-        for (; e + kLanes <= n; e += kLanes) {
-            const vfloat xv = load(x + e);
-            a0 += xv * load(y0 + e);
-            a1 += xv * load(y0 + ld + e);
-            a2 += xv * load(y0 + 2 * ld + e);
-            a3 += xv * load(y0 + 3 * ld + e);
-        }
-        if (e < n) {
-            const int64_t m = n - e;
-            const vfloat xv = load_part(x + e, m, 0.0f);
-            a0 += xv * load_part(y0 + e, m, 0.0f);
-            a1 += xv * load_part(y0 + ld + e, m, 0.0f);
-            a2 += xv * load_part(y0 + 2 * ld + e, m, 0.0f);
-            a3 += xv * load_part(y0 + 3 * ld + e, m, 0.0f);
-        }
-        reduce_add4(a0, a1, a2, a3, s + c);
-    }
-    for (; c < nk; ++c) s[c] = dot(x, y + c * ld, n);
-}
-
-// out (n) = sum over c < nk of p[c] * row c of x (rows ld apart): n in chunks of four vectors,
-// held in registers across the rows (accumulating in memory would chain every row's update
-// to the previous one's store).
-inline void weighted_sum(const float* p, int64_t nk, const float* x, int64_t ld, int64_t n,
-                         float* out) {
-    int64_t e = 0;
-    for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
-        vfloat a0{}, a1{}, a2{}, a3{};
-        for (int64_t c = 0; c < nk; ++c) {
-            const vfloat pc = splat(p[c]);
-            const float* xr = x + c * ld + e;
-            a0 += pc * load(xr);
-            a1 += pc * load(xr + kLanes);
-            a2 += pc * load(xr + 2 * kLanes);
-            a3 += pc * load(xr + 3 * kLanes);
-        }
-        store(out + e, a0);
-        store(out + e + kLanes, a1);
-        store(out + e + 2 * kLanes, a2);
-        store(out + e + 3 * kLanes, a3);
-    }
-    for (; e < n; e += kLanes) {  // one vector at a time, the last one partial
-        const int64_t m = std::min<int64_t>(kLanes, n - e);
-        vfloat a{};
-        for (int64_t c = 0; c < nk; ++c) {
-            const float* xr = x + c * ld + e;
-            a += splat(p[c]) * (m == kLanes ? load(xr) : load_part(xr, m, 0.0f));
-        }
-        store_part(out + e, a, m);
-    }
-}
 
 // The keys [lo, hi) of row r (query i) of a block on the row path: its interval, cut by the
 // causal limit and the key blocks' span [first, end).
@@ -611,6 +355,20 @@ bool row_path(const Args& a, const Scratch& w, int64_t i0, int64_t i1, int64_t l
     return widest <= limit && end - first > widest;
 }
 
+// Calls row(r, lo, hi) for each row r of rows i0..i1 on the row path with its keys [lo, hi)
+// (`row_span`), counting them as computed.
+template <typename F>
+void each_row(const Args& a, Scratch& w, int64_t i0, int64_t i1, F&& row) {
+    int64_t first, end;
+    blocks_span(w, first, end);
+    for (int64_t r = 0; r < i1 - i0; ++r) {
+        int64_t lo, hi;
+        row_span(a, w, r, i0 + r, first, end, lo, hi);
+        w.work += hi - lo;
+        row(r, lo, hi);
+    }
+}
+
 // Forward of query i (pre-scaled row qr) over keys [lo, hi); kb, vb: the keys and values of
 // its sequence, ldk, ldv apart.
 void forward_row(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, const float* qr,
@@ -638,14 +396,9 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     load_q(a, b, h, sq, i0, nq, qs);
     key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
     if (row_path(a, w, i0, i1, kRowPathKeys)) {
-        int64_t first, end;
-        blocks_span(w, first, end);
-        for (int64_t r = 0; r < nq; ++r) {
-            int64_t lo, hi;
-            row_span(a, w, r, i0 + r, first, end, lo, hi);
-            w.work += hi - lo;
+        each_row(a, w, i0, i1, [&](int64_t r, int64_t lo, int64_t hi) {
             forward_row(a, b, h, sq, i0 + r, qs + r * D, kb, ldk, vb, ldv, lo, hi, s, acc);
-        }
+        });
         return;
     }
     std::fill(w.m.begin(), w.m.begin() + nq, kNegInf);  // running row max
@@ -750,15 +503,10 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
     key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
     const uint32_t t = static_cast<uint32_t>(a.keep_t < kNoDropout ? a.keep_t : 0);
     if (row_path(a, w, i0, i1, kRowPathKeysBackward)) {
-        int64_t first, end;
-        blocks_span(w, first, end);
-        for (int64_t r = 0; r < nq; ++r) {
-            int64_t lo, hi;
-            row_span(a, w, r, i0 + r, first, end, lo, hi);
-            w.work += hi - lo;
+        each_row(a, w, i0, i1, [&](int64_t r, int64_t lo, int64_t hi) {
             backward_row(a, b, h, sq, i0 + r, qs + r * D, dob + r * Dv, lse[r], dlt[r], kb, ldk,
                          vb, ldv, lo, hi, w, dq + r * D, dk_acc, dv_acc, step);
-        }
+        });
         w.blocks.clear();  // computed: no blocks left
     }
     for (const KeyBlock& blk : w.blocks) {

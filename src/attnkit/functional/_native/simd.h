@@ -9,7 +9,7 @@
 // it gives up on next. Written as vectors, every build runs the same instructions per lane.
 //
 // Every function here computes, lane by lane, what the scalar helpers of attention_cpu.cpp
-// compute for one element (exp_v is exp_f up to the compiler's contraction into FMAs,
+// compute for one element (exp_v is exp_f, below, up to the compiler's contraction into FMAs,
 // keep_words is keep_word bit for bit). A row's last partial vector goes through the same
 // vector code (load_part / store_part), so no position in a row is computed differently.
 
@@ -135,7 +135,7 @@ inline float hmax(vfloat v, float m) {
     return m;
 }
 
-// exp(x) lane by lane, with exp_f's meaning and operations (attention_cpu.cpp): Cody-Waite
+// exp(x) lane by lane, with exp_f's meaning and operations (below): Cody-Waite
 // reduction x = k ln2 + r, the Cephes polynomial (under 1 ulp), 2^k read from the bits of the
 // rounding addition, 0 exactly below -87.68 (and at -inf), NaN stays NaN. 15 operations and
 // no select.
@@ -172,6 +172,105 @@ inline vuint keep_words(uint32_t key_lo, uint32_t key_hi, int64_t j) {
     x ^= key_hi;
     x *= 0x846ca68bU;
     return x ^ (x >> 16);
+}
+
+
+// exp(x) in float32 for softmax arguments: Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2,
+// and the Cephes expf polynomial (under 1 ulp); 2^k is built from the bits of the sum that
+// rounds x log2(e), so that exp is 0 exactly for x < -87.68 (k = -127) and at -inf, and NaN
+// stays NaN (simd.h, kExpLo). The scalar twin of exp_v, for the one value per row (the
+// rescale factor of the running sums); branch-free, no libm call.
+inline float exp_f(float x) {
+    float xc = kExpLo > x ? kExpLo : x;
+    xc = 88.0f < xc ? 88.0f : xc;
+    const float t = xc * 1.44269504088896341f + kExpShifter;
+    const float kf = t - kExpShifter;  // nearest integer
+    float r = xc - kf * 0.693359375f;
+    r = r + kf * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * (r * r) + r + 1.0f;
+    uint32_t bits;
+    std::memcpy(&bits, &t, sizeof bits);
+    bits <<= 23;
+    float two_k;
+    std::memcpy(&two_k, &bits, sizeof two_k);
+    return y * two_k;
+}
+
+// ------------------------------------------------------------------ small products
+// The row path's (attention_cpu.cpp) products of one query row with a few key or value rows.
+
+inline float dot(const float* x, const float* y, int64_t n) {
+    vfloat acc{};
+    int64_t e = 0;
+    for (; e + kLanes <= n; e += kLanes) acc += load(x + e) * load(y + e);
+    if (e < n) acc += load_part(x + e, n - e, 0.0f) * load_part(y + e, n - e, 0.0f);
+    return reduce_add(acc);
+}
+
+// s[c] = x . row c of y (n wide, rows ld apart) for c < nk: four rows at a time, sharing the
+// loads of x and reduced together.
+inline void dots(const float* x, const float* y, int64_t ld, int64_t n, int64_t nk, float* s) {
+    int64_t c = 0;
+    for (; c + 4 <= nk; c += 4) {
+        const float* y0 = y + c * ld;
+        vfloat a0{}, a1{}, a2{}, a3{};
+        int64_t e = 0;
+        for (; e + kLanes <= n; e += kLanes) {
+            const vfloat xv = load(x + e);
+            a0 += xv * load(y0 + e);
+            a1 += xv * load(y0 + ld + e);
+            a2 += xv * load(y0 + 2 * ld + e);
+            a3 += xv * load(y0 + 3 * ld + e);
+        }
+        if (e < n) {
+            const int64_t m = n - e;
+            const vfloat xv = load_part(x + e, m, 0.0f);
+            a0 += xv * load_part(y0 + e, m, 0.0f);
+            a1 += xv * load_part(y0 + ld + e, m, 0.0f);
+            a2 += xv * load_part(y0 + 2 * ld + e, m, 0.0f);
+            a3 += xv * load_part(y0 + 3 * ld + e, m, 0.0f);
+        }
+        reduce_add4(a0, a1, a2, a3, s + c);
+    }
+    for (; c < nk; ++c) s[c] = dot(x, y + c * ld, n);
+}
+
+// out (n) = sum over c < nk of p[c] * row c of x (rows ld apart): n in chunks of four vectors,
+// held in registers across the rows (accumulating in memory would chain every row's update
+// to the previous one's store).
+inline void weighted_sum(const float* p, int64_t nk, const float* x, int64_t ld, int64_t n,
+                         float* out) {
+    int64_t e = 0;
+    for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
+        vfloat a0{}, a1{}, a2{}, a3{};
+        for (int64_t c = 0; c < nk; ++c) {
+            const vfloat pc = splat(p[c]);
+            const float* xr = x + c * ld + e;
+            a0 += pc * load(xr);
+            a1 += pc * load(xr + kLanes);
+            a2 += pc * load(xr + 2 * kLanes);
+            a3 += pc * load(xr + 3 * kLanes);
+        }
+        store(out + e, a0);
+        store(out + e + kLanes, a1);
+        store(out + e + 2 * kLanes, a2);
+        store(out + e + 3 * kLanes, a3);
+    }
+    for (; e < n; e += kLanes) {  // one vector at a time, the last one partial
+        const int64_t m = std::min<int64_t>(kLanes, n - e);
+        vfloat a{};
+        for (int64_t c = 0; c < nk; ++c) {
+            const float* xr = x + c * ld + e;
+            a += splat(p[c]) * (m == kLanes ? load(xr) : load_part(xr, m, 0.0f));
+        }
+        store_part(out + e, a, m);
+    }
 }
 
 }  // namespace attnkit_simd
