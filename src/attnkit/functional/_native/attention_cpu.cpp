@@ -320,7 +320,8 @@ void write_row(const Args& a, int64_t row, const float* acc, float m, float l) {
 // about 96 keys on the blocks are as fast or faster, and where the span is no wider than the
 // rows (short interleaved sequences, small documents) the row path only re-reads the keys.
 // The backward's rows do twice the dot products: forward + backward, windows of 9 and 17 keys
-// 28.1 -> 20.0 and 28.1 -> 24.9 ms, 33 keys even (34.4 vs 34.2), 63 keys slower (47.9 -> 55.5).
+// 28.0 -> 18.8 and 26.4 -> 21.3 ms, 33 keys 33.7 -> 30.8 (within the noise), 63 keys slower
+// (48.1 -> 50.9).
 constexpr int64_t kRowPathKeys = 64;          // the widest row of a forward row-path block
 constexpr int64_t kRowPathKeysBackward = 32;  // and of a backward one
 
