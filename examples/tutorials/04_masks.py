@@ -477,7 +477,10 @@ print("same as its dense mask:", torch.allclose(
 # neighbourhood touches a few blocks per query block. These constructors carry that order: the
 # chunked backend gathers q, k and v into it, attends, and puts the outputs back (the same
 # numbers and gradients; with a bias, dropout or `causal=True`, which follow the token
-# positions, the mask runs in token order: exact, without the speed-up).
+# positions, the mask runs in token order: exact, without the speed-up). Where the dilation or
+# stride divides N nothing is gathered: token t·g + r is position t of residue class r, so the
+# classes are g interleaved sequences of N/g tokens, attended in one call that the compiled
+# kernel reads in place (a window within each sequence, or all of it).
 
 # %%
 dil = masks.dilated_window(n, 16, 4, causal=True)  # 16 keys back, one in 4
@@ -504,19 +507,21 @@ for name, m in {"dilated": dil, "strided": frames, "2-D neighbourhood": natten}.
 #
 # How each pattern is skipped, and what it costs per allowed (query, key) pair against the dense
 # kernel's time per pair (forward, 1 thread, B=1, H=8, N=4096, D=64, float32, on an AMD EPYC
-# Zen 4 shared with other jobs: ratios from one run, ±30 %; 1.0 = time follows the density):
+# Zen 4 shared with other jobs: ratios from one run, ±30 %, or the range of two runs where a
+# range is given; 1.0 = time follows the density):
 #
 # | pattern | how the kernel skips it | before | now |
 # | --- | --- | ---: | ---: |
 # | causal, prefix-LM, windows, contiguous documents, their `&`, `\|` of overlapping ones | row intervals: each query block computes its rows' key span only; query blocks of 16–128 rows sized to the spans | causal 1.12, prefix-LM 1.24, window 256 1.66 | 1.10, 1.01, 1.34 |
-# | a narrow window (9 keys either side) | the same, in 16-row blocks | 14.0 | 5.5 |
+# | narrow windows of 9 / 17 keys (`window(n, 5)` / `window(n, 9)`) | row by row: a block whose rows each see at most 64 keys (backward: 32) of a wider span computes each row over its own keys, without matrix products | 12–13 / 6.0–6.5 | 4.0–5.8 / 2.3–3.9 |
 # | predicates, scattered documents, `\|` with gaps | tiles: empty blocks skipped, full ones unmasked, partial ones masked, on the grid (128 × 256 down to 16 × 32) that computes the fewest entries | window 2048 `\|` first 256 keys 1.21 | 1.07 |
-# | `dilated_window` (128 keys, dilation 4) | reordered by residue: row intervals | 6.1 | 1.6 |
-# | `strided` (frames of 64 / 256 tokens) | reordered by residue: contiguous documents | 77 / 251 | 5.8 / 16 |
+# | `dilated_window` (128 keys, dilation 4) | interleaved sequences, read in place: a window within each | 1.8 | 1.5–1.7 |
+# | `strided` (frames of 64 / 256 tokens) | interleaved sequences, read in place: all of each | 3.1–3.6 / 9.5–19 | 1.7–2.1 / 4.9–5.6 |
 # | `neighborhood_2d` (15 × 15 on 64 × 64) | reordered in 8 × 8 tiles: tiles | 4.3 | 3.2 |
 #
-# A strided mask this sparse (one key in 256) costs little either way: what is left is gathering
-# q, k and v (a copy of each) and the short blocks' fixed costs. Building a plan reads the mask
+# A strided mask this sparse (one key in 256) costs little either way: what is left is reading
+# q, k and v once, a sequence's 16 rows lying 64 KiB apart (each read misses the cache), and the
+# 16-row blocks' fixed costs. Building a plan reads the mask
 # 4096 keys at a time: a band predicate (`(kv - q).abs() < 32`) at N = 32768 holds 38 MiB of
 # tensors at its peak (it held ≈ 1 GiB).
 #
@@ -533,10 +538,12 @@ for name, m in {"dilated": dil, "strided": frames, "2-D neighbourhood": natten}.
 #
 # The whole zoo, with score functions, on an AMD EPYC Zen 4 (AVX-512; N = 4096, 1 and 2
 # threads, two cores shared with other jobs, so the absolute times are several times an idle
-# core's: compare within a row). Every row's forward beats compiled FlexAttention's, 1.3×
-# (causal) to 22× (strided); ALiBi and the T5 table as score functions run faster than SDPA
-# given the same bias as a dense tensor; forward + backward costs 2.4–3.3× the forward (full
-# documents at 1 thread 4.1×, the dilated window at 2 threads 4.7×).
+# core's: compare within a row; the dilated and strided rows at 1 thread were measured again,
+# on a quieter machine, after those masks became one call on interleaved sequences). Every
+# row's forward beats compiled FlexAttention's, 1.3× (causal) to 47× (strided); ALiBi and the
+# T5 table as score functions run faster than SDPA given the same bias as a dense tensor;
+# forward + backward costs 2.2–3.3× the forward (full documents at 1 thread 4.1×, the dilated
+# window at 2 threads 4.7×).
 #
 # --8<-- "benchmarks/results/epyc-zen4-avx512/structured.md"
 #

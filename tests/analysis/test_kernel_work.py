@@ -190,3 +190,19 @@ def test_mha_cost_mask_errors():
         mha_cost(8, 16, 2, mask=masks.window(8, 2), window=3)
     with pytest.raises(ValueError, match="mask has heads 4"):
         mha_cost(8, 16, 2, mask=masks.from_function(lambda b, h, q, k: k <= q, 8, heads=4))
+
+
+@needs_kernel
+@pytest.mark.parametrize("causal", [False, True])
+def test_narrow_windows_take_the_row_path_in_both_passes(causal):
+    """Rows that see at most ROW_PATH_KEYS keys of a wider block span are computed over their
+    own keys alone: both passes compute exactly the allowed pairs, in no blocks."""
+    n = 203
+    mask = masks.window(n, 5, causal=causal)  # 9 keys, or 5 causal
+    fwd, bwd = (kernel_work(mask, pass_=p, heads=3) for p in PASSES)
+    for work in (fwd, bwd):
+        assert work.computed == work.allowed and work.blocks == 0
+    q, k, v = (torch.randn(1, 3, n, 8, requires_grad=True) for _ in range(3))
+    with native.count_work() as counted:
+        attnkit.attention(q, k, v, mask=mask, backend="chunked").out.sum().backward()
+    assert counted.item() == fwd.computed + bwd.computed

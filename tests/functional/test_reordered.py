@@ -10,7 +10,9 @@ import torch
 import attnkit
 from attnkit import masks
 from attnkit.functional import native
-from attnkit.functional.structured import RowIntervals
+from attnkit.functional.chunked import chunked_attention
+from attnkit.functional.reordered import merge_groups, split_groups
+from attnkit.functional.structured import RowIntervals, window
 
 needs_kernel = pytest.mark.skipif(not native.available(), reason="no compiled kernel")
 
@@ -163,3 +165,137 @@ def test_a_predicate_that_is_not_deterministic_is_refused():
     q = torch.randn(1, 1, 64, 8)
     with pytest.raises(ValueError, match="must be deterministic"):
         attnkit.attention(q, q, q, mask=mask)
+
+
+# ------------------------------------------------------------------ interleaved sequences
+# Where the dilation or stride divides N, the residue classes are independent sequences of
+# N / g tokens: one call reads them in place (`groups`), no gather.
+
+
+def _grouped_kinds():
+    n = 35  # odd sizes: 7 sequences of 5 tokens, 5 of 7
+    return {
+        "strided": (masks.strided(n, 7), _brute_dilated(n, n, 7, False)),
+        "strided-causal": (masks.strided(n, 5, causal=True), _brute_dilated(n, n, 5, True)),
+        "dilated": (masks.dilated_window(n, 3, 5), _brute_dilated(n, 3, 5, False)),
+        "dilated-causal": (
+            masks.dilated_window(n, 2, 7, causal=True),
+            _brute_dilated(n, 2, 7, True),
+        ),
+    }
+
+
+GROUPED = list(_grouped_kinds())
+
+
+def _gqa_inputs(n, dtype):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, n, 8, generator=g, dtype=dtype)  # H=4 query heads on Hkv=2
+    k, v = (torch.randn(2, 2, n, w, generator=g, dtype=dtype) for w in (8, 6))
+    return [t.requires_grad_() for t in (q, k, v)]
+
+
+def _check_against_reference(mask, dense, dtype, atol, grad_atol):
+    q, k, v = _gqa_inputs(mask.n, torch.float64)
+    ref = attnkit.attention(q, k, v, mask=dense, backend="reference")
+    ref_lse = torch.logsumexp(  # the reference's lse, from its scores
+        (q @ k.repeat_interleave(2, 1).transpose(-1, -2) / 8**0.5).masked_fill(~dense, -torch.inf),
+        -1,
+    )
+    cot = torch.randn_like(ref.out)
+    want = torch.autograd.grad(ref.out, (q, k, v), cot)
+    q2, k2, v2 = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    out, lse = chunked_attention(
+        q2, k2, v2, mask=mask, bias=None, causal=False, scale=8**-0.5, dropout_p=0.0,
+        training=False,
+    )  # fmt: skip
+    torch.testing.assert_close(out.double(), ref.out, rtol=0, atol=atol)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=atol)
+    got = torch.autograd.grad(out, (q2, k2, v2), cot.to(dtype))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=grad_atol)
+
+
+@pytest.mark.parametrize("kind", GROUPED)
+def test_interleaved_sequences_in_float64(kind):
+    mask, dense = _grouped_kinds()[kind]
+    assert mask.groups is not None and torch.equal(mask.dense()[0, 0], dense)
+    _check_against_reference(mask, dense, torch.float64, 1e-12, 1e-12)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", GROUPED)
+def test_interleaved_sequences_on_the_kernel_read_in_place(kind):
+    mask, dense = _grouped_kinds()[kind]
+    with native.count_work() as work:
+        _check_against_reference(mask, dense, torch.float32, 2e-6, 1e-5)
+    g = mask.groups.count
+    per_head = g * (mask.n // g) ** 2  # every sequence's whole square at most
+    assert 0 < work.item() <= 2 * 2 * 4 * per_head  # forward + backward, B=2, H=4
+
+
+@pytest.mark.parametrize("kernel, threads", [("torch", 1), ("native", 1), ("native", 4)])
+def test_groups_with_empty_rows_give_zero(kernel, threads):
+    """chunked_attention(groups=3) == each interleaved sequence alone (GQA: 2 query heads on
+    one kv head), rows that see nothing giving out 0, lse -inf and gradient 0. 4 threads on
+    B·Hkv·g = 3 kv sequences: the kernel splits each one's query blocks between threads."""
+    if kernel == "native" and not native.available():
+        pytest.skip("no compiled kernel")
+    dtype = torch.float32 if kernel == "native" else torch.float64
+    g, t = 3, 7
+    lo = torch.tensor([0, 0, 5, 2, 0, 4, 6])
+    hi = torch.tensor([3, 0, 7, 2, 1, 7, 7])  # rows 1 and 3 see nothing
+    mask = RowIntervals(lo, hi, t) & window(t, 3)
+    q = torch.randn(1, 2, g * t, 4, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(1, 1, g * t, 4, dtype=dtype, requires_grad=True) for _ in range(2))
+    kw = dict(bias=None, causal=True, scale=0.5, dropout_p=0.0, training=False, kernel=kernel)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, lse = chunked_attention(q, k, v, mask=mask, groups=g, **kw)
+        cot = torch.randn_like(out)
+        got = torch.autograd.grad(out, (q, k, v), cot)
+    finally:
+        torch.set_num_threads(before)
+    sq, sk, sv = (split_groups(x.detach().double(), g).requires_grad_() for x in (q, k, v))
+    dense = mask.dense() & masks.causal(t)
+    ref = attnkit.attention(sq, sk, sv, mask=dense, scale=0.5, backend="reference").out
+    torch.testing.assert_close(out.double(), merge_groups(ref, g), rtol=0, atol=1e-6)
+    position = torch.arange(g * t) // g  # each token's position in its sequence
+    blind = (position == 1) | (position == 3)
+    assert torch.all(out[:, :, blind] == 0) and torch.all(lse[:, :, blind] == -torch.inf)
+    assert torch.all(got[0][:, :, blind] == 0)
+    want = torch.autograd.grad(ref, (sq, sk, sv), split_groups(cot.double(), g))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), merge_groups(b, g), rtol=0, atol=1e-5)
+
+
+def test_groups_refuse_bias_dropout_and_masks_of_their_own():
+    q = torch.randn(1, 1, 6, 4)
+    kw = dict(mask=None, causal=False, scale=1.0, training=True, groups=2)
+    with pytest.raises(ValueError, match="groups > 1 takes no bias, dropout or score_mod"):
+        chunked_attention(q, q, q, bias=torch.zeros(6, 6), dropout_p=0.0, **kw)
+    with pytest.raises(ValueError, match="groups > 1 takes no bias, dropout or score_mod"):
+        chunked_attention(q, q, q, bias=None, dropout_p=0.5, **kw)
+    kw |= {"training": False}
+    per_row = torch.ones(2, 1, 1, 3, dtype=torch.bool)  # a key padding mask of batch 2
+    for mask, got in ((torch.ones(3, 3, dtype=torch.bool), "a tensor"),
+                      (window(3, 1) & per_row, "batch 2")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"the mask is one sequence's.*got {got}"):
+            chunked_attention(q, q, q, bias=None, dropout_p=0.0, **kw | {"mask": mask})
+
+
+@needs_kernel
+def test_second_order_gradients_through_interleaved_sequences():
+    mask, dense = _grouped_kinds()["dilated"]
+    q, k, v = (t.detach().float().requires_grad_() for t in _gqa_inputs(mask.n, torch.float64))
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+
+    def grad_norm(qq, kk, vv, m):
+        out = attnkit.attention(qq, kk, vv, mask=m, backend="chunked" if m is mask else "reference")
+        (gq,) = torch.autograd.grad(out.out.square().sum(), qq, create_graph=True)
+        return torch.autograd.grad(gq.square().sum(), (qq, kk, vv))
+
+    got, want = grad_norm(q, k, v, mask), grad_norm(qd, kd, vd, dense)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)

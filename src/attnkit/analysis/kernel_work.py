@@ -16,12 +16,16 @@ the counter on the kernel (`native.count_work()`); the tests hold them equal.
 Where the blocks add work: a query block's key span is as wide as the union of its rows'
 intervals. A causal window of w keys over blocks of bq rows spans w + bq - 1 keys per block,
 so the kernel computes about N·(w + bq - 1) entries for the N·w the mask allows; a query block
-that straddles two documents spans both.
+that straddles two documents spans both. Except where every row of a block sees at most
+`ROW_PATH_KEYS[pass_]` keys of a wider span (a narrow window): the kernel then computes each
+row over its own keys alone (attention_cpu.cpp's row path), N·w entries for a window of w.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from attnkit.functional._blocks import (
     BACKWARD_BLOCK_K,
@@ -44,6 +48,10 @@ PASSES = {
     "forward": (FORWARD_BLOCK_Q, FORWARD_BLOCK_K),
     "backward": (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K),
 }
+
+
+# attention_cpu.cpp's kRowPathKeys / kRowPathKeysBackward: the widest row of a row-path block
+ROW_PATH_KEYS = {"forward": 64, "backward": 32}
 
 
 @dataclass(frozen=True)
@@ -119,9 +127,13 @@ def kernel_work(
     for one in walks:
         for i0 in range(0, n, bq):
             i1 = min(i0 + bq, n)
-            for j0, j1, _, _ in key_blocks(one, i0, i1, n, s, bq, bk, causal):
-                computed += (i1 - i0) * (j1 - j0)
-                blocks += 1
+            spans = [(j0, j1) for j0, j1, _, _ in key_blocks(one, i0, i1, n, s, bq, bk, causal)]
+            rows = _row_path(one, i0, i1, n, s, causal, spans, ROW_PATH_KEYS[pass_])
+            if rows is not None:  # each row over its own keys, no blocks
+                computed += rows
+                continue
+            computed += sum((i1 - i0) * (j1 - j0) for j0, j1 in spans)
+            blocks += len(spans)
     repeat = batch * heads // len(walks)  # walks that are the same as one of `walks`
     dense = batch * heads * n * s
     return KernelWork(
@@ -154,6 +166,26 @@ def _sizes(mask: StructuredMask | None, n: int | None, s: int | None) -> tuple[i
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     return n, s
+
+
+def _row_path(plan: MaskPlan | None, i0, i1, n, s, causal, spans, limit) -> int | None:
+    """The entries rows i0:i1 compute on the row path (attention_cpu.cpp's
+    `row_path`, `row_span`: each row's interval within the blocks' span, cut by the causal
+    limit), or None where they take the block path (tiles, a row wider than `limit`, or no
+    row narrower than the span)."""
+    if plan is not None and plan.table is not None:
+        return None
+    first, end = (spans[0][0], spans[-1][1]) if spans else (0, 0)
+    i = torch.arange(i0, i1)
+    lo, hi = torch.full_like(i, first), torch.full_like(i, end)
+    if plan is not None and plan.rows is not None:
+        lo = plan.rows[0, 0, i0:i1].clamp(min=first)
+        hi = plan.rows[1, 0, i0:i1].clamp(max=end)
+    if causal:
+        hi = torch.minimum(hi, i + s - n + 1)
+    width = (hi - lo).clamp(min=0)
+    widest = int(width.max())
+    return int(width.sum()) if widest <= limit and end - first > widest else None
 
 
 def _walks(plan: MaskPlan | None) -> list[MaskPlan | None]:

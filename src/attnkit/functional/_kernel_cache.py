@@ -58,7 +58,7 @@ from attnkit.functional._kernel_prebuilt import candidates
 __all__ = ["load", "origin"]
 
 _SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
-_ABI = 5
+_ABI = 6
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None

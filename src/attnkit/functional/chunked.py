@@ -39,7 +39,12 @@ from attnkit.functional._mask_plan import (
     key_blocks,
     with_sentinels,
 )
-from attnkit.functional.reordered import reordered_call, run_reordered
+from attnkit.functional.reordered import (
+    merge_groups,
+    reordered_call,
+    run_reordered,
+    split_groups,
+)
 from attnkit.functional.structured import StructuredMask, intervals_block
 
 # The PyTorch kernel's blocks, tuned on the 2-core CPU (1 MiB L2 per core), N=2048, H=8, D=64,
@@ -310,6 +315,7 @@ def chunked_attention(
     block_k: int | None = None,
     kernel: str = "auto",
     score_mod=None,
+    groups: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention in blocks; returns ``(out, lse)``.
 
@@ -340,12 +346,27 @@ def chunked_attention(
     ``score_mod(score, b, h, q_idx, kv_idx)`` (`attnkit.score_mods`) is applied to each block
     of scaled scores before ``bias`` and the masks; a call with one runs the PyTorch kernel of
     `_chunked_mod` (checkpointed query blocks, gradients through the function).
+
+    ``groups`` = g > 1: the token axis holds g independent interleaved sequences (token t·g + r
+    is position t of sequence r; N and S multiples of g), which ``mask`` (a structured mask of
+    batch 1 over one sequence's N/g × S/g, or None) and ``causal`` describe; no bias, dropout
+    or score function. The compiled kernel reads them in place; the PyTorch one gets them as
+    rows of the batch (a copy).
     """
     if kernel not in ("auto", "native", "torch"):
         raise ValueError(f"kernel must be 'auto', 'native' or 'torch', got {kernel!r}")
     p_drop = dropout_p if training else 0.0
     t_keep, inv_keep = keep_threshold(p_drop)
     seed = draw_seed(q.device) if t_keep < NO_DROPOUT else None
+    if groups > 1 and (bias is not None or score_mod is not None or t_keep < NO_DROPOUT):
+        raise ValueError("chunked_attention: groups > 1 takes no bias, dropout or score_mod")
+    shared = mask is None or (isinstance(mask, StructuredMask) and mask.batch == 1)
+    if groups > 1 and not shared:
+        got = "a tensor" if isinstance(mask, Tensor) else f"batch {mask.batch}"
+        raise ValueError(
+            f"chunked_attention: with groups > 1 the mask is one sequence's, shared by every "
+            f"sequence and batch row (a structured mask of batch 1), got {got}"
+        )
     if kernel == "native" and not native.supports(q, bias):
         raise ValueError(
             f"kernel='native' cannot run this call ({q.dtype} on {q.device}, bias needing a "
@@ -354,15 +375,26 @@ def chunked_attention(
         )
     plain = score_mod is None  # a score function reads the positions: no reordering
     if plain and reordered_call(mask, q, k, bias, t_keep < NO_DROPOUT, causal):
-        kw = dict(bias=None, causal=False, scale=scale, dropout_p=0.0, training=False,
-                  block_q=block_q, block_k=block_k, kernel=kernel)  # fmt: skip
-        return run_reordered(mask, q, k, v, lambda *qkv, m: chunked_attention(*qkv, mask=m, **kw))
+        kw = dict(bias=None, scale=scale, dropout_p=0.0, training=False, block_q=block_q,
+                  block_k=block_k, kernel=kernel)  # fmt: skip
+
+        def attend(*qkv, m, causal=False, groups=1):
+            return chunked_attention(*qkv, mask=m, causal=causal, groups=groups, **kw)
+
+        return run_reordered(mask, q, k, v, attend)
     # Dv = 0: the compiled kernel's BLAS (oneMKL) prints an error line per product; the
     # PyTorch kernel gives the same empty out, lse and dropout draws, silently.
     native_fits = v.shape[-1] > 0 and native.supports(q, bias)
     on_native = kernel == "native" or (
         kernel == "auto" and block_q is None and block_k is None and native_fits
     )
+    if groups > 1 and not on_native:  # the sequences as rows of the batch
+        out, lse = chunked_attention(
+            *(split_groups(t, groups) for t in (q, k, v)), mask=mask, bias=None, causal=causal,
+            scale=scale, dropout_p=0.0, training=False, block_q=block_q, block_k=block_k,
+            kernel=kernel,
+        )  # fmt: skip
+        return merge_groups(out, groups), merge_groups(lse, groups)
     structure = None
     if isinstance(mask, StructuredMask):
         fit = plain and on_native and block_q is None and block_k is None  # blocks fit the mask
@@ -380,7 +412,7 @@ def chunked_attention(
     if on_native:
         return native.native_attention(
             q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, keep_t=t_keep,
-            inv_keep=inv_keep, seed=seed, plan=structure,
+            inv_keep=inv_keep, seed=seed, plan=structure, groups=groups,
         )  # fmt: skip
     bq = block_q or (CAUSAL_BLOCK_Q if causal else DEFAULT_BLOCK_Q)
     bk = block_k or (

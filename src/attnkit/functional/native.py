@@ -34,6 +34,7 @@ from attnkit.functional._grid import query_block
 from attnkit.functional._kernel_cache import load, origin
 from attnkit.functional._mask_plan import dense_with_plan
 from attnkit.functional._trace import tracing
+from attnkit.functional.reordered import merge_groups, split_groups
 
 __all__ = ["available", "load", "native_attention", "origin", "supports"]
 
@@ -41,7 +42,7 @@ _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class _Args(ctypes.Structure):
-    """Mirror of ``struct Args`` in attention_cpu.cpp (same order, same types)."""
+    """Mirror of ``struct Args`` in _native/args.h (same order, same types)."""
 
     _fields_ = [
         *[(n, ctypes.c_int64) for n in ("B", "H", "Hkv", "N", "S", "D", "Dv", "bq", "bk")],
@@ -85,6 +86,7 @@ class _Args(ctypes.Structure):
         ("rel_len", ctypes.c_int64),
         ("rel_post", ctypes.c_int64),
         ("rel_grad", ctypes.c_void_p),
+        ("groups", ctypes.c_int64),
     ]
 
 
@@ -119,20 +121,25 @@ def _broadcast(t: Tensor, full: tuple[int, int, int, int]) -> tuple[Tensor, list
     return view, list(view.stride())
 
 
-def _args(q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, structure, blocks) -> _Args:
+def _args(
+    q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, structure, blocks, groups=1
+) -> _Args:
+    """The kernel's arguments. `groups`: the token axis interleaves that many independent
+    sequences (`Args::groups` in _native/args.h), N and S counting one sequence's."""
     b, h, n, d = q.shape
+    n, s = n // groups, k.shape[2] // groups
     rows, table, tiles = structure
     if tiles is not None:  # the tiles fix the grid of both passes
         blocks = tuple(tiles.shape[1:])
     else:  # rows alone: query blocks sized to the rows' spans (`_grid.choose_block_q`)
         blocks = (min(blocks[0], query_block(rows, blocks[0])), blocks[1])
     a = _Args(
-        B=b, H=h, Hkv=k.shape[1], N=n, S=k.shape[2], D=d, Dv=v.shape[3], bq=blocks[0],
-        bk=blocks[1], causal=int(causal), keep_t=keep_t, nthreads=torch.get_num_threads(),
-        seed=seed, scale=scale, inv_keep=inv_keep,
-        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(),
+        B=b, H=h, Hkv=k.shape[1], N=n, S=s, D=d, Dv=v.shape[3], bq=blocks[0], bk=blocks[1],
+        causal=int(causal), keep_t=keep_t, nthreads=torch.get_num_threads(), seed=seed,
+        scale=scale, inv_keep=inv_keep, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(),
+        groups=groups,
     )  # fmt: skip
-    full = (b, h, n, k.shape[2])
+    full = (b, h, n, s)
     if mask is not None:
         view, a.mask_st[:] = _broadcast(mask, full)
         a.mask = view.data_ptr()
@@ -199,15 +206,17 @@ def _forward(
     rows: Tensor | None = None,
     table: Tensor | None = None,
     tiles: Tensor | None = None,
+    groups: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """out (B, H, N, Dv) and lse (B, H, N), float32. rows/table/tiles: a structured mask's
-    `attnkit.functional._mask_plan.MaskPlan` parts (None: none)."""
+    `attnkit.functional._mask_plan.MaskPlan` parts (None: none). `groups`: the tokens
+    interleave that many independent sequences (see `_args`), the masks being theirs."""
     b, h, n, _ = q.shape
     out = q.new_empty(b, h, n, v.shape[3])
     lse = q.new_empty(b, h, n)
     args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed), (rows, table, tiles))
-    blocks = forward_blocks(n, causal, rows is not None or table is not None)
-    a = _args(q, k, v, *args, blocks)
+    blocks = forward_blocks(n // groups, causal, rows is not None or table is not None)
+    a = _args(q, k, v, *args, blocks, groups)
     a.out, a.lse = out.data_ptr(), lse.data_ptr()
     load().attnkit_attention_forward(ctypes.byref(a))
     return out, lse
@@ -231,11 +240,12 @@ def _backward(
     rows: Tensor | None = None,
     table: Tensor | None = None,
     tiles: Tensor | None = None,
+    groups: int = 1,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (float32) of the forward's out and lse."""
     dq = torch.empty_like(q)
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    args = (mask, bias, causal, scale, keep_t, inv_keep, seed, rows, table, tiles)
+    args = (mask, bias, causal, scale, keep_t, inv_keep, seed, rows, table, tiles, groups)
     _backward_into(dq, dk, dv, dout, dlse, q, k, v, out, lse, *args)
     return dq, dk, dv
 
@@ -261,6 +271,7 @@ def _backward_into(
     rows: Tensor | None = None,
     table: Tensor | None = None,
     tiles: Tensor | None = None,
+    groups: int = 1,
 ) -> None:
     """`_backward` into the caller's tensors: dq (like q) is overwritten, dk (like k) and
     dv (like v) are ADDED to, as the kernel does with the zeroed ones `_backward` passes.
@@ -278,7 +289,7 @@ def _backward_into(
     dout = dout.contiguous()
     dlse = None if dlse is None else dlse.contiguous()
     args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed), (rows, table, tiles))
-    a = _args(q, k, v, *args, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K))
+    a = _args(q, k, v, *args, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K), groups)
     a.out, a.lse, a.dout = out.data_ptr(), lse.data_ptr(), dout.data_ptr()
     a.dlse = None if dlse is None else dlse.data_ptr()
     a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
@@ -304,24 +315,34 @@ def _(dout, dlse, q, k, v, out, lse, mask, bias, causal, scale, keep_t, inv_keep
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+_OPTIONAL = (None, None, None, 1)  # rows, table, tiles, groups: `_forward`'s defaults
+
+
 def _save(ctx, inputs, output) -> None:
-    q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, *plan = inputs
-    ctx.save_for_backward(q, k, v, *output, mask, bias, seed, *plan)
-    ctx.scalars = (causal, scale, keep_t, inv_keep)
+    q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, *rest = inputs
+    rows, table, tiles, g = (*rest, *_OPTIONAL[len(rest) :])
+    ctx.save_for_backward(q, k, v, *output, mask, bias, seed, rows, table, tiles)
+    ctx.scalars, ctx.groups = (causal, scale, keep_t, inv_keep), g
 
 
 def _grads(ctx, dout, dlse, backward) -> tuple:
     q, k, v, out, lse, mask, bias, seed, *plan = ctx.saved_tensors
+    g = ctx.groups
     if torch.is_grad_enabled():
         # create_graph=True: this gradient will be differentiated, and the kernel's is opaque to
-        # autograd; the same gradient in differentiable torch ops (see `_double_backward`)
-        whole = dense_with_plan(mask, *(plan or (None,) * 3), q.shape[2], k.shape[2])
-        dq, dk, dv, _ = kernel_grads(q, k, v, dout, dlse, whole, bias, *ctx.scalars, seed)
-        return (dq, dk, dv) + (None,) * 10
+        # autograd; the same gradient in differentiable torch ops (see `_double_backward`), on
+        # the interleaved sequences side by side
+        q, k, v, dout, dlse = (
+            None if t is None else split_groups(t, g) for t in (q, k, v, dout, dlse)
+        )
+        whole = dense_with_plan(mask, *plan, q.shape[2], k.shape[2])
+        grads = kernel_grads(q, k, v, dout, dlse, whole, bias, *ctx.scalars, seed)[:3]
+        return tuple(merge_groups(t, g) for t in grads) + (None,) * 11
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)
-    dq, dk, dv = backward(dout, dlse, q, k, v, out, lse, mask, bias, *ctx.scalars, seed, *plan)
-    return (dq, dk, dv) + (None,) * 10
+    scalars = (*ctx.scalars, seed, *plan, g)
+    dq, dk, dv = backward(dout, dlse, q, k, v, out, lse, mask, bias, *scalars)
+    return (dq, dk, dv) + (None,) * 11
 
 
 attention_fwd.register_autograd(
@@ -357,6 +378,7 @@ def native_attention(
     inv_keep: float,
     seed: Tensor | None,
     plan=None,
+    groups: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """The chunked backend's contract (see `chunked_attention`) on the compiled kernel.
 
@@ -364,12 +386,27 @@ def native_attention(
     0-d int64 tensor, None without dropout) of `attnkit.functional._dropout` (keep_t = 2^32:
     no dropout). Returns out in q's dtype and lse in float32. Check `supports` first.
     ``plan``: a structured mask's `MaskPlan` (its dense part arrives as ``mask``), or None.
+    ``groups``: the token axis interleaves that many independent sequences (token t·g + r is
+    position t of sequence r), which ``plan`` and ``causal`` describe (no dense mask or bias).
     Traced code (torch.compile, export) sees the operator `attnkit::attention_fwd`.
     """
     q32, k32, v32 = (t.to(torch.float32).contiguous() for t in (q, k, v))
     bias32 = None if bias is None else bias.detach().to(torch.float32)
     structure = (None, None, None) if plan is None else (plan.rows, plan.table, plan.tiles)
-    inputs = (q32, k32, v32, mask, bias32, causal, scale, keep_t, inv_keep, seed, *structure)
+    inputs = (
+        q32,
+        k32,
+        v32,
+        mask,
+        bias32,
+        causal,
+        scale,
+        keep_t,
+        inv_keep,
+        seed,
+        *structure,
+        groups,
+    )
     out, lse = attention_fwd(*inputs) if tracing() else _Eager.apply(*inputs)
     return out.to(q.dtype), lse
 

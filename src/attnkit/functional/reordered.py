@@ -11,9 +11,13 @@ window a band within each residue class and a strided mask a set of contiguous d
 intervals, skipped exactly), and 8 × 8 tiles make a 2-D neighbourhood a few dense blocks per
 query block. The chunked backend (eager, no bias, no dropout) gathers q, k, v into that order,
 attends with the reordered mask, and scatters out and lse back: the results are those of the
-mask in token order (autograd carries the gathers). Everywhere else (bias, dropout, other
-backends, `&`/`|` with other masks, `.dense()`) the mask is its token-order predicate, exact and
-without the speed-up. Dilated windows follow the attention-gym/DiNAT convention, strided masks
+mask in token order (autograd carries the gathers). Where the residue classes are of equal
+size (the dilation or stride divides N) no gather is needed: token t·g + r is position t of
+class r, so (B, H, N, D) is (B, H, N/g, g, D), and the classes are g independent sequences of
+N/g tokens, each a window (or full, or causal) over its class: one call, which the compiled
+kernel reads in place (`chunked_attention(groups=g)`). Everywhere else (bias, dropout, other
+backends, `&`/`|` with other masks, `.dense()`) the mask is its token-order predicate, exact
+and without the speed-up. Dilated windows follow the attention-gym/DiNAT convention, strided masks
 Sparse Transformer's / video models' "same position in every frame", neighbourhoods NATTEN's
 (windows clamped at the borders, so every query sees kernel² keys; Hassani et al. 2023).
 """
@@ -21,27 +25,43 @@ Sparse Transformer's / video models' "same position in every frame", neighbourho
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from attnkit.functional.structured import RowIntervals, StructuredMask, _Function
+from attnkit.functional.structured import window as _window
 
 __all__ = ["Reordered", "dilated_window", "neighborhood_2d", "reorder", "strided"]
 
 _TILE = 8  # 2-D neighbourhoods are reordered in 8 × 8 tiles of the image
 
 
+class Groups(NamedTuple):
+    """Tokens r, r + g, r + 2g, ... (g = `count`, dividing N) are a sequence of their own, in
+    which position t sees position u when |t - u| < `window` (with `causal`, 0 <= t - u <
+    `window`); no token sees another sequence's."""
+
+    count: int
+    window: int
+    causal: bool
+
+
 class Reordered(_Function):
     """A predicate mask (token order) with the same mask in a cheaper order: `inner(a, c)` ==
-    `fn(order[a], order[c])`. Means exactly its token-order predicate."""
+    `fn(order[a], order[c])`. Means exactly its token-order predicate. `groups`: the same mask
+    as independent interleaved sequences (`Groups`), where it is one."""
 
-    def __init__(self, fn, n, order: Tensor, inner: StructuredMask | None, name: str, device=None):
+    def __init__(
+        self, fn, n, order: Tensor, inner: StructuredMask | None, name: str, device=None,
+        groups: Groups | None = None,
+    ):  # fmt: skip
         super().__init__(fn, n, n, 1, 1, device)
         self.order = order.to(self.device)
         self.inverse = torch.argsort(self.order)
         self.inner = inner if inner is not None else _Gathered(fn, n, self.order, name)
-        self.name = name
+        self.name, self.groups = name, groups
 
     def describe(self):
         return self.name
@@ -53,7 +73,8 @@ class Reordered(_Function):
         return self.inner.density
 
     def to(self, device):
-        return Reordered(self.fn, self.n, self.order, self.inner.to(device), self.name, device)
+        inner = self.inner.to(device)
+        return Reordered(self.fn, self.n, self.order, inner, self.name, device, self.groups)
 
 
 class _Gathered(_Function):
@@ -138,7 +159,8 @@ def _dilated(n, window, dilation, causal, device, name) -> Reordered:
     lo = start + (t - window + 1).clamp(min=0)
     hi = start + (t + 1 if causal else torch.minimum(t + window, length))
     inner = RowIntervals(lo, hi, n, name + ", reordered")
-    return Reordered(fn, n, order, inner, name, device)
+    groups = Groups(dilation, window, causal) if n % dilation == 0 < n else None
+    return Reordered(fn, n, order, inner, name, device, groups)
 
 
 def strided(n: int, stride: int, *, causal: bool = False, device=None) -> Reordered:
@@ -196,8 +218,37 @@ def reordered_call(mask, q: Tensor, k: Tensor, bias, dropout: bool, causal: bool
 
 
 def run_reordered(mask: Reordered, q, k, v, attend: Callable) -> tuple[Tensor, Tensor]:
-    """attend(q, k, v, m=inner mask) on the reordered tokens; out and lse put back in order."""
+    """attend(q, k, v, m=inner mask) on the reordered tokens; out and lse put back in order.
+    With `groups`, attend(q, k, v, m=window or None, causal=...) once on the interleaved
+    sequences, no gather (`attend` must take the causal and groups keywords)."""
+    if mask.groups is not None:
+        return attend(q, k, v, **group_call(mask.groups, q.shape[2] // mask.groups.count))
     order = mask.order.to(q.device)
     out, lse = attend(*(t.index_select(2, order) for t in (q, k, v)), m=mask.inner)
     back = mask.inverse.to(q.device)
     return out.index_select(2, back), lse.index_select(2, back)
+
+
+def group_call(groups: Groups, t: int) -> dict:
+    """The keywords of one call on the interleaved sequences of `t` tokens each: their mask
+    (a window, or None when it reaches every position), causal limit and number."""
+    if groups.window < t:
+        m, causal = _window(t, groups.window, causal=groups.causal), False
+    else:  # every position within reach: no mask but the causal limit
+        m, causal = None, groups.causal
+    return {"m": m, "causal": causal, "groups": groups.count}
+
+
+def split_groups(x: Tensor, g: int) -> Tensor:
+    """(B, H, T·g, ...) -> (B·g, H, T, ...), contiguous: token t·g + r of batch row b is
+    position t of batch row b·g + r (g = 1: x itself)."""
+    if g == 1:
+        return x
+    return x.unflatten(2, (-1, g)).movedim(3, 1).flatten(0, 1).contiguous()
+
+
+def merge_groups(x: Tensor, g: int) -> Tensor:
+    """`split_groups` undone: (B·g, H, T, ...) -> (B, H, T·g, ...)."""
+    if g == 1:
+        return x
+    return x.unflatten(0, (-1, g)).movedim(1, 3).flatten(2, 3)

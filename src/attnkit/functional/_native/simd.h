@@ -9,7 +9,7 @@
 // it gives up on next. Written as vectors, every build runs the same instructions per lane.
 //
 // Every function here computes, lane by lane, what the scalar helpers of attention_cpu.cpp
-// compute for one element (exp_v is exp_f up to the compiler's contraction into FMAs,
+// compute for one element (exp_v is exp_f, below, up to the compiler's contraction into FMAs,
 // keep_words is keep_word bit for bit). A row's last partial vector goes through the same
 // vector code (load_part / store_part), so no position in a row is computed differently.
 
@@ -89,12 +89,53 @@ inline float hsum(vfloat v) {
     return s;
 }
 
+// The sum of the lanes as a tree of shuffles and adds (hsum adds them one after another): for
+// the row path's dot products, one per key.
+inline float reduce_add(vfloat v) {
+#if defined(__AVX512F__)
+    return _mm512_reduce_add_ps(v);
+#elif defined(__AVX__)
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+#else
+    return hsum(v);
+#endif
+}
+
+// The lane sums of four vectors into out[0..4): the four reduced together, a shuffle tree
+// within each 128-bit lane, then the lanes added (two or four dot products' worth of shuffles
+// fewer than four reduce_add).
+inline void reduce_add4(vfloat a0, vfloat a1, vfloat a2, vfloat a3, float* out) {
+#if defined(__AVX512F__)
+    // per 128-bit lane: t0 = [a0 0+2, a1 0+2, a0 1+3, a1 1+3], t1 the same of a2, a3
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1));
+    const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(u), hi);
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+#elif defined(__AVX__)
+    const __m256 t0 = _mm256_add_ps(_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
+    const __m256 t1 = _mm256_add_ps(_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
+    const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+#else
+    out[0] = hsum(a0);
+    out[1] = hsum(a1);
+    out[2] = hsum(a2);
+    out[3] = hsum(a3);
+#endif
+}
+
 inline float hmax(vfloat v, float m) {
     for (int u = 0; u < kLanes; ++u) m = v[u] > m ? v[u] : m;
     return m;
 }
 
-// exp(x) lane by lane, with exp_f's meaning and operations (attention_cpu.cpp): Cody-Waite
+// exp(x) lane by lane, with exp_f's meaning and operations (below): Cody-Waite
 // reduction x = k ln2 + r, the Cephes polynomial (under 1 ulp), 2^k read from the bits of the
 // rounding addition, 0 exactly below -87.68 (and at -inf), NaN stays NaN. 15 operations and
 // no select.
@@ -131,6 +172,105 @@ inline vuint keep_words(uint32_t key_lo, uint32_t key_hi, int64_t j) {
     x ^= key_hi;
     x *= 0x846ca68bU;
     return x ^ (x >> 16);
+}
+
+
+// exp(x) in float32 for softmax arguments: Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2,
+// and the Cephes expf polynomial (under 1 ulp); 2^k is built from the bits of the sum that
+// rounds x log2(e), so that exp is 0 exactly for x < -87.68 (k = -127) and at -inf, and NaN
+// stays NaN (simd.h, kExpLo). The scalar twin of exp_v, for the one value per row (the
+// rescale factor of the running sums); branch-free, no libm call.
+inline float exp_f(float x) {
+    float xc = kExpLo > x ? kExpLo : x;
+    xc = 88.0f < xc ? 88.0f : xc;
+    const float t = xc * 1.44269504088896341f + kExpShifter;
+    const float kf = t - kExpShifter;  // nearest integer
+    float r = xc - kf * 0.693359375f;
+    r = r + kf * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * (r * r) + r + 1.0f;
+    uint32_t bits;
+    std::memcpy(&bits, &t, sizeof bits);
+    bits <<= 23;
+    float two_k;
+    std::memcpy(&two_k, &bits, sizeof two_k);
+    return y * two_k;
+}
+
+// ------------------------------------------------------------------ small products
+// The row path's (attention_cpu.cpp) products of one query row with a few key or value rows.
+
+inline float dot(const float* x, const float* y, int64_t n) {
+    vfloat acc{};
+    int64_t e = 0;
+    for (; e + kLanes <= n; e += kLanes) acc += load(x + e) * load(y + e);
+    if (e < n) acc += load_part(x + e, n - e, 0.0f) * load_part(y + e, n - e, 0.0f);
+    return reduce_add(acc);
+}
+
+// s[c] = x . row c of y (n wide, rows ld apart) for c < nk: four rows at a time, sharing the
+// loads of x and reduced together.
+inline void dots(const float* x, const float* y, int64_t ld, int64_t n, int64_t nk, float* s) {
+    int64_t c = 0;
+    for (; c + 4 <= nk; c += 4) {
+        const float* y0 = y + c * ld;
+        vfloat a0{}, a1{}, a2{}, a3{};
+        int64_t e = 0;
+        for (; e + kLanes <= n; e += kLanes) {
+            const vfloat xv = load(x + e);
+            a0 += xv * load(y0 + e);
+            a1 += xv * load(y0 + ld + e);
+            a2 += xv * load(y0 + 2 * ld + e);
+            a3 += xv * load(y0 + 3 * ld + e);
+        }
+        if (e < n) {
+            const int64_t m = n - e;
+            const vfloat xv = load_part(x + e, m, 0.0f);
+            a0 += xv * load_part(y0 + e, m, 0.0f);
+            a1 += xv * load_part(y0 + ld + e, m, 0.0f);
+            a2 += xv * load_part(y0 + 2 * ld + e, m, 0.0f);
+            a3 += xv * load_part(y0 + 3 * ld + e, m, 0.0f);
+        }
+        reduce_add4(a0, a1, a2, a3, s + c);
+    }
+    for (; c < nk; ++c) s[c] = dot(x, y + c * ld, n);
+}
+
+// out (n) = sum over c < nk of p[c] * row c of x (rows ld apart): n in chunks of four vectors,
+// held in registers across the rows (accumulating in memory would chain every row's update
+// to the previous one's store).
+inline void weighted_sum(const float* p, int64_t nk, const float* x, int64_t ld, int64_t n,
+                         float* out) {
+    int64_t e = 0;
+    for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
+        vfloat a0{}, a1{}, a2{}, a3{};
+        for (int64_t c = 0; c < nk; ++c) {
+            const vfloat pc = splat(p[c]);
+            const float* xr = x + c * ld + e;
+            a0 += pc * load(xr);
+            a1 += pc * load(xr + kLanes);
+            a2 += pc * load(xr + 2 * kLanes);
+            a3 += pc * load(xr + 3 * kLanes);
+        }
+        store(out + e, a0);
+        store(out + e + kLanes, a1);
+        store(out + e + 2 * kLanes, a2);
+        store(out + e + 3 * kLanes, a3);
+    }
+    for (; e < n; e += kLanes) {  // one vector at a time, the last one partial
+        const int64_t m = std::min<int64_t>(kLanes, n - e);
+        vfloat a{};
+        for (int64_t c = 0; c < nk; ++c) {
+            const float* xr = x + c * ld + e;
+            a += splat(p[c]) * (m == kLanes ? load(xr) : load_part(xr, m, 0.0f));
+        }
+        store_part(out + e, a, m);
+    }
 }
 
 }  // namespace attnkit_simd
