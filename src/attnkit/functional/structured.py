@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from attnkit.functional._block_scan import EMPTY, FULL, PARTIAL, scan
 from attnkit.functional._trace import tracing
 
 __all__ = [
@@ -45,7 +46,6 @@ __all__ = [
     "window",
 ]
 
-EMPTY, PARTIAL, FULL = 0, 1, 2  # block classes of `block_map`
 _DRAW = {EMPTY: " ", PARTIAL: "░", FULL: "█"}
 
 
@@ -96,20 +96,13 @@ class StructuredMask:
     def block_map(self, block_q: int = 128, block_k: int = 128) -> Tensor:
         """int8 (B|1, H|1, ceil(N/bq), ceil(S/bk)): `EMPTY`, `PARTIAL` or `FULL` per block.
 
-        From the intervals where there are some (O(N) work); otherwise every block is
-        evaluated once, a row of blocks at a time (O(bq · S) memory)."""
+        From the intervals where there are some (O(N) work); otherwise every entry is
+        evaluated once, a chunk of blocks at a time (`_block_scan.scan`)."""
         _check_blocks(block_q, block_k)
         iv = self.intervals()
         if iv is not None:
             return _interval_block_map(*iv, self.s, block_q, block_k)
-        rows = []
-        for i0 in range(0, self.n, block_q):
-            i1 = min(i0 + block_q, self.n)
-            rows.append(_classify(self.block(i0, i1, 0, self.s), block_k))
-        nkb = -(-self.s // block_k)
-        if not rows:
-            return torch.zeros(self.batch, self.heads, 0, nkb, dtype=torch.int8)
-        return torch.stack(rows, dim=2)
+        return scan(self, block_q, block_k).classes
 
     @property
     def density(self) -> float:
@@ -122,11 +115,7 @@ class StructuredMask:
             lo, hi = iv
             seen = (hi - lo).clamp(min=0).sum().item() * self.heads
             return seen / total
-        seen = sum(
-            int(self.block(i0, min(i0 + 128, self.n), 0, self.s).sum())
-            for i0 in range(0, self.n, 128)
-        )
-        return seen / total
+        return scan(self, 128, 256).allowed / total
 
     def __repr__(self) -> str:
         return f"{self.describe()}  {self.shape}, density {self.density:.3f}\n{self.draw()}"
@@ -540,20 +529,3 @@ def _interval_block_map(lo: Tensor, hi: Tensor, s: int, bq: int, bk: int) -> Ten
     covers = (max_lo[..., None] <= j0) & (min_hi[..., None] >= j1)
     out = torch.where(covers, FULL, torch.where(touches, PARTIAL, EMPTY)).to(torch.int8)
     return out[:, None]  # (B|1, 1, nqb, nkb)
-
-
-def _classify(rows: Tensor, bk: int) -> Tensor:
-    """Block classes of one row of blocks: rows (B|1, H|1, nq, S) bool -> (B|1, H|1, nkb).
-
-    One pass: the allowed entries of each block counted (as uint8 bytes, which sum several
-    times faster than `any`/`all` reduce booleans), against the block's size."""
-    b, h, nq, s = rows.shape
-    nkb = -(-s // bk)
-    if nkb == 0 or nq == 0:
-        return torch.full((b, h, nkb), EMPTY, dtype=torch.int8, device=rows.device)
-    x = torch.nn.functional.pad(rows.view(torch.uint8), (0, nkb * bk - s))
-    counts = x.view(b, h, nq, nkb, bk).sum((2, 4), dtype=torch.int32)  # (B|1, H|1, nkb)
-    width = torch.full((nkb,), bk, device=rows.device)
-    width[-1] = s - (nkb - 1) * bk
-    covers, touches = counts == nq * width, counts > 0
-    return torch.where(covers, FULL, torch.where(touches, PARTIAL, EMPTY)).to(torch.int8)
