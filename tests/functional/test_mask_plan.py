@@ -131,3 +131,15 @@ def test_a_band_plan_peaks_far_below_the_dense_mask():
     assert peak.peak < n * n / 16
     bq, bk = plan.tiles.shape[1:]
     assert plan.tiles.shape[0] <= -(-n // bq) * (-(-(bq + 64) // bk) + 1)  # the band's blocks
+
+
+@pytest.mark.parametrize("join", [0, 1 << 30])
+def test_tiles_of_many_chunks_come_back_in_the_tables_order(monkeypatch, join):
+    """Chunks of 16 × 1025 (a small budget): 65 chunks whose tiles are joined every 64 while
+    small, kept apart when large; nearly every block partial, the plan still gives back the mask."""
+    monkeypatch.setattr(_block_scan, "_CHUNK_ENTRIES", 1 << 14)
+    monkeypatch.setattr(_block_scan, "_JOIN_BYTES", join)
+    n = 1025
+    mask = masks.from_function(lambda b, h, q, kv: (q + kv) % 3 == 0, n)
+    plan = plan_mask(mask, 16, 32, "cpu")
+    _check_plan(plan, mask, 16, 32)

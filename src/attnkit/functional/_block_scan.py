@@ -41,6 +41,7 @@ __all__ = [
 EMPTY, PARTIAL, FULL = 0, 1, 2  # block classes: (any allowed) + (all allowed)
 TILE_EMPTY, TILE_FULL = -1, -2  # a tile table's entries for blocks without a tile
 _CHUNK_ENTRIES = 1 << 19  # B·H·rows·keys per evaluation: int64 temporaries of 4 MiB
+_JOIN_BYTES = 1 << 22  # tiles of 64 chunks joined while they are this small (`_Pieces`)
 
 
 class BlockScan(NamedTuple):
@@ -120,8 +121,9 @@ def scan(mask, bq: int, bk: int, *, tiles: bool = False, repeatable: bool = Fals
 
 
 class _Pieces:
-    """Tensors to concatenate at the end, joined every 64 so that few stay alive (thousands
-    of small live tensors slow every op under `attnkit.analysis.PeakTensors`)."""
+    """Tensors to concatenate at the end, small ones joined every 64 so that few stay alive
+    (thousands of small live tensors slow every op under `attnkit.analysis.PeakTensors`);
+    large ones are not copied twice."""
 
     def __init__(self):
         self.done: list[Tensor] = []
@@ -130,7 +132,8 @@ class _Pieces:
     def add(self, x: Tensor) -> None:
         self.recent.append(x)
         if len(self.recent) == 64:
-            self.done.append(torch.cat(self.recent))
+            small = sum(t.nbytes for t in self.recent) <= _JOIN_BYTES
+            self.done += [torch.cat(self.recent)] if small else self.recent
             self.recent = []
 
     def cat(self, empty: tuple[int, ...], dtype: torch.dtype) -> Tensor:
