@@ -67,7 +67,7 @@ def from_function(
     `batch`/`heads`: B or H when the mask depends on them, else 1. Planning the mask (which
     blocks kernels skip, the partial blocks' booleans) evaluates ``fn`` on every (query, key)
     pair once, in chunks of whole blocks of about 512K entries: B·H·N·S evaluations at the
-    rate of torch's vectorised ops (a band ``(kv - q).abs() < 32`` at N = 65536 in ≈ 10 s of
+    rate of torch's vectorised ops (a band ``(kv - q).abs() < 32`` at N = 65536 in ≈ 8.5 s of
     one AMD EPYC Zen 4 core), in memory that follows the partial blocks plus one chunk.
     ``fn`` must be deterministic, the same answer for the same indices: the block plan is
     worked out on first use and kept, and backends that read the plan and those that call
