@@ -30,6 +30,7 @@ __all__ = [
     "TILE_EMPTY",
     "TILE_FULL",
     "BlockScan",
+    "chunk_shape",
     "chunks",
     "reduce_chunk",
     "regrid",
@@ -57,13 +58,19 @@ def chunks(mask, bq: int, bk: int) -> Iterator[tuple[int, int, Tensor]]:
     b, h, n, s = mask.shape
     if n == 0 or s == 0:
         return
-    per_bh = max(1, _CHUNK_ENTRIES // (b * h))
-    keys = min(-(-s // bk) * bk, max(bk, per_bh // bq // bk * bk))
-    rows = min(-(-n // bq) * bq, max(bq, per_bh // keys // bq * bq))
+    rows, keys = chunk_shape(b, h, n, s, bq, bk)
     for i0 in range(0, n, rows):
         for j0 in range(0, s, keys):
             got = mask.block(i0, min(i0 + rows, n), j0, min(j0 + keys, s))
             yield i0 // bq, j0 // bk, got.cpu().expand(b, h, *got.shape[2:])
+
+
+def chunk_shape(b: int, h: int, n: int, s: int, bq: int, bk: int) -> tuple[int, int]:
+    """(rows, keys) of one evaluation of a (B, H, N, S) mask on a bq × bk grid: whole blocks,
+    all keys of a row of blocks where `_CHUNK_ENTRIES` allows, at least one block."""
+    per_bh = max(1, _CHUNK_ENTRIES // (b * h))
+    keys = min(-(-s // bk) * bk, max(bk, per_bh // bq // bk * bk))
+    return min(-(-n // bq) * bq, max(bq, per_bh // keys // bq * bq)), keys
 
 
 def _cells(got: Tensor, bq: int, bk: int) -> Tensor:
