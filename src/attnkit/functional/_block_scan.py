@@ -49,6 +49,7 @@ class BlockScan(NamedTuple):
     classes: Tensor  # int8 (B, H, nqb, nkb): EMPTY, PARTIAL or FULL
     allowed: int  # entries that may attend, over (B, H, N, S)
     tiles: Tensor | None  # uint8 (T, bq, bk): partial blocks in row-major order, 0 past N, S
+    places: Tensor | None = None  # int64 (T,): the tiles' flat (B, H, nqb, nkb) places, ascending
 
 
 def chunks(mask, bq: int, bk: int) -> Iterator[tuple[int, int, Tensor]]:
@@ -123,8 +124,9 @@ def scan(mask, bq: int, bk: int, *, tiles: bool = False, repeatable: bool = Fals
         return BlockScan(classes, allowed, None)
     out, flat = kept.cat((0, bq, bk), torch.uint8), where.cat((0,), torch.int64)
     if bool((flat[1:] < flat[:-1]).any()):  # chunks that split rows of blocks: put in order
-        out = out[torch.argsort(flat)]
-    return BlockScan(classes, allowed, out)
+        order = torch.argsort(flat)
+        out, flat = out[order], flat[order]
+    return BlockScan(classes, allowed, out, flat)
 
 
 class _Pieces:
@@ -168,7 +170,7 @@ def regrid(fine: BlockScan, fq: int, fk: int, bq: int, bk: int, n: int, s: int) 
 
     def blocks(fill: int) -> Tensor:  # (B, H, nqb, nkb, rq, rk), cells outside N, S = fill
         pad = (0, nkb * rk - nkf, 0, nqb * rq - nqf)
-        c = torch.nn.functional.pad(fine.classes, pad, value=fill)
+        c = torch.nn.functional.pad(fine.classes, pad, value=fill) if any(pad) else fine.classes
         return c.view(b, h, nqb, rq, nkb, rk).permute(0, 1, 2, 4, 3, 5)
 
     low, high = blocks(FULL), blocks(EMPTY)
@@ -181,7 +183,7 @@ def regrid(fine: BlockScan, fq: int, fk: int, bq: int, bk: int, n: int, s: int) 
     kf = at[:, 3, None] * rk + torch.arange(rk)  # (P, rk)
     base = (at[:, 0] * h + at[:, 1])[:, None, None] * nqf
     flat = (base + qf[:, :, None]) * nkf + kf[:, None, :]  # cells past N, S are not partial
-    order = torch.searchsorted(_fine_positions(fine.classes), flat)  # (P, rq, rk)
+    order = torch.searchsorted(fine.places, flat)  # (P, rq, rk): the k-th place is tile k
     count = fine.tiles.shape[0]  # with_sentinels: count = ones, count + 1 = zeros
     idx = torch.where(sub == PARTIAL, order, torch.where(sub == FULL, count, count + 1))
     grid = with_sentinels(fine.tiles)[idx]  # (P, rq, rk, fq, fk)
@@ -190,12 +192,7 @@ def regrid(fine: BlockScan, fq: int, fk: int, bq: int, bk: int, n: int, s: int) 
         inside_q = at[:, 2, None] * bq + torch.arange(bq) < n  # (P, bq)
         inside_k = at[:, 3, None] * bk + torch.arange(bk) < s  # (P, bk)
         tiles *= inside_q[:, :, None] & inside_k[:, None, :]
-    return BlockScan(classes, fine.allowed, tiles)
-
-
-def _fine_positions(classes: Tensor) -> Tensor:
-    """Flat positions of the partial cells, ascending: the k-th is tile k of the scan."""
-    return (classes.flatten() == PARTIAL).nonzero().flatten()
+    return BlockScan(classes, fine.allowed, tiles, part.flatten().nonzero().flatten())
 
 
 def with_sentinels(tiles: Tensor) -> Tensor:

@@ -95,7 +95,8 @@ def choose_tile_grid(fine: Tensor) -> tuple[int, int]:
     best, best_cost = (STRUCTURED_BLOCK_Q, STRUCTURED_BLOCK_K), None
     for bq, bk in _TILE_GRIDS:
         rq, rk = bq // fq, bk // fk
-        cells = torch.nn.functional.pad(touched, (0, -nkf % rk, 0, -nqf % rq))
+        pad = (0, -nkf % rk, 0, -nqf % rq)
+        cells = torch.nn.functional.pad(touched, pad) if any(pad) else touched
         blocks = cells.view(bh, -(-nqf // rq), rq, -(-nkf // rk), rk)  # (B·H, N/bq, ., S/bk, .)
         calls = float(blocks.amax((2, 4)).sum())
         cost = calls * (bq * bk * _ENTRY_COST[bq] + _CALL_COST + _ROW_COST * bq)
