@@ -31,7 +31,13 @@ from attnkit.functional._block_scan import (
     with_sentinels,
 )
 from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
-from attnkit.functional._grid import FINE_GRID, choose_block_q, choose_tile_grid, set_query_block
+from attnkit.functional._grid import (
+    FINE_GRID,
+    FINE_LIMIT,
+    choose_block_q,
+    choose_tile_grid,
+    set_query_block,
+)
 from attnkit.functional.structured import StructuredMask, _And, _Dense, intervals_block
 
 __all__ = [
@@ -98,8 +104,6 @@ def kernel_plan(mask: StructuredMask, device) -> MaskPlan:
 def _fine_scan(mask: StructuredMask):
     """The mask read once on the finest candidate grid, with its partial cells' booleans (no
     larger than the tiles of any coarser grid); None past `_grid.FINE_LIMIT` cells."""
-    from attnkit.functional._grid import FINE_LIMIT
-
     b, h, n, s = mask.shape
     fq, fk = FINE_GRID
     if b * h * -(-n // fq) * -(-s // fk) > FINE_LIMIT:
