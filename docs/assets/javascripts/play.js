@@ -126,7 +126,7 @@
     draw();
   }
 
-  // attnkit's block classes (functional/structured.py): 2 full, 1 partial, 0 empty
+  // attnkit's block classes (functional/_block_scan.py): 2 full, 1 partial, 0 empty
   function blockMap(mask, bq, bk) {
     var n = mask.length, s = mask[0].length, out = [];
     for (var i0 = 0; i0 < n; i0 += bq) {

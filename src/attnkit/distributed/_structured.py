@@ -30,13 +30,12 @@ from torch import Tensor
 
 from attnkit.distributed._block import part, q_heads
 from attnkit.distributed.layout import positions
+from attnkit.functional._block_scan import chunk_shape
 from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
 from attnkit.functional._mask_plan import MaskPlan, plan_mask
 from attnkit.functional.structured import RowIntervals, StructuredMask, _And, _Dense
 
 __all__ = ["GlobalMask", "Schedule", "Span", "exchange_pattern"]
-
-_ROWS = 128  # query rows evaluated at a time where a mask has no row intervals
 
 
 class Span(NamedTuple):
@@ -126,8 +125,11 @@ class GlobalMask:
         qpos = qpos[rows]
         crop = self.crop(qpos, g0, length)
         seen = torch.zeros(shape, dtype=torch.bool, device=self.device)
-        for i0 in range(0, qpos.numel(), _ROWS):  # a row of blocks at a time: O(rows · span)
-            blk = crop.block(i0, min(i0 + _ROWS, qpos.numel()), k0, k1)  # (B|1, H|1, r, span)
+        # rows in chunks of the plans' budget (`_block_scan`): O(chunk) temporaries at any span
+        span = max(1, k1 - k0)
+        step = chunk_shape(self.batch, self.heads, max(1, qpos.numel()), span, 1, span)[0]
+        for i0 in range(0, qpos.numel(), step):
+            blk = crop.block(i0, min(i0 + step, qpos.numel()), k0, k1)  # (B|1, H|1, r, span)
             seen[..., k0:k1] |= blk.any(2)
         return seen
 

@@ -1,4 +1,4 @@
-"""Block sizes that follow a structured mask's shape, and its booleans a chunk at a time.
+"""Block sizes that follow a structured mask's shape.
 
 Legend: B batch, H heads, N queries, S keys; bq × bk the kernel's score blocks.
 
@@ -18,7 +18,6 @@ of 128-row ones (causal: 1188 vs 1092 ms).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -26,7 +25,8 @@ from torch import Tensor
 from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
 
 __all__ = [
-    "blocks_by_chunk",
+    "FINE_GRID",
+    "FINE_LIMIT",
     "choose_block_q",
     "choose_tile_grid",
     "query_block",
@@ -38,9 +38,8 @@ _CALL_COST, _ROW_COST = 384, 40  # entries' worth of time per block call and per
 _ENTRY_COST = {128: 1.0, 64: 1.03, 32: 1.08, 16: 1.2}
 _FORWARD_BLOCK_K = 512  # the compiled forward's key block (`_blocks.FORWARD_BLOCK_K`)
 _TILE_GRIDS = ((128, 256), (64, 128), (64, 64), (32, 64), (32, 32), (16, 32))
-_FINE = (16, 32)  # the finest candidate: the others' block maps are pooled from its map
-_FINE_LIMIT = 1 << 25  # fine-map cells (bytes) past which the default grid is kept
-_CHUNK_KEYS = 4096  # keys evaluated at once: a predicate's int64 temporaries stay ~4 MiB
+FINE_GRID = (16, 32)  # the finest candidate: the others' block maps are pooled from its map
+FINE_LIMIT = 1 << 25  # fine-map cells (bytes) past which the default grid is kept
 
 
 # The query block chosen for a plan's row intervals, keyed by the plan's `rows` tensor (which the
@@ -58,17 +57,6 @@ def set_query_block(rows: Tensor, bq: int) -> None:
 def query_block(rows: Tensor | None, default: int) -> int:
     """The query block chosen for these row intervals (`choose_block_q`), else `default`."""
     return default if rows is None else _QUERY_BLOCKS.get(id(rows), default)
-
-
-def blocks_by_chunk(mask, bq: int, bk: int) -> Iterator[tuple[int, int, Tensor]]:
-    """(query block, first key block, booleans (B|1, H|1, nq, width)) over `mask`, one query
-    block and a multiple of bk keys at a time, on the CPU."""
-    n, s = mask.n, mask.s
-    step = max(bk, _CHUNK_KEYS // bk * bk)
-    for qb in range(-(-n // bq)):
-        i0, i1 = qb * bq, min((qb + 1) * bq, n)
-        for j0 in range(0, s, step):
-            yield qb, j0 // bk, mask.block(i0, i1, j0, min(j0 + step, s)).cpu()
 
 
 def _fold(x: Tensor, bq: int, fill: int, op) -> Tensor:
@@ -97,26 +85,20 @@ def choose_block_q(rows: Tensor, s: int) -> int:
     return best
 
 
-def choose_tile_grid(mask) -> tuple[int, int]:
+def choose_tile_grid(fine: Tensor) -> tuple[int, int]:
     """(bq, bk) of the tile grid for a mask evaluated block by block: the candidate grid whose
-    non-empty blocks cost least, from one pass over the mask at the finest grid (16 × 32)."""
-    b, h, n, s = mask.shape
-    fq, fk = _FINE
-    if b * h * -(-n // fq) * -(-s // fk) > _FINE_LIMIT:
-        return STRUCTURED_BLOCK_Q, STRUCTURED_BLOCK_K
-    touched = torch.zeros(b, h, -(-n // fq), -(-s // fk), dtype=torch.bool)
-    for qb, kb0, chunk in blocks_by_chunk(mask, fq, fk):
-        width = chunk.shape[3]
-        padded = torch.nn.functional.pad(chunk.view(torch.uint8), (0, -width % fk))
-        cells = padded.view(b, h, chunk.shape[2], -1, fk).amax((2, 4)) > 0  # (B|1, H|1, w/fk)
-        touched[:, :, qb, kb0 : kb0 + cells.shape[2]] = cells
-    flat = touched.flatten(0, 1)[:, None].float()  # (B·H, 1, N / 16, S / 32)
+    non-empty blocks cost least, from the mask's block classes on `FINE_GRID` (int8
+    (B, H, N / 16, S / 32), 0 = empty; `_block_scan.scan`)."""
+    fq, fk = FINE_GRID
+    touched = (fine != 0).flatten(0, 1).view(torch.uint8)  # (B·H, N / 16, S / 32)
+    bh, nqf, nkf = touched.shape
     best, best_cost = (STRUCTURED_BLOCK_Q, STRUCTURED_BLOCK_K), None
     for bq, bk in _TILE_GRIDS:
-        pooled = torch.nn.functional.max_pool2d(
-            flat, (bq // fq, bk // fk), ceil_mode=True
-        )  # (B·H, 1, N / bq, S / bk)
-        calls = float(pooled.sum())
+        rq, rk = bq // fq, bk // fk
+        pad = (0, -nkf % rk, 0, -nqf % rq)
+        cells = torch.nn.functional.pad(touched, pad) if any(pad) else touched
+        blocks = cells.view(bh, -(-nqf // rq), rq, -(-nkf // rk), rk)  # (B·H, N/bq, ., S/bk, .)
+        calls = float(blocks.amax((2, 4)).sum())
         cost = calls * (bq * bk * _ENTRY_COST[bq] + _CALL_COST + _ROW_COST * bq)
         if best_cost is None or cost < best_cost:
             best, best_cost = (bq, bk), cost

@@ -22,24 +22,27 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from attnkit.functional._block_scan import (
+    TILE_EMPTY,
+    TILE_FULL,
+    regrid,
+    scan,
+    tile_table,
+    with_sentinels,
+)
 from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
 from attnkit.functional._grid import (
-    blocks_by_chunk,
+    FINE_GRID,
+    FINE_LIMIT,
     choose_block_q,
     choose_tile_grid,
     set_query_block,
 )
-from attnkit.functional.structured import (
-    FULL,
-    PARTIAL,
-    StructuredMask,
-    _And,
-    _classify,
-    _Dense,
-    intervals_block,
-)
+from attnkit.functional.structured import StructuredMask, _And, _Dense, intervals_block
 
 __all__ = [
+    "TILE_EMPTY",
+    "TILE_FULL",
     "MaskPlan",
     "call_plan",
     "dense_with_plan",
@@ -49,8 +52,6 @@ __all__ = [
     "with_sentinels",
 ]
 
-TILE_EMPTY, TILE_FULL = -1, -2
-
 
 class MaskPlan(NamedTuple):
     rows: Tensor | None  # int64 (2, B|1, N)
@@ -59,17 +60,20 @@ class MaskPlan(NamedTuple):
     tiles: Tensor | None  # uint8 (T, bq, bk)
 
 
-def plan_mask(mask: StructuredMask, block_q: int, block_k: int, device) -> MaskPlan:
+def plan_mask(mask: StructuredMask, block_q: int, block_k: int, device, given=None) -> MaskPlan:
     """Split `mask` into row intervals, a dense remainder and tiles on a bq × bk grid.
 
     The plan is kept on the mask (per grid and device): a mask built once and passed to every
     step of a training loop is classified once, as FlexAttention's block mask is. Masks are
     descriptions and are not changed after they are built; change the tensors a mask was
-    built from (its ids, say) and build a new mask."""
+    built from (its ids, say) and build a new mask.
+
+    `given`: the table and tiles of the mask's factors that are neither intervals nor
+    tensors, where the caller has them already (`kernel_plan`)."""
     key = (block_q, block_k, str(device))
     cache = mask.__dict__.setdefault("_plans", {})
     if key not in cache:
-        cache[key] = _plan(mask, block_q, block_k, device)
+        cache[key] = _plan(mask, block_q, block_k, device, given)
     return cache[key]
 
 
@@ -82,14 +86,29 @@ def kernel_plan(mask: StructuredMask, device) -> MaskPlan:
         rest = _split(mask)[2]
         # a mask that tiles itself (a FlexAttention BlockMask) keeps the structured grid: the
         # grid search would evaluate it everywhere, which its block lists exist to avoid
+        fine = None
         if rest and not any(hasattr(f, "plan_tiles") for f in rest):
-            plan = plan_mask(mask, *choose_tile_grid(_and_all(rest)), device)
+            fine = _fine_scan(_and_all(rest))
+        if fine is not None:  # one evaluation: the grid is chosen from it, the tiles pooled
+            bq, bk = choose_tile_grid(fine.classes)
+            coarse = regrid(fine, *FINE_GRID, bq, bk, mask.n, mask.s)
+            plan = plan_mask(mask, bq, bk, device, (tile_table(coarse.classes), coarse.tiles))
         else:
             plan = plan_mask(mask, STRUCTURED_BLOCK_Q, STRUCTURED_BLOCK_K, device)
             if plan.rows is not None:
                 set_query_block(plan.rows, choose_block_q(plan.rows, mask.s))
         cache[key] = plan
     return cache[key]
+
+
+def _fine_scan(mask: StructuredMask):
+    """The mask read once on the finest candidate grid, with its partial cells' booleans (no
+    larger than the tiles of any coarser grid); None past `_grid.FINE_LIMIT` cells."""
+    b, h, n, s = mask.shape
+    fq, fk = FINE_GRID
+    if b * h * -(-n // fq) * -(-s // fk) > FINE_LIMIT:
+        return None
+    return scan(mask, fq, fk, tiles=True, repeatable=True)
 
 
 def call_plan(mask: StructuredMask, device, block_q, block_k, fit: bool) -> MaskPlan:
@@ -116,7 +135,7 @@ def _and_all(parts: list[StructuredMask]) -> StructuredMask:
     return out
 
 
-def _plan(mask: StructuredMask, block_q: int, block_k: int, device) -> MaskPlan:
+def _plan(mask: StructuredMask, block_q: int, block_k: int, device, given=None) -> MaskPlan:
     intervals, dense_parts, rest = _split(mask)
     rows, dense = None, None
     for f in intervals:
@@ -129,7 +148,9 @@ def _plan(mask: StructuredMask, block_q: int, block_k: int, device) -> MaskPlan:
         dense = t if dense is None else dense & t
     stacked = None if rows is None else torch.stack(torch.broadcast_tensors(*rows)).contiguous()
     table = tiles = None
-    if rest:
+    if given is not None:
+        table, tiles = (x.to(device) for x in given)
+    elif rest:
         other = _and_all(rest)
         # a mask that knows its own block structure (a FlexAttention BlockMask) tiles itself
         tile = getattr(other, "plan_tiles", None) or (lambda *a: _tiles(other, *a))
@@ -138,45 +159,10 @@ def _plan(mask: StructuredMask, block_q: int, block_k: int, device) -> MaskPlan:
 
 
 def _tiles(mask: StructuredMask, bq: int, bk: int, device) -> tuple[Tensor, Tensor]:
-    """Evaluate `mask` one row of blocks at a time, `key_chunk` keys at a time (so a predicate's
-    integer temporaries stay O(bq · chunk), not O(bq · S)); keep the partial blocks' booleans."""
-    b, h, n, s = mask.shape
-    nqb, nkb = -(-n // bq), -(-s // bk)
-    table = torch.empty(b, h, nqb, nkb, dtype=torch.int32)
-    kept: list[Tensor] = []
-    count = 0
-    for qb, kb0, block_row in blocks_by_chunk(mask, bq, bk):
-        nq, width = block_row.shape[2], block_row.shape[3]
-        if qb == kb0 == 0:
-            _check_repeatable(mask, block_row)
-        cls = _classify(block_row, bk)  # (B|1, H|1, chunk blocks)
-        part = cls == PARTIAL
-        idx = torch.full(cls.shape, TILE_EMPTY, dtype=torch.int32)
-        idx[cls == FULL] = TILE_FULL
-        found = int(part.sum())
-        idx[part] = torch.arange(count, count + found, dtype=torch.int32)
-        table[:, :, qb, kb0 : kb0 + cls.shape[2]] = idx
-        if found:
-            nb = cls.shape[2]
-            padded = torch.nn.functional.pad(block_row, (0, nb * bk - width, 0, bq - nq))
-            grid = padded.view(b, h, bq, nb, bk).permute(0, 1, 3, 2, 4)  # (B|1, H|1, nb, bq, bk)
-            kept.append(grid[part].to(torch.uint8))  # (found, bq, bk), in table order
-            count += found
-    tiles = torch.cat(kept) if kept else torch.zeros(0, bq, bk, dtype=torch.uint8)
-    return table.to(device), tiles.contiguous().to(device)
-
-
-def _check_repeatable(mask: StructuredMask, first: Tensor) -> None:
-    """The plan is computed once and cached on the mask: a predicate whose answers change
-    between calls (random draws, a tensor it reads being changed) would be skipped by a stale
-    plan. Catch what one second evaluation of the first block can."""
-    again = mask.block(0, first.shape[2], 0, first.shape[3]).cpu()
-    if not torch.equal(first, again):
-        raise ValueError(
-            f"{mask.describe()}: the mask gave different booleans for the same block on two "
-            "evaluations; a predicate (masks.from_function) must be deterministic, since its "
-            "plan is computed on first use and cached on the mask"
-        )
+    """`mask` evaluated once, a chunk of blocks at a time (`_block_scan.scan`): its tile table
+    and its partial blocks' booleans."""
+    got = scan(mask, bq, bk, tiles=True, repeatable=True)
+    return tile_table(got.classes).to(device), got.tiles.to(device)
 
 
 def key_blocks(
@@ -208,15 +194,6 @@ def key_blocks(
             continue
         j0 = max(kb * bk, first)
         yield j0, min((kb + 1) * bk, end), ids, j0 - kb * bk
-
-
-def with_sentinels(tiles: Tensor) -> Tensor:
-    """tiles (T, bq, bk) followed by an all-ones and an all-zeros tile, so that indexing with a
-    table entry gives the block's booleans for every class: t >= 0 its tile, `TILE_FULL` (-2)
-    the ones, `TILE_EMPTY` (-1) the zeros."""
-    full_empty = torch.zeros(2, *tiles.shape[1:], dtype=tiles.dtype, device=tiles.device)
-    full_empty[0] = 1
-    return torch.cat([tiles, full_empty])
 
 
 def dense_with_plan(

@@ -21,13 +21,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnkit.functional._block_scan import TILE_EMPTY, TILE_FULL, reduce_chunk
 from attnkit.functional._index_fns import IndexFn
 from attnkit.functional.structured import (
     EMPTY,
     FULL,
     PARTIAL,
     StructuredMask,
-    _classify,
     _interval_block_map,
 )
 
@@ -105,33 +105,27 @@ class FlexBlocks(StructuredMask):
         """The tile table and tiles of `attnkit.functional._mask_plan` on a bq × bk grid,
         evaluating the mask_mod only where the BlockMask lists a partial block: a plan block
         that meets none is empty, one that meets only full blocks is full."""
-        from attnkit.functional._mask_plan import TILE_EMPTY, TILE_FULL
-
         meets_any, meets_partial = _regrid(self.classes, self.n, self.s, self.bq, self.bk, bq, bk)
         b, h, nqb, nkb = meets_any.shape
         table = torch.full((b, h, nqb, nkb), TILE_EMPTY, dtype=torch.int32)
         table[meets_any & ~meets_partial] = TILE_FULL
         tiles: list[Tensor] = []
+        count = 0
         candidates = meets_partial.any(1).any(0)  # (nqb, nkb): some batch row / head needs it
         for qb in range(nqb):
             i0, i1 = qb * bq, min(qb * bq + bq, self.n)
             for k0, k1 in _runs(candidates[qb]):  # one mask_mod call per run of tiles
                 j0, j1 = k0 * bk, min(k1 * bk, self.s)
-                got = self.block(i0, i1, j0, j1).cpu()  # (B|1, H|1, nq, run of keys)
-                cls = _classify(got, bk)  # (B|1, H|1, k1 - k0)
-                part = cls == PARTIAL
+                got = self.block(i0, i1, j0, j1).cpu()  # (B, H, nq, run of keys)
+                cls, _, part = reduce_chunk(got.expand(b, h, *got.shape[2:]), bq, bk, True)
+                cls = cls[:, :, 0]  # (B, H, k1 - k0)
                 ids = torch.full(cls.shape, TILE_EMPTY, dtype=torch.int32)
                 ids[cls == FULL] = TILE_FULL
-                ids[part] = torch.arange(
-                    len(tiles), len(tiles) + int(part.sum()), dtype=torch.int32
-                )
+                ids[cls == PARTIAL] = torch.arange(count, count + part.shape[0], dtype=torch.int32)
                 table[:, :, qb, k0:k1] = ids
-                padded = torch.nn.functional.pad(
-                    got, (0, (k1 - k0) * bk - (j1 - j0), 0, bq - (i1 - i0))
-                )
-                grid = padded.view(b, h, bq, k1 - k0, bk).transpose(2, 3)  # (B|1, H|1, run, bq, bk)
-                tiles.extend(grid[part].to(torch.uint8))  # (bq, bk) each, in table order
-        stacked = torch.stack(tiles) if tiles else torch.zeros(0, bq, bk, dtype=torch.uint8)
+                tiles.append(part)  # (P, bq, bk), in table order
+                count += part.shape[0]
+        stacked = torch.cat(tiles) if tiles else torch.zeros(0, bq, bk, dtype=torch.uint8)
         return table.to(device), stacked.to(device)
 
     def describe(self):
@@ -260,8 +254,6 @@ def _ordered(sel: Tensor) -> tuple[Tensor, Tensor]:
 def _plan_classes(plan, mask: StructuredMask, bq: int, bk: int, device) -> Tensor:
     """Block classes of a plan, each part's classes combined by AND: the minimum
     (EMPTY < PARTIAL < FULL). A block where two partial parts meet stays PARTIAL."""
-    from attnkit.functional._mask_plan import TILE_EMPTY, TILE_FULL
-
     nqb, nkb = -(-mask.n // bq), -(-mask.s // bk)
     out = torch.full((1, 1, nqb, nkb), FULL, dtype=torch.int8, device=device)
     if plan.rows is not None:
