@@ -606,14 +606,15 @@ for width in (64, 256, 1024, 4096):
 # %% [markdown]
 # ```text
 #     w   allowed/row   computed/row   computed/allowed
-#    64          63.5           94.3               1.48
+#    64          63.5           63.8               1.00
 #   256         248.0          278.1               1.12
 #  1024         896.1          951.2               1.06
 #  4096        2048.5         2112.0               1.03
 # ```
 #
-# ($w = 4096$ is the whole causal triangle: the kernel computes the diagonal blocks' upper
-# halves too.) Packed documents work the same way. A causal document of $L$ tokens allows
+# ($w = 64$: no row sees more than 64 keys, so the kernel computes such blocks a row at a time
+# over each row's own keys, and nearly nothing extra; $w = 4096$ is the whole causal triangle:
+# the kernel computes the diagonal blocks' upper halves too.) Packed documents work the same way. A causal document of $L$ tokens allows
 # $L(L + 1)/2$ pairs; a block of rows inside one document computes from the document's first key
 # to its own last row; a block that straddles two documents spans both, so lengths that are not
 # multiples of the block cost a little more than they would otherwise (the kernel sizes its query
