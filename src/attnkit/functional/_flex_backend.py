@@ -123,8 +123,9 @@ def _run_compiled(args, aux):
             _warned = True
             warnings.warn(
                 f"attnkit: FlexAttention has compiled {limit} kernels (one per call shape, "
-                f"dtype and grad mode); further new shapes run SDPA with a dense mask "
-                f"({type(err).__name__}). Pad inputs to a few lengths to stay on FlexAttention.",
+                f"dtype and grad mode); further new shapes take auto's other route (SDPA with "
+                f"a dense mask, or attnkit's chunked kernel for a score function SDPA cannot "
+                f"add) ({type(err).__name__}). Pad inputs to a few lengths to stay on Flex.",
                 RuntimeWarning,
                 stacklevel=4,
             )
