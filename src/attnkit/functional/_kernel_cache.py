@@ -55,10 +55,10 @@ from attnkit._cpu import cpu_flags
 from attnkit._io import atomic_write_bytes
 from attnkit.functional._kernel_prebuilt import candidates
 
-__all__ = ["load", "origin"]
+__all__ = ["load", "loaded", "origin"]
 
 _SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
-_ABI = 6
+_ABI = 7  # attnkit_abi_version() of the sources (7: attnkit_all_finite)
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -324,6 +324,11 @@ def load() -> ctypes.CDLL | None:
             _lib = None
         _tried = True
         return _lib
+
+
+def loaded() -> ctypes.CDLL | None:
+    """The kernel library if `load` has loaded it already, else None: never builds or loads."""
+    return _lib
 
 
 def origin() -> str | None:

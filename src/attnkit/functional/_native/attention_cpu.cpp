@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "args.h"
+#include "finite.h"
 #include "score_mods.h"
 #include "simd.h"
 
@@ -553,7 +554,7 @@ int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
 extern "C" {
 
-int attnkit_abi_version() { return 6; }
+int attnkit_abi_version() { return 7; }
 
 // Forward: fills out and lse. Work items are (b, h, sequence, query block), over the threads.
 void attnkit_attention_forward(const Args* args) {
@@ -648,6 +649,13 @@ void attnkit_keep_words(const Args* args, int64_t row0, int64_t rows, int64_t j0
         const RowKey key = row_key(*args, row0 + r);
         for (int64_t c = 0; c < nk; ++c) out[r * nk + c] = keep_word(key, j0 + c);
     }
+}
+
+// 1 if the n contiguous elements at data (dtype `code`: attnkit_finite::Code) are all finite,
+// 0 if one is a NaN or ±inf, -1 for an unknown code. Called from Python for every short-path
+// attention call, under the GIL (see native.py, `finite_check`).
+int attnkit_all_finite(const void* data, int64_t n, int code) {
+    return attnkit_finite::all_finite_code(data, n, code);
 }
 
 }  // extern "C"

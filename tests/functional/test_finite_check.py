@@ -1,0 +1,77 @@
+"""The kernel's finiteness scan (`native.finite_check`, _native/finite.h) that rule 1 of
+`attention`'s non-finite contract reads on the short path, against torch.isfinite."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.functional import _fast_path, native
+
+needs_kernel = pytest.mark.skipif(
+    not native.available(),
+    reason="compiled kernel unavailable (no C++ compiler, or ATTNKIT_NATIVE=0)",
+)
+
+DTYPES = list(native.FINITE_CODES)
+SIZES = (1, 7, 97, 1025)
+BAD = (float("nan"), float("inf"), -float("inf"))
+
+
+def scan(t: torch.Tensor) -> bool:
+    answer = native.finite_check()(t.data_ptr(), t.numel(), native.FINITE_CODES[t.dtype])
+    assert answer in (0, 1)
+    return answer == 1
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+def test_scan_matches_isfinite_with_non_finite_values_planted(dtype, n):
+    gen = torch.Generator().manual_seed(n)
+    for trial in range(12):
+        t = (torch.randn(n, generator=gen, dtype=torch.float64) * 100).to(dtype)
+        bad = BAD[trial % 3]
+        # one to three entries, the last element every fourth trial
+        count = int(torch.randint(1, 4, (), generator=gen)) if trial % 4 else 1
+        where = torch.randint(0, n, (count,), generator=gen) if trial % 4 else [n - 1]
+        assert scan(t) and bool(torch.isfinite(t).all())
+        t[where] = bad
+        assert scan(t) == bool(torch.isfinite(t).all()) is False
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_extremes_of_the_finite_range_are_finite(dtype):
+    info = torch.finfo(dtype)
+    values = [info.max, -info.max, info.tiny, info.smallest_normal / 2, 0.0, -0.0]
+    t = torch.tensor(values, dtype=dtype)
+    assert t[3] != 0  # a denormal, kept
+    assert scan(t) and scan(t[:0])  # and the empty tensor
+
+
+@needs_kernel
+def test_the_short_path_reads_only_the_view():
+    """A contiguous slice is scanned from its own first element (storage offset); a
+    non-contiguous view (the sum instead) is judged by its own elements only."""
+    big = torch.randn(3, 8, 70)
+    big[0, 0, 0] = float("nan")
+    big[1:, :, 64:] = float("inf")
+    assert _fast_path._all_finite(big[1:, :, :64]) is True  # not contiguous: the sum
+    assert _fast_path._all_finite(big[1:].contiguous()[:, :, :64].contiguous()) is True
+    tail = big[1:].clone()
+    tail[:, :, 64:] = 0
+    assert _fast_path._all_finite(tail) and not _fast_path._all_finite(big[0:])
+    assert not _fast_path._all_finite(big[1:, :, :65])
+
+
+def test_finite_check_never_loads_the_kernel(monkeypatch):
+    """Before the kernel's first use the short path takes the sum: no build from a small call."""
+    monkeypatch.setattr(native, "loaded", lambda: None)
+    monkeypatch.setattr(native, "_all_finite", None)
+    monkeypatch.setattr(native, "load", lambda: pytest.fail("finite_check loaded the kernel"))
+    assert native.finite_check() is None
+    q = torch.randn(2, 3, 5)
+    assert _fast_path._all_finite(q)
+    q[1, 2, 4] = float("nan")
+    assert not _fast_path._all_finite(q)
