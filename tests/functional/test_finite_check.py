@@ -52,26 +52,28 @@ def test_extremes_of_the_finite_range_are_finite(dtype):
 
 @needs_kernel
 def test_the_short_path_reads_only_the_view():
-    """A contiguous slice is scanned from its own first element (storage offset); a
-    non-contiguous view (the sum instead) is judged by its own elements only."""
-    big = torch.randn(3, 8, 70)
-    big[0, 0, 0] = float("nan")
-    big[1:, :, 64:] = float("inf")
-    assert _fast_path._all_finite(big[1:, :, :64]) is True  # not contiguous: the sum
-    assert _fast_path._all_finite(big[1:].contiguous()[:, :, :64].contiguous()) is True
-    tail = big[1:].clone()
-    tail[:, :, 64:] = 0
-    assert _fast_path._all_finite(tail) and not _fast_path._all_finite(big[0:])
-    assert not _fast_path._all_finite(big[1:, :, :65])
+    """A contiguous slice is scanned from its own first element (storage offset) to its own
+    last; a non-contiguous view (the sum instead) is judged by its own elements only."""
+    whole = torch.randn(4, 8, 64)
+    whole[0, 0, 0] = whole[3, 7, 63] = float("nan")
+    assert whole[1:3].is_contiguous()
+    assert _fast_path.surely_finite(whole[1:3]) and not _fast_path.surely_finite(whole[:2])
+    assert not _fast_path.surely_finite(whole[2:])
+    wide = torch.randn(3, 8, 70)
+    wide[:, :, 64:] = float("inf")
+    assert not wide[..., :64].is_contiguous() and _fast_path.surely_finite(wide[..., :64])
+    assert not _fast_path.surely_finite(wide[..., :65])
 
 
 def test_finite_check_never_loads_the_kernel(monkeypatch):
     """Before the kernel's first use the short path takes the sum: no build from a small call."""
     monkeypatch.setattr(native, "loaded", lambda: None)
     monkeypatch.setattr(native, "_all_finite", None)
+    monkeypatch.setattr(_fast_path, "_scan", None)
     monkeypatch.setattr(native, "load", lambda: pytest.fail("finite_check loaded the kernel"))
     assert native.finite_check() is None
     q = torch.randn(2, 3, 5)
-    assert _fast_path._all_finite(q)
+    assert _fast_path.surely_finite(q)
     q[1, 2, 4] = float("nan")
-    assert not _fast_path._all_finite(q)
+    assert not _fast_path.surely_finite(q)
+    assert _fast_path._scan is None

@@ -29,6 +29,7 @@ def finite_route(request, monkeypatch):
         pytest.skip("compiled kernel unavailable")
     if request.param == "sum":
         monkeypatch.setattr(_fast_path, "finite_check", lambda: None)
+        monkeypatch.setattr(_fast_path, "_scan", None)
     return request.param
 
 

@@ -400,4 +400,6 @@ def _open(path: Path) -> ctypes.CDLL:
         getattr(lib, name).restype = None
     lib.attnkit_keep_words.argtypes = [args] + [ctypes.c_int64] * 4 + [ctypes.c_void_p]
     lib.attnkit_keep_words.restype = None
+    lib.attnkit_all_finite.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    lib.attnkit_all_finite.restype = ctypes.c_int  # `native.finite_check` binds its own
     return lib
