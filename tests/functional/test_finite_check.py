@@ -19,7 +19,8 @@ BAD = (float("nan"), float("inf"), -float("inf"))
 
 
 def scan(t: torch.Tensor) -> bool:
-    answer = native.finite_check()(t.data_ptr(), t.numel(), native.FINITE_CODES[t.dtype])
+    addr, code = t.data_ptr(), native.FINITE_CODES[t.dtype]
+    answer = native.finite_check()(addr & 0xFFFFFFFF, addr >> 32, t.numel(), code)
     assert answer in (0, 1)
     return answer == 1
 
@@ -63,6 +64,18 @@ def test_the_short_path_reads_only_the_view():
     wide[:, :, 64:] = float("inf")
     assert not wide[..., :64].is_contiguous() and _fast_path.surely_finite(wide[..., :64])
     assert not _fast_path.surely_finite(wide[..., :65])
+
+
+@needs_kernel
+def test_more_elements_than_a_c_int_take_the_sum(monkeypatch):
+    """The scan's count is a C int: past it (q of 2^31 elements) the sum decides."""
+    q = torch.randn(2, 3, 5)
+    q[1, 2, 4] = float("nan")
+    calls = []
+    monkeypatch.setattr(_fast_path, "_isfinite", lambda x: calls.append(x) or False)
+    assert not _fast_path._all_finite(q, q.dtype, native.FINITE_MAX_NUMEL + 1)
+    assert len(calls) == 1  # the sum's answer, not the scan's
+    assert not _fast_path._all_finite(q, q.dtype, q.numel()) and len(calls) == 1
 
 
 def test_finite_check_never_loads_the_kernel(monkeypatch):

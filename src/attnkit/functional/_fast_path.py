@@ -31,7 +31,7 @@ from attnkit._cpu import has_native_bf16
 from attnkit.functional._double_backward import hook_fused_node
 from attnkit.functional._reference import _eager_cpu
 from attnkit.functional._trace import tracing
-from attnkit.functional.native import FINITE_CODES, finite_check
+from attnkit.functional.native import FINITE_CODES, FINITE_MAX_NUMEL, finite_check
 
 __all__ = ["default_scale", "plain_call", "row_poison", "surely_finite"]
 
@@ -129,14 +129,15 @@ _scan = None  # `native.finite_check()` once the kernel is loaded (read with no 
 
 def _all_finite(q: Tensor, dtype: torch.dtype, numel: int) -> bool:
     """`surely_finite` for a CPU tensor q of that dtype and number of elements: the kernel's
-    scan of the exponent bits (~0.65 µs in all for q at N=1, against ~2 µs for one sum of q)
-    where the kernel is loaded and q is contiguous, else the sum."""
+    scan of the exponent bits where the kernel is loaded and q is contiguous, else the sum.
+    Interleaved with SDPA at N=1, the scan adds ~1.0 µs to a call, the sum ~2.8 µs."""
     global _scan
     check = _scan or (_scan := finite_check())
-    if check is not None and q.is_contiguous():
+    if check is not None and numel <= FINITE_MAX_NUMEL and q.is_contiguous():
         code = FINITE_CODES.get(dtype)
         if code is not None:
-            return check(q.data_ptr(), numel, code) == 1
+            addr = q.data_ptr()
+            return check(addr & 0xFFFFFFFF, addr >> 32, numel, code) == 1
     return _isfinite((q.detach() if q.requires_grad else q).sum().item())
 
 
