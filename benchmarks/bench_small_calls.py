@@ -4,9 +4,11 @@ B=1, H=8, D=64, float32; N=S=16 and 64, a decode step N=1 against S=128, with an
 ``causal=True``, under ``torch.no_grad`` and with inputs that require gradients (forward).
 Timings (one process): a warm-up call each, then attnkit and SDPA interleaved in a fresh
 order per round, samples of about 1 ms; the best sample of each
-(`attnkit.analysis.bench_small`). Prints the markdown table and writes
-benchmarks/results/small-calls.json and the table in small-calls.md (included by the
-benchmarks page).
+(`attnkit.analysis.bench_small`). The compiled kernel is loaded first, as `attnkit bench`
+does: rule 1's check of q is then its scan (`attnkit.functional.native.finite_check`); a
+process that never loads it checks with a sum of q (~1.5 µs more per call). Prints the
+markdown table and writes benchmarks/results/small-calls.json and the table in
+small-calls.md (included by the benchmarks page).
 
     python benchmarks/bench_small_calls.py [--threads 1] [--repeats 201]
     python benchmarks/bench_small_calls.py --tiny     # a seconds-long smoke run, no files
@@ -27,6 +29,7 @@ from attnkit._io import atomic_write_json, atomic_write_text
 from attnkit.analysis.bench import time_interleaved
 from attnkit.analysis.bench_small import markdown_lines, small_call_rows
 from attnkit.analysis.bench_structured import machine
+from attnkit.functional import native
 
 
 def main() -> None:
@@ -38,6 +41,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=out)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    kernel = "compiled" if native.available() else "pytorch"  # loads it, as `attnkit bench`
     load = os.getloadavg()
     calls = 5 if args.tiny else 20
     rows = small_call_rows(args.repeats, time_interleaved, calls=calls)
@@ -46,6 +50,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "cpu": cpu_name(),
         "machine": machine(),  # the CPU with its widest vector units, and torch
+        "chunked_kernel": kernel,
         "load_avg_start": load,
         "load_avg_end": os.getloadavg(),
         "repeats": args.repeats,
@@ -60,7 +65,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, {"env": env, "rows": rows})
     md = args.out.with_suffix(".md")  # included by docs/{en,zh}/results/benchmarks.md
-    cpu = f"{env['machine']}, {env['threads']} thread"
+    cpu = f"{env['machine']}, {env['threads']} thread, kernel {kernel}"
     atomic_write_text(md, table + f"\n{cpu}; load average {load[0]:.1f} at the start.\n")
     print(f"bench_small_calls: wrote {args.out} and {md}")
 

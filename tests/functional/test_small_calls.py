@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnkit import attention, use_backend
-from attnkit.functional import _fast_path
+from attnkit.functional import _fast_path, native
 from tests.naive import naive_attention
 
 # the module (attnkit.functional's `attention` attribute is the function)
@@ -19,6 +19,18 @@ attention_module = importlib.import_module("attnkit.functional.attention")
 def plain_call(*args):
     """The fast path's output for a call (None: the full route), `use_backend`'s choice in force."""
     return _fast_path.plain_call(*args, attention_module._override)
+
+
+@pytest.fixture(params=["kernel", "sum"])
+def finite_route(request, monkeypatch):
+    """Rule 1's check both ways: the kernel's scan of q (loaded first), and the sum of q that
+    calls made before the kernel's first use take."""
+    if request.param == "kernel" and not native.available():
+        pytest.skip("compiled kernel unavailable")
+    if request.param == "sum":
+        monkeypatch.setattr(_fast_path, "finite_check", lambda: None)
+        monkeypatch.setattr(_fast_path, "_scan", None)
+    return request.param
 
 
 def qkv(h, hkv, n, s, d=16, dv=None, dtype=torch.float32, seed=0, grad=False):
@@ -94,7 +106,7 @@ def test_override_and_tracing_take_the_full_route():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("n", "s"), [(1, 97), (16, 16)])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_rows_whose_q_is_not_finite_are_nan(dtype, n, s, bad):
+def test_rows_whose_q_is_not_finite_are_nan(dtype, n, s, bad, finite_route):
     """Rule 1 of the non-finite contract on the fast path (SDPA's CPU kernel gives some such
     rows 0), with and without a graph recorded."""
     q, k, v = qkv(4, 2, n, s, dtype=dtype)
@@ -173,7 +185,7 @@ def test_default_scale_is_sdpas_to_the_bit(d):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize(("n", "s"), [(1, 1), (1, 128), (16, 16)])
-def test_a_q_row_whose_every_score_is_minus_inf_is_nan(dtype, n, s):
+def test_a_q_row_whose_every_score_is_minus_inf_is_nan(dtype, n, s, finite_route):
     """Why the fast path sums q (rule 1): q = +inf in one entry where every key is negative
     gives the row the score -inf for every key, and SDPA's CPU kernel returns 0 there, as for
     a row that sees nothing. attnkit returns NaN in that row only, with or without a graph."""

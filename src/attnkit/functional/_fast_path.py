@@ -10,9 +10,10 @@ choice and result building cost ~60 % more. `plain_call` decides with plain attr
 and int comparisons that the call is valid and of this kind, formats no message and builds no
 object, then calls SDPA as the full route would (`attention._fused`): the same kernel, the same
 result bit for bit. Anything else (and every call it cannot prove valid) goes to the full
-route, whose checks raise the errors with their messages. The call then costs 1.26-1.29x
-SDPA's time without gradients, 1.43-1.50x with (benchmarks/results/small-calls.md). What is
-left, measured by taking each piece out in turn: the sum of q that rule 1 needs (~2.6 µs; no
+route, whose checks raise the errors with their messages. What the call costs beyond SDPA
+(benchmarks/results/small-calls.md), measured by taking each piece out in turn: the check of
+q that rule 1 needs (~1 µs at N=16 where the compiled kernel is loaded: its scan of q's
+exponent bits through ctypes, `native.finite_check`; else one sum of q, ~2.6 µs, since no
 torch, numpy or BLAS reduction read from Python costs less than ~2 µs), these checks
 (~1.2 µs), `attention`'s own call (~0.4 µs) and, with a graph recorded, the second-order hook
 (~2 µs, `_double_backward`).
@@ -30,6 +31,7 @@ from attnkit._cpu import has_native_bf16
 from attnkit.functional._double_backward import hook_fused_node
 from attnkit.functional._reference import _eager_cpu
 from attnkit.functional._trace import tracing
+from attnkit.functional.native import FINITE_CODES, FINITE_MAX_NUMEL, finite_check
 
 __all__ = ["default_scale", "plain_call", "row_poison", "surely_finite"]
 
@@ -79,7 +81,7 @@ def plain_call(q, k, v, causal, scale, p, training, backend: str, override) -> T
         return None  # the full route says so, in its words
     if out.requires_grad:  # a graph is recorded
         hook_fused_node(out)
-    if q.is_cpu and _sum_is_finite(q):  # eager, as checked above
+    if q.is_cpu and _all_finite(q, dtype, b * h * n * d):  # eager, as checked above
         return out  # the usual case (see `surely_finite`)
     return out.add(row_poison(q).to(dtype))
 
@@ -110,18 +112,32 @@ def default_scale(head_dim: int) -> float:
 
 
 def surely_finite(q: Tensor) -> bool:
-    """Whether one sum of q, read on the host, is finite (eager mode on the CPU only): then no
-    row of q holds a NaN or ±inf and rule 1 has nothing to do. A sum that overflows (float16,
-    or entries past ~1e36) only sends the call to `row_poison`: it can cost time, never truth.
+    """Whether q holds no NaN or ±inf (eager mode on the CPU only): then rule 1 has nothing to
+    do. Read from q's bits by the compiled kernel where it is loaded and q is contiguous, else
+    from one sum of q, whose overflow (float16, or entries past ~1e36) only sends the call to
+    `row_poison`: it can cost time, never truth.
 
     Rule 1 of `attention`'s non-finite input (a query row whose q holds a NaN or ±inf gives
     NaN) needs this check on SDPA: its CPU kernel gives such a row 0 when every score of the
     row is -inf (float32: q·k = -inf for every key), and in float16/bfloat16 more often.
     """
-    return _eager_cpu(q) and _sum_is_finite(q)
+    return _eager_cpu(q) and _all_finite(q, q.dtype, q.numel())
 
 
-def _sum_is_finite(q: Tensor) -> bool:
+_scan = None  # `native.finite_check()` once the kernel is loaded (read with no call: ~0.1 µs)
+
+
+def _all_finite(q: Tensor, dtype: torch.dtype, numel: int) -> bool:
+    """`surely_finite` for a CPU tensor q of that dtype and number of elements: the kernel's
+    scan of the exponent bits where the kernel is loaded and q is contiguous, else the sum.
+    Interleaved with SDPA at N=1, the scan adds ~1.0 µs to a call, the sum ~2.8 µs."""
+    global _scan
+    check = _scan or (_scan := finite_check())
+    if check is not None and numel <= FINITE_MAX_NUMEL and q.is_contiguous():
+        code = FINITE_CODES.get(dtype)
+        if code is not None:
+            addr = q.data_ptr()
+            return check(addr & 0xFFFFFFFF, addr >> 32, numel, code) == 1
     return _isfinite((q.detach() if q.requires_grad else q).sum().item())
 
 

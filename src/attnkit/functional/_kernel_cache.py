@@ -55,10 +55,10 @@ from attnkit._cpu import cpu_flags
 from attnkit._io import atomic_write_bytes
 from attnkit.functional._kernel_prebuilt import candidates
 
-__all__ = ["load", "origin"]
+__all__ = ["load", "loaded", "origin"]
 
 _SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
-_ABI = 6
+_ABI = 7  # attnkit_abi_version() of the sources (7: attnkit_all_finite)
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -326,6 +326,11 @@ def load() -> ctypes.CDLL | None:
         return _lib
 
 
+def loaded() -> ctypes.CDLL | None:
+    """The kernel library if `load` has loaded it already, else None: never builds or loads."""
+    return _lib
+
+
 def origin() -> str | None:
     """Where the kernel in use came from: "prebuilt avx512" / "prebuilt avx2" (shipped in the
     wheel), "compiled <path>" (built on this machine), or None (no kernel: the PyTorch path)."""
@@ -395,4 +400,7 @@ def _open(path: Path) -> ctypes.CDLL:
         getattr(lib, name).restype = None
     lib.attnkit_keep_words.argtypes = [args] + [ctypes.c_int64] * 4 + [ctypes.c_void_p]
     lib.attnkit_keep_words.restype = None
+    # `native.finite_check` binds its own prototype (no argtypes: the cheapest call)
+    lib.attnkit_all_finite.argtypes = [ctypes.c_uint32] * 3 + [ctypes.c_int32]
+    lib.attnkit_all_finite.restype = ctypes.c_int
     return lib

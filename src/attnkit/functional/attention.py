@@ -261,9 +261,10 @@ def _nan_where_q_is_not_finite(res: AttentionOutput, q: Tensor) -> AttentionOutp
     ~1e36 per entry, where q·k has overflowed already). One read of q, one of out: 2 % of the
     call at N = 256, 0.5 % at N = 1024 (B=1, H=8, D=64, 1 thread). No gradient.
 
-    In eager mode on the CPU one sum of q decides first: finite (the usual case) means there
-    is nothing to poison, and the four extra operations (~30 µs, more than SDPA itself at
-    N = 16) are skipped. The sum is non-finite when any entry is, or when finite entries
+    In eager mode on the CPU one look at q decides first (`surely_finite`: the compiled
+    kernel's scan of its bits where loaded, else one sum of q): finite (the usual case) means
+    there is nothing to poison, and the four extra operations (~30 µs, more than SDPA itself at
+    N = 16) are skipped. A sum is non-finite when any entry is, or when finite entries
     overflow it; then the exact row-wise path runs, so the check can cost time, never truth.
     """
     if surely_finite(q):

@@ -1,0 +1,92 @@
+"""The kernel's finiteness scan (`native.finite_check`, _native/finite.h) that rule 1 of
+`attention`'s non-finite contract reads on the short path, against torch.isfinite."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.functional import _fast_path, native
+
+needs_kernel = pytest.mark.skipif(
+    not native.available(),
+    reason="compiled kernel unavailable (no C++ compiler, or ATTNKIT_NATIVE=0)",
+)
+
+DTYPES = list(native.FINITE_CODES)
+SIZES = (1, 7, 97, 1025)
+BAD = (float("nan"), float("inf"), -float("inf"))
+
+
+def scan(t: torch.Tensor) -> bool:
+    addr, code = t.data_ptr(), native.FINITE_CODES[t.dtype]
+    answer = native.finite_check()(addr & 0xFFFFFFFF, addr >> 32, t.numel(), code)
+    assert answer in (0, 1)
+    return answer == 1
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+def test_scan_matches_isfinite_with_non_finite_values_planted(dtype, n):
+    gen = torch.Generator().manual_seed(n)
+    for trial in range(12):
+        t = (torch.randn(n, generator=gen, dtype=torch.float64) * 100).to(dtype)
+        bad = BAD[trial % 3]
+        # one to three entries, the last element every fourth trial
+        count = int(torch.randint(1, 4, (), generator=gen)) if trial % 4 else 1
+        where = torch.randint(0, n, (count,), generator=gen) if trial % 4 else [n - 1]
+        assert scan(t) and bool(torch.isfinite(t).all())
+        t[where] = bad
+        assert scan(t) == bool(torch.isfinite(t).all()) is False
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_extremes_of_the_finite_range_are_finite(dtype):
+    info = torch.finfo(dtype)
+    values = [info.max, -info.max, info.tiny, info.smallest_normal / 2, 0.0, -0.0]
+    t = torch.tensor(values, dtype=dtype)
+    assert t[3] != 0  # a denormal, kept
+    assert scan(t) and scan(t[:0])  # and the empty tensor
+
+
+@needs_kernel
+def test_the_short_path_reads_only_the_view():
+    """A contiguous slice is scanned from its own first element (storage offset) to its own
+    last; a non-contiguous view (the sum instead) is judged by its own elements only."""
+    whole = torch.randn(4, 8, 64)
+    whole[0, 0, 0] = whole[3, 7, 63] = float("nan")
+    assert whole[1:3].is_contiguous()
+    assert _fast_path.surely_finite(whole[1:3]) and not _fast_path.surely_finite(whole[:2])
+    assert not _fast_path.surely_finite(whole[2:])
+    wide = torch.randn(3, 8, 70)
+    wide[:, :, 64:] = float("inf")
+    assert not wide[..., :64].is_contiguous() and _fast_path.surely_finite(wide[..., :64])
+    assert not _fast_path.surely_finite(wide[..., :65])
+
+
+@needs_kernel
+def test_more_elements_than_a_c_int_take_the_sum(monkeypatch):
+    """The scan's count is a C int: past it (q of 2^31 elements) the sum decides."""
+    q = torch.randn(2, 3, 5)
+    q[1, 2, 4] = float("nan")
+    calls = []
+    monkeypatch.setattr(_fast_path, "_isfinite", lambda x: calls.append(x) or False)
+    assert not _fast_path._all_finite(q, q.dtype, native.FINITE_MAX_NUMEL + 1)
+    assert len(calls) == 1  # the sum's answer, not the scan's
+    assert not _fast_path._all_finite(q, q.dtype, q.numel()) and len(calls) == 1
+
+
+def test_finite_check_never_loads_the_kernel(monkeypatch):
+    """Before the kernel's first use the short path takes the sum: no build from a small call."""
+    monkeypatch.setattr(native, "loaded", lambda: None)
+    monkeypatch.setattr(native, "_all_finite", None)
+    monkeypatch.setattr(_fast_path, "_scan", None)
+    monkeypatch.setattr(native, "load", lambda: pytest.fail("finite_check loaded the kernel"))
+    assert native.finite_check() is None
+    q = torch.randn(2, 3, 5)
+    assert _fast_path.surely_finite(q)
+    q[1, 2, 4] = float("nan")
+    assert not _fast_path.surely_finite(q)
+    assert _fast_path._scan is None
