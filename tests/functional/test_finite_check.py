@@ -78,15 +78,40 @@ def test_more_elements_than_a_c_int_take_the_sum(monkeypatch):
     assert not _fast_path._all_finite(q, q.dtype, q.numel()) and len(calls) == 1
 
 
-def test_finite_check_never_loads_the_kernel(monkeypatch):
-    """Before the kernel's first use the short path takes the sum: no build from a small call."""
-    monkeypatch.setattr(native, "loaded", lambda: None)
+def test_finite_check_never_builds_the_kernel(monkeypatch, tmp_path):
+    """With no library to load (no prebuilt one, none compiled before) the short path takes
+    the sum and nothing is built: no compiler from a small call. It looks once per process."""
+    from attnkit.functional import _kernel_cache
+
     monkeypatch.setattr(native, "_all_finite", None)
     monkeypatch.setattr(_fast_path, "_scan", None)
-    monkeypatch.setattr(native, "load", lambda: pytest.fail("finite_check loaded the kernel"))
+    monkeypatch.setattr(_kernel_cache, "_tried", False)
+    monkeypatch.setattr(_kernel_cache, "_lib", None)
+    monkeypatch.setattr(_kernel_cache, "_looked", False)
+    monkeypatch.setattr(_kernel_cache, "candidates", lambda source: iter(()))
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))  # an empty cache
+    monkeypatch.setattr(_kernel_cache, "_fallback_dir", lambda: tmp_path / "none")
+    monkeypatch.setattr(_kernel_cache, "load", lambda: pytest.fail("finite_check loaded"))
     assert native.finite_check() is None
     q = torch.randn(2, 3, 5)
     assert _fast_path.surely_finite(q)
     q[1, 2, 4] = float("nan")
     assert not _fast_path.surely_finite(q)
-    assert _fast_path._scan is None
+    assert _fast_path._scan is None and _kernel_cache._looked
+
+
+def test_finite_check_loads_a_kernel_compiled_before(monkeypatch):
+    """A kernel this machine compiled before (or the wheel's prebuilt one) is loaded by the
+    first small call, which then scans instead of summing."""
+    from attnkit.functional import _kernel_cache
+
+    lib = _kernel_cache.load()
+    if lib is None:
+        pytest.skip("no compiled kernel on this machine (no C++ compiler)")
+    monkeypatch.setattr(native, "_all_finite", None)
+    monkeypatch.setattr(_fast_path, "_scan", None)
+    monkeypatch.setattr(_kernel_cache, "_tried", False)
+    monkeypatch.setattr(_kernel_cache, "_lib", None)
+    monkeypatch.setattr(_kernel_cache, "_looked", False)
+    assert native.finite_check() is not None  # loaded from the cache, not built
+    assert _kernel_cache._tried and _kernel_cache._lib is not None

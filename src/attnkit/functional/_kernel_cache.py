@@ -63,6 +63,7 @@ _ABI = 7  # attnkit_abi_version() of the sources (7: attnkit_all_finite)
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
+_looked = False  # load_if_ready has looked for a library it can load without building
 _origin: str | None = None  # where the loaded library came from (see `origin`)
 
 
@@ -329,6 +330,26 @@ def load() -> ctypes.CDLL | None:
 def loaded() -> ctypes.CDLL | None:
     """The kernel library if `load` has loaded it already, else None: never builds or loads."""
     return _lib
+
+
+def load_if_ready() -> ctypes.CDLL | None:
+    """`load` where it needs no compiler: the library if it is loaded already, or can be
+    loaded from the wheel's prebuilt kernels for this CPU or from the kernel this machine
+    compiled before (looked for once per process); else None, and nothing is built. For
+    callers that must never wait seconds for a compiler (`attention`'s short path)."""
+    global _looked
+    if _tried:
+        return _lib
+    if _looked:
+        return None
+    _looked = True
+    if os.environ.get("ATTNKIT_NATIVE", "1") == "0":
+        return None
+    ready = next(iter(candidates(_SOURCE)), None) is not None
+    if not ready and (cxx := _compiler()) is not None:
+        name = _library_path(cxx).name
+        ready = any((folder / name).is_file() for folder in (_cache_dir(), _fallback_dir()))
+    return load() if ready else None
 
 
 def origin() -> str | None:

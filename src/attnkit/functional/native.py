@@ -31,7 +31,7 @@ from torch import Tensor
 from attnkit.functional._blocks import BACKWARD_BLOCK_K, BACKWARD_BLOCK_Q, forward_blocks
 from attnkit.functional._double_backward import kernel_grads
 from attnkit.functional._grid import query_block
-from attnkit.functional._kernel_cache import load, loaded, origin
+from attnkit.functional._kernel_cache import load, load_if_ready, origin
 from attnkit.functional._mask_plan import dense_with_plan
 from attnkit.functional._trace import tracing
 from attnkit.functional.reordered import merge_groups, split_groups
@@ -124,12 +124,13 @@ _all_finite = None
 def finite_check():
     """The kernel's ``attnkit_all_finite(addr & 0xFFFFFFFF, addr >> 32, numel, code)`` (1: the
     `numel` <= `FINITE_MAX_NUMEL` contiguous elements at `addr` are all finite, 0: one is a
-    NaN or ±inf; `code` from `FINITE_CODES`) once the library is loaded, else None: it never
-    builds or loads the library, so calls made before the kernel's first use take another way
-    (the short path of `attention`: one sum of q). The arguments must be in range: ctypes
-    keeps the low 32 bits of each without a word."""
+    NaN or ±inf; `code` from `FINITE_CODES`) once the library is loaded, or can be loaded
+    without a compiler (`_kernel_cache.load_if_ready`: the wheel's prebuilt kernel, or one
+    compiled here before), else None: it never builds the library, so a process whose first
+    calls would need a compiler takes another way (the short path of `attention`: one sum of
+    q). The arguments must be in range: ctypes keeps the low 32 bits of each without a word."""
     global _all_finite
-    if _all_finite is None and (lib := loaded()) is not None:
+    if _all_finite is None and (lib := load_if_ready()) is not None:
         _all_finite = _ALL_FINITE(("attnkit_all_finite", lib))
     return _all_finite
 
