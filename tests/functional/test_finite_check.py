@@ -1,4 +1,4 @@
-"""The kernel's finiteness scan (`native.finite_check`, _native/finite.h) that rule 1 of
+"""The kernel's finiteness scan (`_finite_scan.finite_check`, _native/finite.h) that rule 1 of
 `attention`'s non-finite contract reads on the short path, against torch.isfinite."""
 
 from __future__ import annotations
@@ -6,21 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.functional import _fast_path, native
+from attnkit.functional import _fast_path, _finite_scan, native
 
 needs_kernel = pytest.mark.skipif(
     not native.available(),
     reason="compiled kernel unavailable (no C++ compiler, or ATTNKIT_NATIVE=0)",
 )
 
-DTYPES = list(native.FINITE_CODES)
+DTYPES = list(_finite_scan.FINITE_CODES)
 SIZES = (1, 7, 97, 1025)
 BAD = (float("nan"), float("inf"), -float("inf"))
 
 
 def scan(t: torch.Tensor) -> bool:
-    addr, code = t.data_ptr(), native.FINITE_CODES[t.dtype]
-    answer = native.finite_check()(addr & 0xFFFFFFFF, addr >> 32, t.numel(), code)
+    addr, code = t.data_ptr(), _finite_scan.FINITE_CODES[t.dtype]
+    answer = _finite_scan.finite_check()(addr & 0xFFFFFFFF, addr >> 32, t.numel(), code)
     assert answer in (0, 1)
     return answer == 1
 
@@ -73,7 +73,7 @@ def test_more_elements_than_a_c_int_take_the_sum(monkeypatch):
     q[1, 2, 4] = float("nan")
     calls = []
     monkeypatch.setattr(_fast_path, "_isfinite", lambda x: calls.append(x) or False)
-    assert not _fast_path._all_finite(q, q.dtype, native.FINITE_MAX_NUMEL + 1)
+    assert not _fast_path._all_finite(q, q.dtype, _finite_scan.FINITE_MAX_NUMEL + 1)
     assert len(calls) == 1  # the sum's answer, not the scan's
     assert not _fast_path._all_finite(q, q.dtype, q.numel()) and len(calls) == 1
 
@@ -83,7 +83,7 @@ def test_finite_check_never_builds_the_kernel(monkeypatch, tmp_path):
     the sum and nothing is built: no compiler from a small call. It looks once per process."""
     from attnkit.functional import _kernel_cache
 
-    monkeypatch.setattr(native, "_all_finite", None)
+    monkeypatch.setattr(_finite_scan, "_all_finite", None)
     monkeypatch.setattr(_fast_path, "_scan", None)
     monkeypatch.setattr(_kernel_cache, "_tried", False)
     monkeypatch.setattr(_kernel_cache, "_lib", None)
@@ -92,7 +92,7 @@ def test_finite_check_never_builds_the_kernel(monkeypatch, tmp_path):
     monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))  # an empty cache
     monkeypatch.setattr(_kernel_cache, "_fallback_dir", lambda: tmp_path / "none")
     monkeypatch.setattr(_kernel_cache, "load", lambda: pytest.fail("finite_check loaded"))
-    assert native.finite_check() is None
+    assert _finite_scan.finite_check() is None
     q = torch.randn(2, 3, 5)
     assert _fast_path.surely_finite(q)
     q[1, 2, 4] = float("nan")
@@ -108,10 +108,10 @@ def test_finite_check_loads_a_kernel_compiled_before(monkeypatch):
     lib = _kernel_cache.load()
     if lib is None:
         pytest.skip("no compiled kernel on this machine (no C++ compiler)")
-    monkeypatch.setattr(native, "_all_finite", None)
+    monkeypatch.setattr(_finite_scan, "_all_finite", None)
     monkeypatch.setattr(_fast_path, "_scan", None)
     monkeypatch.setattr(_kernel_cache, "_tried", False)
     monkeypatch.setattr(_kernel_cache, "_lib", None)
     monkeypatch.setattr(_kernel_cache, "_looked", False)
-    assert native.finite_check() is not None  # loaded from the cache, not built
+    assert _finite_scan.finite_check() is not None  # loaded from the cache, not built
     assert _kernel_cache._tried and _kernel_cache._lib is not None

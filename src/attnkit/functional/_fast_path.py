@@ -13,7 +13,7 @@ result bit for bit. Anything else (and every call it cannot prove valid) goes to
 route, whose checks raise the errors with their messages. What the call costs beyond SDPA
 (benchmarks/results/small-calls.md), measured by taking each piece out in turn: the check of
 q that rule 1 needs (~1 µs at N=16 where the compiled kernel is loaded: its scan of q's
-exponent bits through ctypes, `native.finite_check`; else one sum of q, ~2.6 µs, since no
+exponent bits through ctypes, `_finite_scan.finite_check`; else one sum of q, ~2.6 µs, since no
 torch, numpy or BLAS reduction read from Python costs less than ~2 µs), these checks
 (~1.2 µs), `attention`'s own call (~0.4 µs) and, with a graph recorded, the second-order hook
 (~2 µs, `_double_backward`).
@@ -29,9 +29,9 @@ from torch import Tensor
 
 from attnkit._cpu import has_native_bf16
 from attnkit.functional._double_backward import hook_fused_node
+from attnkit.functional._finite_scan import FINITE_CODES, FINITE_MAX_NUMEL, finite_check
 from attnkit.functional._reference import _eager_cpu
 from attnkit.functional._trace import tracing
-from attnkit.functional.native import FINITE_CODES, FINITE_MAX_NUMEL, finite_check
 
 __all__ = ["default_scale", "plain_call", "row_poison", "surely_finite"]
 
@@ -124,7 +124,7 @@ def surely_finite(q: Tensor) -> bool:
     return _eager_cpu(q) and _all_finite(q, q.dtype, q.numel())
 
 
-_scan = None  # `native.finite_check()` once the kernel is loaded (read with no call: ~0.1 µs)
+_scan = None  # `_finite_scan.finite_check()` once the kernel is loaded (read with no call: ~0.1 µs)
 
 
 def _all_finite(q: Tensor, dtype: torch.dtype, numel: int) -> bool:

@@ -421,7 +421,7 @@ def _open(path: Path) -> ctypes.CDLL:
         getattr(lib, name).restype = None
     lib.attnkit_keep_words.argtypes = [args] + [ctypes.c_int64] * 4 + [ctypes.c_void_p]
     lib.attnkit_keep_words.restype = None
-    # `native.finite_check` binds its own prototype (no argtypes: the cheapest call)
+    # `_finite_scan.finite_check` binds its own prototype (no argtypes: the cheapest call)
     lib.attnkit_all_finite.argtypes = [ctypes.c_uint32] * 3 + [ctypes.c_int32]
     lib.attnkit_all_finite.restype = ctypes.c_int
     return lib

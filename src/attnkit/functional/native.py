@@ -31,12 +31,12 @@ from torch import Tensor
 from attnkit.functional._blocks import BACKWARD_BLOCK_K, BACKWARD_BLOCK_Q, forward_blocks
 from attnkit.functional._double_backward import kernel_grads
 from attnkit.functional._grid import query_block
-from attnkit.functional._kernel_cache import load, load_if_ready, origin
+from attnkit.functional._kernel_cache import load, origin
 from attnkit.functional._mask_plan import dense_with_plan
 from attnkit.functional._trace import tracing
 from attnkit.functional.reordered import merge_groups, split_groups
 
-__all__ = ["available", "finite_check", "load", "native_attention", "origin", "supports"]
+__all__ = ["available", "load", "native_attention", "origin", "supports"]
 
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -110,29 +110,6 @@ def supports(q: Tensor, bias: Tensor | None) -> bool:
     if bias is not None and bias.requires_grad and torch.is_grad_enabled():
         return False
     return available()
-
-
-# finite.h's dtype codes for `finite_check`
-FINITE_CODES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.float16: 3}
-FINITE_MAX_NUMEL = 2**31 - 1  # n is a C int
-# PYFUNCTYPE: called holding the GIL (dropping and retaking it costs more than a small scan);
-# no argtypes: ctypes passes each Python int as a C int without a converter object
-_ALL_FINITE = ctypes.PYFUNCTYPE(ctypes.c_int)
-_all_finite = None
-
-
-def finite_check():
-    """The kernel's ``attnkit_all_finite(addr & 0xFFFFFFFF, addr >> 32, numel, code)`` (1: the
-    `numel` <= `FINITE_MAX_NUMEL` contiguous elements at `addr` are all finite, 0: one is a
-    NaN or ±inf; `code` from `FINITE_CODES`) once the library is loaded, or can be loaded
-    without a compiler (`_kernel_cache.load_if_ready`: the wheel's prebuilt kernel, or one
-    compiled here before), else None: it never builds the library, so a process whose first
-    calls would need a compiler takes another way (the short path of `attention`: one sum of
-    q). The arguments must be in range: ctypes keeps the low 32 bits of each without a word."""
-    global _all_finite
-    if _all_finite is None and (lib := load_if_ready()) is not None:
-        _all_finite = _ALL_FINITE(("attnkit_all_finite", lib))
-    return _all_finite
 
 
 # --------------------------------------------------------------------------- calling it
