@@ -193,7 +193,7 @@ def test_interval_masks_with_a_formula_get_an_arithmetic_mask_mod(mask, affine):
     from attnkit.functional.flex_masks import _affine_rows
 
     plan = plan_mask(mask, 16, 16, "cpu")
-    assert (plan.rows is not None and _affine_rows(*plan.rows) is not None) == affine
+    assert (plan.rows is not None and _affine_rows(*plan.rows[:, 0]) is not None) == affine
     bm = masks.to_block_mask(mask, 16)
     b = torch.arange(mask.batch)[:, None, None, None]
     q, kv = torch.arange(mask.n)[None, None, :, None], torch.arange(mask.s)[None, None, None, :]

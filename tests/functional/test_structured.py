@@ -205,7 +205,7 @@ def test_plan_keeps_only_partial_tiles_and_no_n_by_s_tensor():
     assert plan.tiles.shape == (partial, 128, 256)
     assert plan.tiles.numel() < n * n / 8  # a few diagonal bands, not the grid
     window = plan_mask(masks.window(n, 256, causal=True), 128, 256, "cpu")
-    assert window.tiles is None and window.dense is None and window.rows.shape == (2, 1, n)
+    assert window.tiles is None and window.dense is None and window.rows.shape == (2, 1, 1, n)
 
 
 def test_repr_draws_the_block_map():

@@ -212,7 +212,7 @@ class Schedule:
         length = span.cols.stop - span.cols.start
         crop = self.mask.crop(self.pos[self.rank][rows], span.g0, length)
         mp = plan_mask(crop, STRUCTURED_BLOCK_Q, STRUCTURED_BLOCK_K, self.mask.device)
-        r = None if mp.rows is None else (mp.rows[:, bs] if mp.rows.shape[1] > 1 else mp.rows)
+        r = None if mp.rows is None else (mp.rows[:, :, bs] if mp.rows.shape[2] > 1 else mp.rows)
         table = None if mp.table is None else part(mp.table, bs, hq).contiguous()
         rows_ = None if r is None else r.contiguous()
         return MaskPlan(rows_, part(mp.dense, bs, hq), table, mp.tiles)
