@@ -10,7 +10,7 @@ import attnkit
 from attnkit import masks
 from attnkit.analysis import kernel_work
 from attnkit.functional import native
-from attnkit.functional._block_scan import EMPTY, FULL, scan
+from attnkit.functional._block_scan import scan
 from attnkit.functional._mask_plan import dense_with_plan, kernel_plan, plan_mask
 from attnkit.functional._runs import MAX_RUNS, merge_runs
 from attnkit.functional.chunked import chunked_attention
@@ -48,6 +48,7 @@ def _kinds(n: int, s: int) -> dict:
         "sink": masks.window(n, 5, s, causal=True) | (sink(n, s, 4) & causal_intervals(n, s)),
         "batch": band(n, s, offsets, 4) | masks.window(n, 2, s) | band(n, s, -offsets, 2),
         "overlapping": band(n, s, 0, 6) | band(n, s, 4, 3) | band(n, s, -far, 2),
+        "runs&runs": bands & (masks.window(n, 2, s) | band(n, s, far, 1) | band(n, s, -far, 5)),
         "tiles": bands & masks.from_function(odd, n, s),
         "empty-rows": bands & empty,
     }
@@ -86,10 +87,9 @@ def test_unions_plan_as_runs_and_mean_their_dense_form(n, s):
         assert torch.equal(whole.expand_as(mask.dense()), mask.dense()), name
         dense = mask.dense()
         assert mask.density == pytest.approx(dense.double().mean().item(), abs=1e-12), name
-        exact = scan(mask, 16, 32).classes
-        got = mask.block_map(16, 32).expand_as(exact)
-        assert torch.equal(got == EMPTY, exact == EMPTY), name  # skipped exactly where empty
-        assert not bool(((got == FULL) & (exact != FULL)).any()), name
+        for bq, bk in ((16, 32), (7, 5), (64, 128)):  # from the runs, equal to every entry read
+            exact = scan(mask, bq, bk).classes
+            assert torch.equal(mask.block_map(bq, bk).expand_as(exact), exact), name
 
 
 def test_disjoint_bands_are_two_runs_and_overlapping_ones_one():

@@ -74,13 +74,13 @@ class StructuredMask:
     def block_map(self, block_q: int = 128, block_k: int = 128) -> Tensor:
         """int8 (B|1, H|1, ceil(N/bq), ceil(S/bk)): `EMPTY`, `PARTIAL` or `FULL` per block.
 
-        From the row intervals or runs where there are some (O(K N) work; with runs a block
-        that every row sees under different runs is called partial); otherwise every entry is
-        evaluated once, a chunk of blocks at a time (`_block_scan.scan`)."""
+        From the row intervals or runs where there are some (O(K·N) work, `_runs.block_classes`);
+        otherwise every entry is evaluated once, a chunk of blocks at a time
+        (`_block_scan.scan`)."""
         _check_blocks(block_q, block_k)
         rs = self.key_runs()
         if rs is not None:
-            return block_classes(*rs, self.s, block_q, block_k, _interval_block_map)
+            return block_classes(*rs, self.s, block_q, block_k)
         return scan(self, block_q, block_k).classes
 
     @property
@@ -252,25 +252,6 @@ def _check_blocks(bq, bk) -> None:
 
 
 def _interval_block_map(lo: Tensor, hi: Tensor, s: int, bq: int, bk: int) -> Tensor:
-    """Block classes from row intervals: a block is full when every row covers its keys,
-    empty when no row reaches into them. (B|1, 1, nqb, nkb) int8."""
-    b, n = lo.shape
-    nqb, nkb = -(-n // bq), -(-s // bk)
-    pad = nqb * bq - n
-    seen = lo < hi
-    # rows that see nothing neither widen a block's span nor let a block count as covered
-    lo_any, hi_any = torch.where(seen, lo, s), torch.where(seen, hi, 0)
-    hi_all = torch.where(seen, hi, -1)
-
-    def fold(x, fill, op):  # (B, N) -> (B, nqb), reduced over each block's rows
-        x = torch.nn.functional.pad(x, (0, pad), value=fill).view(b, nqb, bq)
-        return op(x, dim=2).values
-
-    min_lo, max_hi = fold(lo_any, s, torch.min), fold(hi_any, 0, torch.max)
-    max_lo, min_hi = fold(lo_any, -1, torch.max), fold(hi_all, s + 1, torch.min)
-    j0 = torch.arange(nkb, device=lo.device) * bk  # (nkb,)
-    j1 = (j0 + bk).clamp(max=s)
-    touches = (min_lo[..., None] < j1) & (max_hi[..., None] > j0)
-    covers = (max_lo[..., None] <= j0) & (min_hi[..., None] >= j1)
-    out = torch.where(covers, FULL, torch.where(touches, PARTIAL, EMPTY)).to(torch.int8)
-    return out[:, None]  # (B|1, 1, nqb, nkb)
+    """Block classes from row intervals lo, hi (B|1, N): a block is full when every row covers
+    its keys, empty when no row reaches into them. (B|1, 1, nqb, nkb) int8."""
+    return block_classes(lo[None], hi[None], s, bq, bk)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnkit.functional._block_scan import EMPTY, FULL, PARTIAL
+
 __all__ = [
     "MAX_RUNS",
     "block_classes",
@@ -88,13 +90,29 @@ def runs_block(lo: Tensor, hi: Tensor, i0: int, i1: int, j0: int, j1: int) -> Te
     return ((keys >= lo) & (keys < hi)).any(0)[:, None]  # (B|1, 1, nq, nk)
 
 
-def block_classes(lo: Tensor, hi: Tensor, s: int, bq: int, bk: int, one) -> Tensor:
-    """Block classes (B|1, 1, nqb, nkb) int8 of runs (K, B|1, N), from `one` (the classes of
-    a single run's (lo, hi) (B|1, N), `_mask_base._interval_block_map`): the largest over the
-    runs. Exact for empty blocks; a block is called full only where one run covers it in
-    every row (rows covered by different runs leave it partial, which costs a mask, never a
-    wrong answer)."""
-    out = one(lo[0], hi[0], s, bq, bk)
-    for k in range(1, lo.shape[0]):
-        out = torch.maximum(out, one(lo[k], hi[k], s, bq, bk))
-    return out
+def block_classes(lo: Tensor, hi: Tensor, s: int, bq: int, bk: int) -> Tensor:
+    """Block classes (B|1, 1, nqb, nkb) int8 (EMPTY, PARTIAL, FULL) of runs lo, hi
+    (K, B|1, N) on the bq × bk grid, exactly, in O(K·B·N + B·nqb·nkb): each run reaches into a
+    range of key blocks and covers a range of them, counted per query block by a difference
+    array along the key blocks. A block is full when every one of its rows has a run that
+    covers it (runs are disjoint and do not touch: one run, not two, covers a row's block)."""
+    k, b, n = lo.shape
+    nqb, nkb = -(-n // bq), -(-s // bk)
+    dev = lo.device
+    seen = lo < hi
+    where = torch.arange(b, device=dev)[:, None] * nqb + torch.arange(n, device=dev) // bq
+    where = where.expand(k, b, n) * (nkb + 1)  # (K, B, N): each row's query block, flat
+
+    def rows_in(first: Tensor, last: Tensor) -> Tensor:  # (B, nqb, nkb): rows per block
+        ok = (seen & (first < last)).long().flatten()  # no boolean indexing: meta tensors work
+        diff = torch.zeros(b * nqb * (nkb + 1), dtype=torch.int64, device=dev)
+        diff.index_add_(0, (where + first.clamp(0, nkb)).flatten(), ok)
+        diff.index_add_(0, (where + last.clamp(0, nkb)).flatten(), -ok)
+        return diff.view(b, nqb, nkb + 1).cumsum(-1)[..., :nkb]
+
+    touched = rows_in(lo // bk, -(-hi // bk))
+    covered = rows_in(-(-lo // bk), torch.where(hi >= s, nkb, hi // bk))
+    rows = (n - torch.arange(nqb, device=dev) * bq).clamp(max=bq)[:, None]  # (nqb, 1)
+    out = torch.where(covered == rows, FULL, torch.where(touched > 0, PARTIAL, EMPTY))
+    out = out.to(torch.int8)
+    return out[:, None]  # (B|1, 1, nqb, nkb)

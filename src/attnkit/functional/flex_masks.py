@@ -29,7 +29,6 @@ from attnkit.functional.structured import (
     FULL,
     PARTIAL,
     StructuredMask,
-    _interval_block_map,
 )
 
 __all__ = ["from_block_mask", "to_block_mask"]
@@ -258,7 +257,7 @@ def _plan_classes(plan, mask: StructuredMask, bq: int, bk: int, device) -> Tenso
     nqb, nkb = -(-mask.n // bq), -(-mask.s // bk)
     out = torch.full((1, 1, nqb, nkb), FULL, dtype=torch.int8, device=device)
     if plan.rows is not None:
-        rows = block_classes(plan.rows[0], plan.rows[1], mask.s, bq, bk, _interval_block_map)
+        rows = block_classes(plan.rows[0], plan.rows[1], mask.s, bq, bk)
         out = torch.minimum(out, rows.to(device))
     if plan.table is not None:
         t = plan.table.to(device)
