@@ -212,3 +212,22 @@ def test_flex_block_masks_of_runs_per_batch_row():
     b = torch.arange(2)[:, None, None, None]
     got = bm.mask_mod(b, b * 0, idx[None, None, :, None], idx[None, None, None, :])
     assert torch.equal(got.expand(2, 1, n, s), mask.dense())
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_ring_key_spans_of_runs_are_the_keys_each_rank_sees(layout):
+    """exchange_pattern (what ring attention sends, from the description's runs) equals the
+    keys each rank's queries see in the dense mask, for runs per batch row."""
+    from attnkit.distributed import exchange_pattern, shard
+
+    n, world = 48, 4
+    mask = _kinds(n, n)["batch"] & causal_intervals(n)
+    dense = mask.dense().any(1).any(0)  # (N, N): seen by some batch row and head
+    pos = torch.arange(n)
+    rows = [shard(pos, r, world, dim=0, layout=layout) for r in range(world)]
+    want = []
+    for dst in range(world):
+        seen = dense[rows[dst]].any(0)  # (N,) keys seen by dst's queries
+        got = {src: int(seen[rows[src]].sum()) for src in range(world) if src != dst}
+        want.append({src: c for src, c in got.items() if c})
+    assert exchange_pattern(mask, world, layout=layout) == want
