@@ -214,7 +214,7 @@ def _stretches(rows: Tensor, end: int) -> list[tuple[int, int]]:
     lo, order = lo.sort(stable=True)
     hi = hi[order]
     reach = hi.cummax(0).values
-    new = torch.ones_like(seen[: lo.numel()])
+    new = torch.ones(lo.numel(), dtype=torch.bool, device=lo.device)
     new[1:] = lo[1:] > reach[:-1]  # starts past every earlier end: a new stretch
     starts = new.nonzero().flatten()
     ends = torch.cat([starts[1:], starts.new_tensor([lo.numel()])]) - 1

@@ -254,7 +254,7 @@ void stretches(const Args& a, int64_t nq, const int64_t* lo, const int64_t* hi, 
             if (l < h) out.push_back({l, h});
         }
     }
-    // one run per row: rows' intervals usually come in order already (windows, causal, documents)
+    // rows' single intervals mostly come in order already (windows, causal, documents)
     if (!std::is_sorted(out.begin(), out.end())) std::sort(out.begin(), out.end());
     size_t n = 0;
     for (const auto& x : out) {
@@ -286,7 +286,8 @@ void key_blocks(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
         stretches(a, i1 - i0, lo, hi, end, spans);
     }
     const int64_t nkb = (a.S + a.bk - 1) / a.bk, qb = i0 / a.bq;
-    const int32_t* row = a.table ? a.table + b * a.table_st[0] + h * a.table_st[1] + qb * nkb : nullptr;
+    const int32_t* row =
+        a.table ? a.table + b * a.table_st[0] + h * a.table_st[1] + qb * nkb : nullptr;
     for (const auto& [first, last] : spans) {
         if (!a.table) {
             for (int64_t j0 = first; j0 < last; j0 += a.bk) out.push_back({j0, std::min(a.bk, last - j0), nullptr});
