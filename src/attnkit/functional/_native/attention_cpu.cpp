@@ -401,6 +401,26 @@ void prefetch_forward(const Args& a, int64_t head, int64_t sq, int64_t i, int64_
     }
 }
 
+// Interleaved sequences (Args::groups > 1) lie D * groups floats a row apart, too far for the
+// hardware prefetcher (a strided mask's 16-position sequences at N = 4096: 64 KiB): at the
+// last query block of sequence sq, whose next work item is the first block of sequence sq + 1
+// (each of its rows next to one of sq's), its queries and outputs [0, nq) and its keys and
+// values [first, end) are prefetched while this block computes.
+void prefetch_next_sequence(const Args& a, int64_t head, int64_t kvhead, int64_t sq, int64_t nq,
+                            int64_t i1, int64_t first, int64_t end) {
+    if (a.groups == 1 || sq + 1 == a.groups || i1 < a.N) return;
+    for (int64_t i = 0; i < std::min(nq, a.N); ++i) {
+        const int64_t row = row_of(a, head, a.N, sq + 1, i);
+        prefetch_row_l2(a.q + row * a.D, a.D);
+        prefetch_row_l2(a.out + row * a.Dv, a.Dv);
+    }
+    for (int64_t j = first; j < end; ++j) {
+        const int64_t row = row_of(a, kvhead, a.S, sq + 1, j);
+        prefetch_row_l2(a.k + row * a.D, a.D);
+        prefetch_row_l2(a.v + row * a.Dv, a.Dv);
+    }
+}
+
 // Forward of queries i..i+n-1 (n <= kRowGroup) of a block of nq rows (pre-scaled rows qs,
 // D apart), query i + u over keys [lo[u], hi[u]); kb, vb: the keys and values of its sequence,
 // ldk, ldv apart. Stage by stage over the rows (kRowGroup); s holds kRowGroup rows of
@@ -446,6 +466,11 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     float *s = w.s.data(), *qs = w.qs.data(), *acc = w.acc.data();
     load_q(a, b, h, sq, i0, nq, qs);
     key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
+    if (a.groups > 1) {
+        int64_t first, end;
+        blocks_span(w, first, end);
+        prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, i1, first, end);
+    }
     if (row_path(a, w, i0, i1, kRowPathKeys)) {
         if (w.s.size() < kRowGroup * kRowPathKeys) w.s.resize(kRowGroup * kRowPathKeys);
         each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {

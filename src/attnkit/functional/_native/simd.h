@@ -246,6 +246,11 @@ inline void prefetch_row(const float* p, int64_t n) {
     for (int64_t e = 0; e < n; e += 16) asm volatile("prefetcht0 %0" : : "m"(p[e]));
 }
 
+// Into the second-level cache only (fewer first-level miss buffers held).
+inline void prefetch_row_l2(const float* p, int64_t n) {
+    for (int64_t e = 0; e < n; e += 16) asm volatile("prefetcht1 %0" : : "m"(p[e]));
+}
+
 inline void prefetch_row_w(float* p, int64_t n) {
 #if defined(__PRFCHW__)
     for (int64_t e = 0; e < n; e += 16) asm volatile("prefetchw %0" : : "m"(p[e]));
@@ -256,6 +261,10 @@ inline void prefetch_row_w(float* p, int64_t n) {
 #else
 inline void prefetch_row(const float* p, int64_t n) {
     for (int64_t e = 0; e < n; e += 16) __builtin_prefetch(p + e, 0, 3);
+}
+
+inline void prefetch_row_l2(const float* p, int64_t n) {
+    for (int64_t e = 0; e < n; e += 16) __builtin_prefetch(p + e, 0, 2);
 }
 
 inline void prefetch_row_w(float* p, int64_t n) {
