@@ -517,38 +517,100 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     }
 }
 
-// Backward of query i (pre-scaled row qr, dO' row dor, its lse and D_i) over keys [lo, hi):
-// the block path's Algorithm 2, lines 11-13, a row at a time. dq (D) is written (dS k), and
-// the rows lo..hi of dk_acc and dv_acc (D * step and Dv * step apart) are added to.
-void backward_row(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, const float* qr,
-                  const float* dor, float lse, float di, const float* kb, int64_t ldk,
-                  const float* vb, int64_t ldv, int64_t lo, int64_t hi, Scratch& w, float* dq,
-                  float* dk_acc, float* dv_acc, int64_t step) {
-    const int64_t nk = hi - lo, D = a.D, Dv = a.Dv;
-    std::fill(dq, dq + D, 0.0f);
-    if (lse == kNegInf || nk == 0) return;  // the row sees nothing: no gradient
+// The backward's prefetch at query i of a block of nq rows: the next block's query, dO, O
+// (read by its preamble) and dq (written at its end) rows, the key, value and their dK, dV
+// rows hi - 1 + kAhead.
+void prefetch_backward(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t nq,
+                       const float* kb, int64_t ldk, const float* vb, int64_t ldv, int64_t hi,
+                       float* dk_acc, float* dv_acc, int64_t step) {
+    if (i + nq < a.N) {
+        const int64_t row = row_of(a, head, a.N, sq, i + nq);
+        prefetch_row(a.q + row * a.D, a.D);
+        prefetch_row(a.dout + row * a.Dv, a.Dv);
+        prefetch_row(a.out + row * a.Dv, a.Dv);
+        prefetch_row_w(a.dq + row * a.D, a.D);
+    }
+    const int64_t j = hi - 1 + kAhead;
+    if (hi > 0 && j < a.S) {
+        prefetch_row(kb + j * ldk, a.D);
+        prefetch_row(vb + j * ldv, a.Dv);
+        prefetch_row_w(dk_acc + j * a.D * step, a.D);
+        prefetch_row_w(dv_acc + j * a.Dv * step, a.Dv);
+    }
+}
+
+// dK and dV of the row path's rows u < n over their keys [lo[u], hi[u]) (nk[u] = 0: a row
+// that adds nothing): each key's rows of dk_acc and dv_acc are added to once, with dS^T of the
+// rows that see it times their (scaled) queries and (P K)^T times their dO' rows (ds, pk: the
+// rows' dS and P K, W apart; qs, dob: D and Dv apart).
+void add_dk_dv(const Args& a, int64_t n, const int64_t* lo, const int64_t* hi, const int64_t* nk,
+               const float* ds, const float* pk, int64_t W, const float* qs, const float* dob,
+               float* dk_acc, float* dv_acc, int64_t step) {
+    int64_t first = a.S, end = 0;
+    for (int64_t u = 0; u < n; ++u) {
+        if (nk[u] == 0) continue;
+        first = std::min(first, lo[u]);
+        end = std::max(end, hi[u]);
+    }
+    for (int64_t j = first; j < end; ++j) {
+        const float* xq[kRowGroup];
+        const float* xo[kRowGroup];
+        float cs[kRowGroup], cp[kRowGroup];
+        int64_t m = 0;
+        for (int64_t u = 0; u < n; ++u) {
+            if (nk[u] == 0 || j < lo[u] || j >= hi[u]) continue;  // only rows that see key j
+            cs[m] = ds[u * W + j - lo[u]];
+            cp[m] = pk[u * W + j - lo[u]];
+            xq[m] = qs + u * a.D;
+            xo[m] = dob + u * a.Dv;
+            ++m;
+        }
+        if (m == 0) continue;
+        add_weighted_rows(dk_acc + j * a.D * step, a.D, xq, cs, m);   // dK += dS^T (scale q)
+        add_weighted_rows(dv_acc + j * a.Dv * step, a.Dv, xo, cp, m);  // dV += (P K)^T dO'
+    }
+}
+
+// Backward of queries i..i+n-1 (n <= kRowGroup) of a block of nq rows (pre-scaled rows qs, dO'
+// rows dob, D and Dv apart, their lse and D_i), query i + u over keys [lo[u], hi[u]): the
+// block path's Algorithm 2, lines 11-13, stage by stage over the rows (kRowGroup). dq (n rows
+// of D) is written (dS k), dk_acc and dv_acc added to (add_dk_dv).
+void backward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, int64_t n,
+                   int64_t nq, const float* qs, const float* dob, const float* lse,
+                   const float* di, const float* kb, int64_t ldk, const float* vb, int64_t ldv,
+                   const int64_t* lo, const int64_t* hi, Scratch& w, float* dq, float* dk_acc,
+                   float* dv_acc, int64_t step) {
+    constexpr int64_t W = kRowPathKeysBackward;  // scores a row
+    const int64_t D = a.D, Dv = a.Dv, head = b * a.H + h;
     float *s = w.s.data(), *dp = w.dp.data(), *g = w.g.empty() ? nullptr : w.g.data();
-    dots(qr, kb + lo * ldk, ldk, D, nk, s);     // S
-    dots(dor, vb + lo * ldv, ldv, Dv, nk, dp);  // dP~ = dO' v^T
-    score_mod_row_fwd(a, h, i, lo, nk, s, g);
-    mask_row(a, b, h, i, lo, nk, s);
-    if (a.keep_t < kNoDropout) {
-        const RowKey key = row_key(a, row_of(a, b * a.H + h, a.N, sq, i));
-        grad_row<true>(s, dp, nk, lse, di, key, static_cast<uint32_t>(a.keep_t), lo);
-    } else {
-        grad_row<false>(s, dp, nk, lse, di, RowKey{}, 0, lo);
+    float* dtab = w.dtab.empty() ? nullptr : w.dtab.data();
+    int64_t nk[kRowGroup];
+    for (int64_t u = 0; u < n; ++u) {
+        prefetch_backward(a, head, sq, i + u, nq, kb, ldk, vb, ldv, hi[u], dk_acc, dv_acc, step);
+        nk[u] = lse[u] == kNegInf ? 0 : hi[u] - lo[u];  // a row that sees nothing: no gradient
+        if (nk[u] == 0) continue;
+        float* gu = g ? g + u * W : nullptr;
+        dots(qs + u * D, kb + lo[u] * ldk, ldk, D, nk[u], s + u * W);     // S
+        dots(dob + u * Dv, vb + lo[u] * ldv, ldv, Dv, nk[u], dp + u * W);  // dP~ = dO' v^T
+        score_mod_row_fwd(a, h, i + u, lo[u], nk[u], s + u * W, gu);
+        mask_row(a, b, h, i + u, lo[u], nk[u], s + u * W);
     }
-    score_mod_row_bwd(a, h, i, lo, nk, dp, g, w.dtab.empty() ? nullptr : w.dtab.data());
-    weighted_sum(dp, nk, kb + lo * ldk, ldk, D, dq);  // dQ = dS k
-    for (int64_t c = 0; c < nk; ++c) {
-        const float ds = dp[c], pk = s[c];
-        float* dkr = dk_acc + (lo + c) * D * step;
-        float* dvr = dv_acc + (lo + c) * Dv * step;
-#pragma omp simd
-        for (int64_t e = 0; e < D; ++e) dkr[e] += ds * qr[e];  // dK += dS^T (scale q)
-#pragma omp simd
-        for (int64_t e = 0; e < Dv; ++e) dvr[e] += pk * dor[e];  // dV += (P K)^T dO'
+    for (int64_t u = 0; u < n; ++u) {
+        if (nk[u] == 0) continue;
+        if (a.keep_t < kNoDropout) {
+            const RowKey key = row_key(a, row_of(a, head, a.N, sq, i + u));
+            grad_row<true>(s + u * W, dp + u * W, nk[u], lse[u], di[u], key,
+                           static_cast<uint32_t>(a.keep_t), lo[u]);
+        } else {
+            grad_row<false>(s + u * W, dp + u * W, nk[u], lse[u], di[u], RowKey{}, 0, lo[u]);
+        }
+        score_mod_row_bwd(a, h, i + u, lo[u], nk[u], dp + u * W, g ? g + u * W : nullptr, dtab);
     }
+    for (int64_t u = 0; u < n; ++u) {
+        std::fill(dq + u * D, dq + (u + 1) * D, 0.0f);
+        if (nk[u] > 0) weighted_sum(dp + u * W, nk[u], kb + lo[u] * ldk, ldk, D, dq + u * D);
+    }
+    add_dk_dv(a, n, lo, hi, nk, dp, s, W, qs, dob, dk_acc, dv_acc, step);
 }
 
 // One query block of head (b, h), sequence sq; dk, dv (S, D) / (S, Dv) of its kv head are
@@ -581,11 +643,14 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
     key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
     const uint32_t t = static_cast<uint32_t>(a.keep_t < kNoDropout ? a.keep_t : 0);
     if (row_path(a, w, i0, i1, kRowPathKeysBackward)) {
-        each_row(a, w, i0, i1, [&](int64_t r0, int64_t n, const int64_t* lo, const int64_t* hi) {
-            for (int64_t u = 0, r = r0; u < n; ++u, ++r) {
-                backward_row(a, b, h, sq, i0 + r, qs + r * D, dob + r * Dv, lse[r], dlt[r], kb,
-                             ldk, vb, ldv, lo[u], hi[u], w, dq + r * D, dk_acc, dv_acc, step);
-            }
+        const size_t need = kRowGroup * kRowPathKeysBackward;
+        for (std::vector<float>* buf : {&w.s, &w.dp}) {
+            if (buf->size() < need) buf->resize(need);
+        }
+        if (!w.g.empty() && w.g.size() < need) w.g.resize(need);
+        each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
+            backward_rows(a, b, h, sq, i0 + r, n, nq, qs + r * D, dob + r * Dv, lse + r, dlt + r,
+                          kb, ldk, vb, ldv, lo, hi, w, dq + r * D, dk_acc, dv_acc, step);
         });
         w.blocks.clear();  // computed: no blocks left
     }

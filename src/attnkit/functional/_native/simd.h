@@ -343,4 +343,22 @@ inline void weighted_sum(const float* p, int64_t nk, const float* x, int64_t ld,
     }
 }
 
+// out (n) += sum over u < m of c[u] * x[u] (n wide): a key's dK or dV row updated once for
+// the m query rows of the row path that see it, the sum held in registers (one load and one
+// store of out per vector, not one per row).
+inline void add_weighted_rows(float* out, int64_t n, const float* const* x, const float* c,
+                              int64_t m) {
+    int64_t e = 0;
+    for (; e + kLanes <= n; e += kLanes) {
+        vfloat acc = load(out + e);
+        for (int64_t u = 0; u < m; ++u) acc += splat(c[u]) * load(x[u] + e);
+        store(out + e, acc);
+    }
+    if (e < n) {
+        vfloat acc = load_part(out + e, n - e, 0.0f);
+        for (int64_t u = 0; u < m; ++u) acc += splat(c[u]) * load_part(x[u] + e, n - e, 0.0f);
+        store_part(out + e, acc, n - e);
+    }
+}
+
 }  // namespace attnkit_simd
