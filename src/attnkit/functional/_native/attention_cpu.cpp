@@ -393,31 +393,42 @@ constexpr int64_t kAhead = 8;
 // key and value hi - 1 + kAhead.
 void prefetch_forward(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t nq,
                       const float* kb, int64_t ldk, const float* vb, int64_t ldv, int64_t hi) {
-    if (i + nq < a.N) prefetch_row(a.q + row_of(a, head, a.N, sq, i + nq) * a.D, a.D);
+    if (i + nq < a.N) prefetch_row_l2(a.q + row_of(a, head, a.N, sq, i + nq) * a.D, a.D);
     if (i + kAhead < a.N) prefetch_row_w(a.out + row_of(a, head, a.N, sq, i + kAhead) * a.Dv, a.Dv);
     if (hi > 0 && hi - 1 + kAhead < a.S) {
-        prefetch_row(kb + (hi - 1 + kAhead) * ldk, a.D);
-        prefetch_row(vb + (hi - 1 + kAhead) * ldv, a.Dv);
+        prefetch_row_l2(kb + (hi - 1 + kAhead) * ldk, a.D);
+        prefetch_row_l2(vb + (hi - 1 + kAhead) * ldv, a.Dv);
     }
 }
 
 // Interleaved sequences (Args::groups > 1) lie D * groups floats a row apart, too far for the
 // hardware prefetcher (a strided mask's 16-position sequences at N = 4096: 64 KiB): at the
 // last query block of sequence sq, whose next work item is the first block of sequence sq + 1
-// (each of its rows next to one of sq's), its queries and outputs [0, nq) and its keys and
-// values [first, end) are prefetched while this block computes.
+// (each of its rows next to one of sq's) in query head `head`, that block's rows [0, nq) of
+// q and out and the rows [first, end) of k and v (this block's key span: the next one's too
+// where every sequence sees all of its keys, as a strided mask's) are fetched into L2 while
+// this block computes; for the backward (`backward`) also the dO and dq rows, and the dK and
+// dV rows where they are accumulated in place (`in_place`).
 void prefetch_next_sequence(const Args& a, int64_t head, int64_t kvhead, int64_t sq, int64_t nq,
-                            int64_t i1, int64_t first, int64_t end) {
-    if (a.groups == 1 || sq + 1 == a.groups || i1 < a.N) return;
+                            int64_t first, int64_t end, bool backward, bool in_place) {
+    if (sq + 1 >= a.groups) return;
     for (int64_t i = 0; i < std::min(nq, a.N); ++i) {
         const int64_t row = row_of(a, head, a.N, sq + 1, i);
         prefetch_row_l2(a.q + row * a.D, a.D);
         prefetch_row_l2(a.out + row * a.Dv, a.Dv);
+        if (backward) {
+            prefetch_row_l2(a.dout + row * a.Dv, a.Dv);
+            prefetch_row_l2(a.dq + row * a.D, a.D);
+        }
     }
     for (int64_t j = first; j < end; ++j) {
         const int64_t row = row_of(a, kvhead, a.S, sq + 1, j);
         prefetch_row_l2(a.k + row * a.D, a.D);
         prefetch_row_l2(a.v + row * a.Dv, a.Dv);
+        if (backward && in_place) {
+            prefetch_row_l2(a.dk + row * a.D, a.D);
+            prefetch_row_l2(a.dv + row * a.Dv, a.Dv);
+        }
     }
 }
 
@@ -466,10 +477,10 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     float *s = w.s.data(), *qs = w.qs.data(), *acc = w.acc.data();
     load_q(a, b, h, sq, i0, nq, qs);
     key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
-    if (a.groups > 1) {
+    if (a.groups > 1 && i1 == a.N) {  // the last block of sequence sq
         int64_t first, end;
         blocks_span(w, first, end);
-        prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, i1, first, end);
+        prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
     }
     if (row_path(a, w, i0, i1, kRowPathKeys)) {
         if (w.s.size() < kRowGroup * kRowPathKeys) w.s.resize(kRowGroup * kRowPathKeys);
@@ -641,6 +652,13 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
     }
     std::fill(dq, dq + nq * D, 0.0f);
     key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
+    const int64_t G = a.H / a.Hkv;
+    if (a.groups > 1 && i1 == a.N && h % G == G - 1 && step == a.groups) {
+        int64_t first, end;  // sequence sq's last block in place (not split): sq + 1's next
+        blocks_span(w, first, end);
+        prefetch_next_sequence(a, b * a.H + h - (G - 1), b * a.Hkv + kvh, sq, nq, first, end,
+                               true, true);
+    }
     const uint32_t t = static_cast<uint32_t>(a.keep_t < kNoDropout ? a.keep_t : 0);
     if (row_path(a, w, i0, i1, kRowPathKeysBackward)) {
         const size_t need = kRowGroup * kRowPathKeysBackward;
