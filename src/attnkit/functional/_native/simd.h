@@ -15,6 +15,7 @@
 
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -46,7 +47,14 @@ typedef float vfloat __attribute__((vector_size(ATTNKIT_VBYTES)));
 typedef int32_t vint __attribute__((vector_size(ATTNKIT_VBYTES)));
 typedef uint32_t vuint __attribute__((vector_size(ATTNKIT_VBYTES)));
 
+// x in every lane: a broadcast (vfloat{} + x also added 0 to x first: gcc 12 kept the add).
+#if defined(__AVX512F__)
+inline vfloat splat(float x) { return _mm512_set1_ps(x); }
+#elif defined(__AVX__)
+inline vfloat splat(float x) { return _mm256_set1_ps(x); }
+#else
 inline vfloat splat(float x) { return vfloat{} + x; }
+#endif
 
 inline vfloat load(const float* p) {  // unaligned
     vfloat v;
@@ -345,19 +353,32 @@ inline void weighted_sum(const float* p, int64_t nk, const float* x, int64_t ld,
 
 // out (n) += sum over u < m of c[u] * x[u] (n wide): a key's dK or dV row updated once for
 // the m query rows of the row path that see it, the sum held in registers (one load and one
-// store of out per vector, not one per row).
+// store of out per vector, not one per row); n in chunks of four vectors, so that four
+// independent chains of multiply-adds run at once (weighted_sum's).
 inline void add_weighted_rows(float* out, int64_t n, const float* const* x, const float* c,
                               int64_t m) {
     int64_t e = 0;
-    for (; e + kLanes <= n; e += kLanes) {
-        vfloat acc = load(out + e);
-        for (int64_t u = 0; u < m; ++u) acc += splat(c[u]) * load(x[u] + e);
-        store(out + e, acc);
+    for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
+        vfloat a0 = load(out + e), a1 = load(out + e + kLanes);
+        vfloat a2 = load(out + e + 2 * kLanes), a3 = load(out + e + 3 * kLanes);
+        for (int64_t u = 0; u < m; ++u) {
+            const vfloat cu = splat(c[u]);
+            const float* xu = x[u] + e;
+            a0 += cu * load(xu);
+            a1 += cu * load(xu + kLanes);
+            a2 += cu * load(xu + 2 * kLanes);
+            a3 += cu * load(xu + 3 * kLanes);
+        }
+        store(out + e, a0);
+        store(out + e + kLanes, a1);
+        store(out + e + 2 * kLanes, a2);
+        store(out + e + 3 * kLanes, a3);
     }
-    if (e < n) {
-        vfloat acc = load_part(out + e, n - e, 0.0f);
-        for (int64_t u = 0; u < m; ++u) acc += splat(c[u]) * load_part(x[u] + e, n - e, 0.0f);
-        store_part(out + e, acc, n - e);
+    for (; e < n; e += kLanes) {  // one vector at a time, the last one partial
+        const int64_t r = std::min<int64_t>(kLanes, n - e);
+        vfloat acc = load_part(out + e, r, 0.0f);
+        for (int64_t u = 0; u < m; ++u) acc += splat(c[u]) * load_part(x[u] + e, r, 0.0f);
+        store_part(out + e, acc, r);
     }
 }
 
