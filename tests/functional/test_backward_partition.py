@@ -2,7 +2,7 @@
 
 Legend: B batch, H heads, Hkv kv heads, N queries, S keys, D head width, Dv value width.
 
-With fewer than 8 kv heads a thread, each kv head's query blocks are cut into runs of equal
+With fewer than 4 kv heads a thread, each kv head's query blocks are cut into runs of equal
 work whose dk, dv sums meet in fixed order after the loop; the causal forward takes its
 heaviest query blocks first. Pinned to the float64 truth at 1, 2 and 3 threads on shapes that
 split (few kv heads, several query blocks, odd sizes, N != S, structured masks with query
@@ -31,7 +31,7 @@ def threads(request):
 
 
 SHAPES = [  # (B, H, Hkv, N, S, D, Dv): B·Hkv < 8 · threads, several 128-row query blocks
-    (1, 8, 8, 300, 300, 24, 24),  # B=1, H=8: 2 runs a head on 2 threads
+    (1, 8, 8, 300, 300, 24, 24),  # B=1, H=8: whole heads on 2 threads, 2 runs a head on 3
     (1, 4, 1, 517, 517, 16, 8),  # one kv head (GQA): 3 runs
     (2, 3, 3, 257, 1025, 32, 16),  # N < S
     (1, 2, 2, 401, 130, 8, 8),  # N > S: causal leaves the first rows with no key

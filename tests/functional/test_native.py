@@ -233,7 +233,8 @@ def test_noncontiguous_inputs_and_thread_counts():
 
 @needs_kernel
 def test_single_kv_head_backward_splits_across_threads():
-    # B·Hkv = 1 < threads: the backward splits the query blocks and sums dk, dv under a lock
+    # B·Hkv = 1 < threads: the backward cuts the query blocks into runs of equal work and adds
+    # their dk, dv sums in run order (_native/partition.h)
     q, k, v = make(1, 2, 1, 600, 600, 16, 16, seed=9)
     before = torch.get_num_threads()
     try:

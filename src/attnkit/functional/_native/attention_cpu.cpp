@@ -494,10 +494,10 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
         const float* go = a.dout + row * Dv;
         const float* o = a.out + row * Dv;
         float d = 0.0f;  // D_i = rowsum(dO * O) (Algorithm 2, line 4)
-        for (int64_t e = 0; e < Dv; ++e) {
-            d += go[e] * o[e];
-            dob[r * Dv + e] = go[e] * a.inv_keep;
-        }
+#pragma omp simd reduction(+ : d)
+        for (int64_t e = 0; e < Dv; ++e) d += go[e] * o[e];
+#pragma omp simd
+        for (int64_t e = 0; e < Dv; ++e) dob[r * Dv + e] = go[e] * a.inv_keep;
         // a gradient on lse adds P_ij * dlse_i to dS_ij, i.e. subtracts dlse_i from D_i
         dlt[r] = a.dlse ? d - a.dlse[row] : d;
         lse[r] = a.lse[row];
@@ -657,7 +657,8 @@ void attnkit_attention_backward(const Args* args) {
     const Args& a = *args;
     const int64_t G = a.H / a.Hkv, nqb = ceil_div(a.N, a.bq), per_head = G * nqb;
     const int64_t heads = a.B * a.Hkv * a.groups;
-    const int64_t P = runs_per_head(heads, per_head, a.nthreads);
+    const int64_t head_bytes = a.S * (a.D + a.Dv) * static_cast<int64_t>(sizeof(float));
+    const int64_t P = runs_per_head(heads, per_head, a.nthreads, head_bytes);
     int64_t slot_floats = 0;
     const std::vector<Run> runs = backward_runs(a, heads, per_head, P, slot_floats);
     const std::vector<int64_t> order = P > 1 ? heaviest_first(runs) : std::vector<int64_t>{};

@@ -24,8 +24,11 @@
 namespace attnkit_partition {
 
 // Work items per thread wanted before whole heads are split (dynamic scheduling then leaves at
-// most ~1/8 of a thread's work as the tail).
-constexpr int64_t kItemsPerThread = 8;
+// most ~1/4 of a thread's work as the tail). Measured (AMD EPYC Zen 4, 2 threads on a loaded
+// machine, N=2048-4096, H=8, D=64, fwd+bwd, interleaved with whole heads): 8 a thread (two
+// runs a head) was no faster on B=1, H=8 (0.91-1.16x, within the noise) and one kv head in 16
+// runs 1.03x slower than in 2: the slots cost more than a short tail.
+constexpr int64_t kItemsPerThread = 4;
 
 // One run of a head's query blocks [first, last) (u = g * nqb + query block), the keys
 // [klo, khi) they touch, and where its dk, dv sums go: `slot` floats into the slots buffer
@@ -35,13 +38,18 @@ struct Run {
     double cost;
 };
 
+// The slots' memory may reach twice dk and dv's or this, whichever is more.
+constexpr int64_t kSlotBytes = int64_t{64} << 20;
+
 // Runs per head: 1 with enough heads (or one thread); else enough for kItemsPerThread items a
-// thread, at most one per query block, and with slots at most max(2 heads, threads) dk, dv's
-// worth (a head split in P runs may need P - 1 slots as long as S).
-inline int64_t runs_per_head(int64_t heads, int64_t per_head, int64_t threads) {
+// thread, at most one per query block, within the slots' memory (`kSlotBytes`): a head cut in
+// P runs may need P - 1 slots as long as its dk, dv rows, `head_bytes`.
+inline int64_t runs_per_head(int64_t heads, int64_t per_head, int64_t threads,
+                             int64_t head_bytes) {
     if (threads <= 1 || heads >= kItemsPerThread * threads) return 1;
     const int64_t want = (kItemsPerThread * threads + heads - 1) / heads;
-    const int64_t room = 1 + std::max(2 * heads, threads) / heads;
+    const int64_t budget = std::max(2 * heads * head_bytes, kSlotBytes);
+    const int64_t room = 1 + budget / std::max<int64_t>(1, heads * head_bytes);
     return std::max<int64_t>(1, std::min({per_head, want, room}));
 }
 
