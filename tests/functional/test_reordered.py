@@ -301,7 +301,6 @@ def test_second_order_gradients_through_interleaved_sequences():
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
-
 @pytest.mark.skipif(not native.available(), reason="the plan is the compiled kernel's")
 def test_calls_on_interleaved_sequences_plan_their_window_once(monkeypatch):
     """The window of the interleaved sequences is the same object call after call, so the
