@@ -11,6 +11,8 @@ blocks that see nothing), and run to run: the sums do not depend on which thread
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -86,3 +88,24 @@ def test_split_backward_is_the_same_run_to_run():
                 assert torch.equal(a, b)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("groups", [1, 3])
+def test_written_gradients_ignore_what_dk_and_dv_held(threads, causal, groups):
+    """`_backward` has the kernel write dk and dv (each kv head's first run zeroes its rows):
+    into memory full of NaN the numbers are those added to zeros, bit for bit, on whole heads
+    and on runs (2 kv heads, 3 interleaved sequences: runs from 2 threads on)."""
+    q, k, v = (t.float() for t in make(1, 4, 2, 3 * 190, 3 * 190, 16, 8, seed=11))
+    kw = dict(causal=causal, scale=0.3, keep_t=1 << 32, inv_keep=1.0, seed=None, groups=groups)
+    none = dict(mask=None, bias=None)
+    out, lse = native._forward(q, k, v, **none, **kw)
+    dout = torch.randn_like(out)
+    added = [torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)]
+    native._backward_into(*added, dout, None, q, k, v, out, lse, **none, **kw)
+    written = [torch.empty_like(q), torch.full_like(k, math.nan), torch.full_like(v, math.nan)]
+    native._backward_into(*written, dout, None, q, k, v, out, lse, **none, **kw, accumulate=False)
+    for a, b in zip(added, written, strict=True):
+        assert torch.equal(a, b)
+    assert all(torch.equal(a, b) for a, b in zip(added, native._backward(
+        dout, None, q, k, v, out, lse, **none, **kw), strict=True))  # fmt: skip

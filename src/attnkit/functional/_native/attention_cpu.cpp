@@ -620,11 +620,77 @@ void add_slots(const Args& a, const std::vector<Run>& runs, int64_t P, const flo
     }
 }
 
+// Zeroes the dk, dv rows of one head's sequence (S positions, `groups` rows apart).
+void zero_rows(const Args& a, float* dk, float* dv) {
+    for (int64_t j = 0; j < a.S; ++j) {
+        std::fill(dk + j * a.groups * a.D, dk + j * a.groups * a.D + a.D, 0.0f);
+        std::fill(dv + j * a.groups * a.Dv, dv + j * a.groups * a.Dv + a.Dv, 0.0f);
+    }
+}
+
+// Backward: fills dq and adds to dk, dv, or with `write` fills them (their memory's old
+// contents ignored). Work items are runs of a kv head's (b, kvh, sequence) G * ceil(N / bq)
+// query blocks (`attnkit_partition`): whole heads when there are enough of them, else runs of
+// equal work whose dk, dv sums are added after the loop in a fixed order. With `write` the run
+// that adds into dk, dv (each head's first) zeroes the head's rows first: in the thread and
+// cache that then fill them, in place of a pass over dk and dv before the call (one more
+// parallel region, and its page faults on one thread: 6 ms of a 2-thread N=1024 backward
+// on a loaded AMD EPYC, for tensors of 2 MiB).
+void backward(const Args& a, bool write) {
+    const int64_t G = a.H / a.Hkv, nqb = ceil_div(a.N, a.bq), per_head = G * nqb;
+    const int64_t heads = a.B * a.Hkv * a.groups;
+    const int64_t head_bytes = a.S * (a.D + a.Dv) * static_cast<int64_t>(sizeof(float));
+    const int64_t P = runs_per_head(heads, per_head, a.nthreads, head_bytes);
+    int64_t slot_floats = 0;
+    const std::vector<Run> runs = backward_runs(a, heads, per_head, P, slot_floats);
+    const std::vector<int64_t> order = P > 1 ? heaviest_first(runs) : std::vector<int64_t>{};
+    std::vector<float> slots(slot_floats);  // zeroed
+#pragma omp parallel num_threads(static_cast<int>(a.nthreads))
+    {
+        Scratch w(a);
+        w.dp.resize(a.bq * a.bk);
+        w.dob.resize(a.bq * a.Dv);
+        w.dlt.resize(a.bq);
+        if (a.softcap > 0.0f) w.g.resize(a.bq * a.bk);
+        if (a.rel && a.rel_grad) w.dtab.assign(a.H * a.rel_len, 0.0f);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < static_cast<int64_t>(runs.size()); ++t) {
+            const int64_t idx = P > 1 ? order[t] : t;  // run idx % P of its head
+            const Run& run = runs[idx];
+            const int64_t seq = run.head, sq = seq % a.groups, bk = seq / a.groups;
+            const int64_t b = bk / a.Hkv, kvh = bk % a.Hkv;
+            float* dk_acc = a.dk + row_of(a, bk, a.S, sq, 0) * a.D;
+            float* dv_acc = a.dv + row_of(a, bk, a.S, sq, 0) * a.Dv;
+            int64_t step = a.groups;  // rows between a sequence's positions
+            if (write && idx % P == 0) zero_rows(a, dk_acc, dv_acc);  // the head's first run
+            if (run.slot >= 0) {  // the slot's rows are keys klo.., addressed from key 0
+                float* slot = slots.data() + run.slot;
+                dk_acc = rebase(slot, run.klo * a.D);
+                dv_acc = rebase(slot + (run.khi - run.klo) * a.D, run.klo * a.Dv);
+                step = 1;
+            }
+            for (int64_t u = run.first; u < run.last; ++u) {
+                const int64_t h = kvh * G + u / nqb, i0 = (u % nqb) * a.bq;
+                backward_block(a, b, h, sq, i0, std::min(i0 + a.bq, a.N), w, dk_acc, dv_acc, step);
+            }
+        }
+        if (P > 1) add_slots(a, runs, P, slots.data());
+        if (!w.dtab.empty()) {
+#pragma omp critical(attnkit_dtab)
+            for (int64_t e = 0; e < a.H * a.rel_len; ++e) a.rel_grad[e] += w.dtab[e];
+        }
+        if (a.work) {
+#pragma omp atomic
+            *a.work += w.work;
+        }
+    }
+}
+
 }  // namespace
 
 extern "C" {
 
-int attnkit_abi_version() { return 7; }
+int attnkit_abi_version() { return 8; }
 
 // Forward: fills out and lse. Work items are (b, h, sequence, query block), over the threads
 // as they come free; causal calls take every head's last (heaviest) query blocks first, so
@@ -649,58 +715,12 @@ void attnkit_attention_forward(const Args* args) {
     }
 }
 
-// Backward: fills dq and accumulates dk, dv (zeroed by the caller). Work items are runs of
-// a kv head's (b, kvh, sequence) G * ceil(N / bq) query blocks (`attnkit_partition`): whole
-// heads when there are enough of them, else runs of equal work whose dk, dv sums are added
-// after the loop in a fixed order.
-void attnkit_attention_backward(const Args* args) {
-    const Args& a = *args;
-    const int64_t G = a.H / a.Hkv, nqb = ceil_div(a.N, a.bq), per_head = G * nqb;
-    const int64_t heads = a.B * a.Hkv * a.groups;
-    const int64_t head_bytes = a.S * (a.D + a.Dv) * static_cast<int64_t>(sizeof(float));
-    const int64_t P = runs_per_head(heads, per_head, a.nthreads, head_bytes);
-    int64_t slot_floats = 0;
-    const std::vector<Run> runs = backward_runs(a, heads, per_head, P, slot_floats);
-    const std::vector<int64_t> order = P > 1 ? heaviest_first(runs) : std::vector<int64_t>{};
-    std::vector<float> slots(slot_floats);  // zeroed
-#pragma omp parallel num_threads(static_cast<int>(a.nthreads))
-    {
-        Scratch w(a);
-        w.dp.resize(a.bq * a.bk);
-        w.dob.resize(a.bq * a.Dv);
-        w.dlt.resize(a.bq);
-        if (a.softcap > 0.0f) w.g.resize(a.bq * a.bk);
-        if (a.rel && a.rel_grad) w.dtab.assign(a.H * a.rel_len, 0.0f);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < static_cast<int64_t>(runs.size()); ++t) {
-            const Run& run = runs[P > 1 ? order[t] : t];
-            const int64_t seq = run.head, sq = seq % a.groups, bk = seq / a.groups;
-            const int64_t b = bk / a.Hkv, kvh = bk % a.Hkv;
-            float* dk_acc = a.dk + row_of(a, bk, a.S, sq, 0) * a.D;
-            float* dv_acc = a.dv + row_of(a, bk, a.S, sq, 0) * a.Dv;
-            int64_t step = a.groups;  // rows between a sequence's positions
-            if (run.slot >= 0) {  // the slot's rows are keys klo.., addressed from key 0
-                float* slot = slots.data() + run.slot;
-                dk_acc = rebase(slot, run.klo * a.D);
-                dv_acc = rebase(slot + (run.khi - run.klo) * a.D, run.klo * a.Dv);
-                step = 1;
-            }
-            for (int64_t u = run.first; u < run.last; ++u) {
-                const int64_t h = kvh * G + u / nqb, i0 = (u % nqb) * a.bq;
-                backward_block(a, b, h, sq, i0, std::min(i0 + a.bq, a.N), w, dk_acc, dv_acc, step);
-            }
-        }
-        if (P > 1) add_slots(a, runs, P, slots.data());
-        if (!w.dtab.empty()) {
-#pragma omp critical(attnkit_dtab)
-            for (int64_t e = 0; e < a.H * a.rel_len; ++e) a.rel_grad[e] += w.dtab[e];
-        }
-        if (a.work) {
-#pragma omp atomic
-            *a.work += w.work;
-        }
-    }
-}
+// Backward: fills dq and ADDS the gradients to dk, dv (zeroed by the caller, or partial sums
+// being accumulated: ring attention).
+void attnkit_attention_backward(const Args* args) { backward(*args, false); }
+
+// Backward: fills dq, dk and dv (whatever dk and dv held before).
+void attnkit_attention_backward_write(const Args* args) { backward(*args, true); }
 
 // The dropout keep words of rows [row0, row0 + rows) and keys [j0, j0 + nk), for tests:
 // out (rows, nk) uint32.
