@@ -692,9 +692,7 @@ extern "C" {
 
 int attnkit_abi_version() { return 8; }
 
-// Forward: fills out and lse. Work items are (b, h, sequence, query block), over the threads
-// as they come free; causal calls take every head's last (heaviest) query blocks first, so
-// that light first blocks, not a heavy last one, end the call (longest-processing-time order).
+// Forward: fills out and lse. Work items are (b, h, sequence, query block), over the threads.
 void attnkit_attention_forward(const Args* args) {
     const Args& a = *args;
     const int64_t nqb = ceil_div(a.N, a.bq), items = a.B * a.H * a.groups * nqb;
@@ -703,9 +701,7 @@ void attnkit_attention_forward(const Args* args) {
         Scratch w(a);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < items; ++t) {
-            const int64_t seqs = items / nqb;
-            const int64_t qb = a.causal ? nqb - 1 - t / seqs : t % nqb;
-            const int64_t seq = a.causal ? t % seqs : t / nqb, bh = seq / a.groups, i0 = qb * a.bq;
+            const int64_t seq = t / nqb, bh = seq / a.groups, i0 = (t % nqb) * a.bq;
             forward_block(a, bh / a.H, bh % a.H, seq % a.groups, i0, std::min(i0 + a.bq, a.N), w);
         }
         if (a.work) {
