@@ -3,10 +3,11 @@
 Legend: B batch, H heads, Hkv kv heads, N queries, S keys, D head width, Dv value width.
 
 With fewer than 4 kv heads a thread, each kv head's query blocks are cut into runs of equal
-work whose dk, dv sums meet in fixed order after the loop; the causal forward takes its
-heaviest query blocks first. Pinned to the float64 truth at 1, 2 and 3 threads on shapes that
-split (few kv heads, several query blocks, odd sizes, N != S, structured masks with query
-blocks that see nothing), and run to run: the sums do not depend on which thread came first.
+work whose dk, dv sums meet in fixed order after the loop; `_backward` has the kernel write
+dk and dv (each head's first run zeroes its rows). Pinned to the float64 truth at 1, 2 and 3
+threads on shapes that split (few kv heads, several query blocks, odd sizes, N != S,
+structured masks with query blocks that see nothing), and run to run: the sums do not depend
+on which thread came first.
 """
 
 from __future__ import annotations
