@@ -22,6 +22,7 @@ from attnkit.distributed import _block, _structured_ring, exchange_pattern, shar
 from attnkit.distributed import ring_attention as ring
 from attnkit.distributed._block import MIN_PIECE_BYTES
 from attnkit.functional import native
+from attnkit.functional.structured import RowIntervals
 from tests.distributed._spawn import results_of
 from tests.distributed.test_memory import _bench
 from tests.distributed.test_ring import _errs, _inputs, _run, _single
@@ -47,6 +48,11 @@ def _mask(kind: str, n: int):
     if kind == "document-causal":  # documents crossing shard boundaries, per batch row
         ids = torch.stack([masks.document_ids([5, n - 12, 7]), masks.document_ids([n - 3, 3])])
         return masks.document(ids, causal=True), False
+    if kind == "runs":  # a causal window | a band half a sequence behind: two runs of keys
+        pos = torch.arange(n)
+        return masks.window(n, WINDOW, causal=True) | RowIntervals(
+            pos - n // 2, pos - n // 2 + 3, n
+        ), False
     if kind == "prefix":  # per-row prefix lengths
         return masks.prefix(n, torch.tensor([5, n // 2 + 1])), False
     g = torch.Generator().manual_seed(n)
@@ -55,7 +61,15 @@ def _mask(kind: str, n: int):
     return masks.from_function(_strided, n, heads=4) & padding, True  # with causal: tiles
 
 
-KINDS = ["window-causal", "window", "window+causal", "document-causal", "prefix", "function"]
+KINDS = [
+    "window-causal",
+    "window",
+    "window+causal",
+    "document-causal",
+    "prefix",
+    "function",
+    "runs",
+]
 # each kind in both layouts and dtypes, GQA (Hkv = 1 of H = 4) in one dtype and plain
 # heads in the other, alternating between kinds, so both kernels see both
 CASES = [

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnkit import AttentionOutput, attention, masks, use_backend
+from attnkit.functional import _choose, _sdpa_backend
 from tests.naive import naive_attention
 
 # the module (attnkit.functional's `attention` attribute is the function)
@@ -97,8 +98,8 @@ def test_gqa_equals_repeated_kv(backend, hkv):
 def sdpa_empty_rows(request, monkeypatch):
     """Run `fused` both ways: trusting SDPA with empty rows (torch >= 2.5) and fixing them."""
     if request.param == "attnkit zeroes them":
-        monkeypatch.setattr(attention_module, "_SDPA_ZEROES_EMPTY_ROWS", False)
-    elif not attention_module._SDPA_ZEROES_EMPTY_ROWS:
+        monkeypatch.setattr(_sdpa_backend, "SDPA_ZEROES_EMPTY_ROWS", False)
+    elif not _sdpa_backend.SDPA_ZEROES_EMPTY_ROWS:
         pytest.skip("this torch's SDPA gives NaN for empty rows; attnkit fixes them itself")
 
 
@@ -255,7 +256,7 @@ def test_bad_input_raises_value_error_naming_argument(change, message):
 
 def test_probe_of_sdpa_empty_rows_leaves_the_random_stream_alone():
     torch.manual_seed(3)
-    attention_module._probe_sdpa_empty_rows()  # draws dropout bits in a forked RNG
+    _sdpa_backend._probe_sdpa_empty_rows()  # draws dropout bits in a forked RNG
     after = torch.rand(3)
     torch.manual_seed(3)
     assert torch.equal(after, torch.rand(3))
@@ -263,7 +264,7 @@ def test_probe_of_sdpa_empty_rows_leaves_the_random_stream_alone():
 
 @pytest.mark.parametrize("native_bf16", [True, False])
 def test_auto_for_bfloat16_training_follows_the_cpu(native_bf16, monkeypatch):
-    monkeypatch.setattr(attention_module, "_NATIVE_BF16", native_bf16)
+    monkeypatch.setattr(_choose, "NATIVE_BF16", native_bf16)
     got = attention_module._choose_backend(
         "auto", need_weights=False, dropout=False, low_precision_grad=True
     )

@@ -21,6 +21,12 @@ import attnkit
 from attnkit import masks
 from attnkit.functional import native
 from tests.functional.test_native import check_against_truth, make
+from tests.functional.test_runs import band as _band
+
+
+def band(n, offset, width):
+    return _band(n, n, offset, width)
+
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no compiled kernel")
 
@@ -58,6 +64,7 @@ STRUCTURED = {
     "window": lambda n: masks.window(n, 37, causal=True),
     "dilated": lambda n: masks.dilated_window(n, 20, 3),  # interleaved sequences
     "neighbourhood": lambda n: masks.neighborhood_2d(n // 20, 20, 5),  # tiles
+    "runs": lambda n: masks.window(n, 9) | band(n, 150, 7) | band(n, -200, 4),  # 3 runs a row
 }
 
 

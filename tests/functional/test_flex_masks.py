@@ -19,7 +19,7 @@ from torch.nn.attention.flex_attention import (
 
 import attnkit
 from attnkit import masks
-from attnkit.functional.structured import EMPTY, FULL, causal_intervals
+from attnkit.functional.structured import EMPTY, FULL, RowIntervals, causal_intervals
 
 N = 200
 
@@ -113,6 +113,8 @@ def _attnkit_masks(n=N):
     def dilated(b, h, q_idx, kv_idx):
         return (q_idx - kv_idx) % 3 == 0
 
+    pos = torch.arange(n)  # far bands: rows see two runs of keys
+
     return {
         "window": masks.window(n, 40),
         "causal_document": masks.document(ids, causal=True),
@@ -120,6 +122,8 @@ def _attnkit_masks(n=N):
         "scattered_documents": masks.document(shuffled),
         "mixed": masks.document(ids, causal=True) & masks.from_function(dilated, n) & padding,
         "union": masks.window(n, 9) | masks.from_function(dilated, n),
+        "runs": (masks.window(n, 9) | RowIntervals(pos + 60, pos + 75, n)) & padding,
+        "runs-behind": masks.window(n, 5) | RowIntervals(pos - 90, pos - 83, n),
     }
 
 
@@ -193,7 +197,7 @@ def test_interval_masks_with_a_formula_get_an_arithmetic_mask_mod(mask, affine):
     from attnkit.functional.flex_masks import _affine_rows
 
     plan = plan_mask(mask, 16, 16, "cpu")
-    assert (plan.rows is not None and _affine_rows(*plan.rows) is not None) == affine
+    assert (plan.rows is not None and _affine_rows(*plan.rows[:, 0]) is not None) == affine
     bm = masks.to_block_mask(mask, 16)
     b = torch.arange(mask.batch)[:, None, None, None]
     q, kv = torch.arange(mask.n)[None, None, :, None], torch.arange(mask.s)[None, None, None, :]

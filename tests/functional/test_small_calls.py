@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnkit import attention, use_backend
-from attnkit.functional import _fast_path, native
+from attnkit.functional import _choose, _fast_path, native
 from tests.naive import naive_attention
 
 # the module (attnkit.functional's `attention` attribute is the function)
@@ -18,7 +18,7 @@ attention_module = importlib.import_module("attnkit.functional.attention")
 
 def plain_call(*args):
     """The fast path's output for a call (None: the full route), `use_backend`'s choice in force."""
-    return _fast_path.plain_call(*args, attention_module._override)
+    return _fast_path.plain_call(*args, _choose.override)
 
 
 @pytest.fixture(params=["kernel", "sum"])
@@ -158,7 +158,7 @@ def test_fast_path_equals_the_full_route_bit_for_bit(monkeypatch, h, hkv, n, s, 
     """Same kernel, same scale (SDPA's default 1/sqrt(D) when none is given), same bits:
     outputs and the gradients of q, k and v."""
     q, k, v = qkv(h, hkv, n, s, d=24, dtype=dtype)
-    if grad and dtype == torch.bfloat16 and not attention_module._NATIVE_BF16:
+    if grad and dtype == torch.bfloat16 and not _choose.NATIVE_BF16:
         dtype = torch.float32  # auto takes chunked there (pinned by its own tests)
         q, k, v = (t.float() for t in (q, k, v))
     inputs = [[t.clone().requires_grad_(grad) for t in (q, k, v)] for _ in range(2)]

@@ -10,7 +10,7 @@ from attnkit import masks
 from attnkit.functional import native
 from attnkit.functional._mask_plan import plan_mask
 from attnkit.functional.chunked import chunked_attention
-from attnkit.functional.structured import EMPTY, FULL, PARTIAL, causal_intervals
+from attnkit.functional.structured import EMPTY, FULL, PARTIAL, RowIntervals, causal_intervals
 
 N = 150
 IDS = masks.document_ids([40, 70, 15, 25])
@@ -18,6 +18,7 @@ IDS = masks.document_ids([40, 70, 15, 25])
 
 def _kinds(n=N):
     ids = masks.document_ids([n // 4, n // 2, n - n // 4 - n // 2])
+    pos = torch.arange(n)
     return {
         "window-causal": masks.window(n, 23, causal=True),
         "window": masks.window(n, 9),
@@ -32,6 +33,10 @@ def _kinds(n=N):
         "union": masks.window(n, 12, causal=True) | masks.prefix(n, 20),
         "union-gaps": masks.window(n, 4, causal=True)
         | masks.from_function(lambda b, h, q, k: k < 3, n),
+        # a window | a band 50 keys behind | the first 3 keys: rows see up to three runs
+        "runs": masks.window(n, 4)
+        | RowIntervals(pos - 50, pos - 40, n)
+        | RowIntervals(0 * pos, 3 + 0 * pos, n),
         "with-padding": masks.document(ids, causal=True)
         & masks.padding(torch.tensor([n - 9, n]), n),
     }
@@ -96,7 +101,9 @@ def test_float32_kernels_against_the_float64_reference(kind, kernel, causal):
         torch.testing.assert_close(a.double(), b, rtol=0, atol=5e-5)
 
 
-@pytest.mark.parametrize("kind", ["window-causal", "document-causal", "function", "union-gaps"])
+@pytest.mark.parametrize(
+    "kind", ["window-causal", "document-causal", "function", "union-gaps", "runs"]
+)
 @pytest.mark.parametrize("kernel", ["native", "torch"])
 def test_dropout_drops_what_the_dense_mask_drops(kind, kernel):
     """The hash dropout is a function of the position: skipping blocks changes no bit."""
@@ -205,7 +212,7 @@ def test_plan_keeps_only_partial_tiles_and_no_n_by_s_tensor():
     assert plan.tiles.shape == (partial, 128, 256)
     assert plan.tiles.numel() < n * n / 8  # a few diagonal bands, not the grid
     window = plan_mask(masks.window(n, 256, causal=True), 128, 256, "cpu")
-    assert window.tiles is None and window.dense is None and window.rows.shape == (2, 1, n)
+    assert window.tiles is None and window.dense is None and window.rows.shape == (2, 1, 1, n)
 
 
 def test_repr_draws_the_block_map():

@@ -37,7 +37,8 @@ from attnkit.analysis.bench_report import evaluate_targets
 from attnkit.analysis.bench_small import SHAPES as SMALL_SHAPES
 from attnkit.analysis.bench_small import small_call_rows
 from attnkit.functional import native
-from attnkit.functional.attention import _choose_backend, _mask_elems, attention
+from attnkit.functional._choose import choose_backend, mask_elems
+from attnkit.functional.attention import attention
 
 __all__ = ["Case", "Plan", "kernel_flops", "peak_bytes", "planned_steps", "run_benchmark"]
 
@@ -132,8 +133,8 @@ def auto_choice(case: Case, backward: bool = False) -> str:
     mask = None
     if case.mask in shapes:
         mask = torch.empty(shapes[case.mask], dtype=torch.bool, device="meta")
-    elems = _mask_elems(q, k, mask, None, case.mask == "causal")
-    return _choose_backend(
+    elems = mask_elems(q, k, mask, None, case.mask == "causal")
+    return choose_backend(
         "auto",
         need_weights=False,
         dropout=case.dropout > 0,

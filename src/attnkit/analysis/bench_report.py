@@ -57,7 +57,7 @@ def _target_a(rows):
         kinds = sorted({f"{r['dtype']} {r['mask']} {r['pass']}" for r in chunked})
         detail += (
             f"; {len(chunked)} rows run chunked by design ({', '.join(kinds)}: see "
-            "`_choose_backend`) and are left out"
+            "`_choose.choose_backend`) and are left out"
         )
     return _target("a", goal, geo, geo >= 0.95, detail)
 

@@ -173,14 +173,16 @@ def _row_path(plan: MaskPlan | None, i0, i1, n, s, causal, spans, limit) -> int 
     `row_path`, `row_span`: each row's interval within the blocks' span, cut by the causal
     limit), or None where they take the block path (tiles, a row wider than `limit`, or no
     row narrower than the span)."""
-    if plan is not None and plan.table is not None:
-        return None
+    if plan is not None and (
+        plan.table is not None or (plan.rows is not None and plan.rows.shape[1] > 1)
+    ):
+        return None  # tiles, or rows with several runs: the block path
     first, end = (spans[0][0], spans[-1][1]) if spans else (0, 0)
     i = torch.arange(i0, i1)
     lo, hi = torch.full_like(i, first), torch.full_like(i, end)
     if plan is not None and plan.rows is not None:
-        lo = plan.rows[0, 0, i0:i1].clamp(min=first)
-        hi = plan.rows[1, 0, i0:i1].clamp(max=end)
+        lo = plan.rows[0, 0, 0, i0:i1].clamp(min=first)
+        hi = plan.rows[1, 0, 0, i0:i1].clamp(max=end)
     if causal:
         hi = torch.minimum(hi, i + s - n + 1)
     width = (hi - lo).clamp(min=0)
@@ -194,12 +196,12 @@ def _walks(plan: MaskPlan | None) -> list[MaskPlan | None]:
     if plan is None:
         return [None]
     rows, table = plan.rows, plan.table
-    nb = max(1 if rows is None else rows.shape[1], 1 if table is None else table.shape[0])
+    nb = max(1 if rows is None else rows.shape[2], 1 if table is None else table.shape[0])
     nh = 1 if table is None else table.shape[1]
     walks = []
     for b in range(nb):
         for h in range(nh):
-            r = None if rows is None else rows[:, b % rows.shape[1]][:, None]  # (2, 1, N)
+            r = None if rows is None else rows[:, :, b % rows.shape[2], None]  # (2, K, 1, N)
             t = None
             if table is not None:
                 t = table[b % table.shape[0], h % table.shape[1]][None, None]  # (1, 1, nqb, nkb)

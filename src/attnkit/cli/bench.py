@@ -9,8 +9,8 @@
 a dilated window, a 2-D neighbourhood, a strided mask; ALiBi, soft-capping and a T5 table as
 score functions) against SDPA with the dense mask and compiled FlexAttention, attnkit forward
 and forward + backward, N = 4096 and 16384, 1 and 2 threads (--sizes and --threads pick
-others), and the memory of a window-512 training step at N=65536 (an hour on 2 idle cores;
---quick: N=1024, one thread, a few minutes for FlexAttention's compiles).
+others), and the memory of a window-512 training step at N=65536 (about 1.5 hours on 2 idle
+cores; --quick: N=1024, one thread, a few minutes for FlexAttention's compiles).
 
 --kernel times the compiled chunked kernel against SDPA's fused CPU kernel on the same dense
 calls (N = 1024, 2048, 4096, or --sizes, e.g. up to 16384, with fewer repeats above 4096;

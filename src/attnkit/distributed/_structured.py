@@ -11,9 +11,9 @@ transfer agree on it: src sends a span of its keys to dst exactly when dst recei
 A rank's shard is one run of global positions ("contiguous") or two ("zigzag": chunks r and
 2P-1-r, `layout.positions`). A span is a contiguous run of one chunk, so its global positions
 are g0 … g0+L-1 and the mask on (this rank's query rows, the span) is a crop of the global
-description with the key axis shifted by g0 (`GlobalMask.crop`): row intervals stay row
-intervals (lo - g0, hi - g0), boolean tensors are sliced, and anything else (predicates,
-non-contiguous documents, unions) is evaluated on the global grid block by block.
+description with the key axis shifted by g0 (`GlobalMask.crop`): row intervals and runs of
+keys stay runs (lo - g0, hi - g0), boolean tensors are sliced, and anything else (predicates,
+non-contiguous documents, unions with those) is evaluated on the global grid block by block.
 
 Everything here could move to `attnkit.functional` (a crop of a description at gathered rows
 and shifted keys is not specific to rings).
@@ -32,8 +32,9 @@ from attnkit.distributed._block import part, q_heads
 from attnkit.distributed.layout import positions
 from attnkit.functional._block_scan import chunk_shape
 from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
-from attnkit.functional._mask_plan import MaskPlan, plan_mask
-from attnkit.functional.structured import RowIntervals, StructuredMask, _And, _Dense
+from attnkit.functional._mask_plan import MaskPlan, _split, plan_mask
+from attnkit.functional._row_masks import RowRuns
+from attnkit.functional.structured import StructuredMask, _Dense
 
 __all__ = ["GlobalMask", "Schedule", "Span", "exchange_pattern"]
 
@@ -56,25 +57,19 @@ def chunks(n: int, rank: int, world: int, layout: str) -> list[tuple[int, int, i
 
 
 class GlobalMask:
-    """A description over the global sequence, split once per call into the intersection of
-    its row-interval factors (lo, hi: (B|1, N)), its boolean tensors and the rest."""
+    """A description over the global sequence, split once per call into the runs of keys of
+    its row-interval and run factors (lo, hi: (K, B|1, N), `_mask_plan._split`), its boolean
+    tensors and the rest."""
 
     def __init__(self, mask: StructuredMask, device):
-        factors = mask.factors() if isinstance(mask, _And) else [mask]
-        self.lo = self.hi = self.rest = None
-        self.dense: list[Tensor] = []
-        for f in factors:
-            iv = f.intervals()
-            if iv is not None:
-                lo, hi = (x.to(device) for x in iv)
-                if self.lo is not None:  # the intersection of intervals is an interval
-                    lo, hi = torch.maximum(self.lo, lo), torch.minimum(self.hi, hi)
-                self.lo, self.hi = torch.broadcast_tensors(lo, hi)
-            elif isinstance(f, _Dense):
-                self.dense.append(f.t.to(device))
-            else:
-                f = f.to(device)
-                self.rest = f if self.rest is None else self.rest & f
+        runs, dense, rest = _split(mask)
+        self.lo = self.hi = None
+        if runs is not None:
+            self.lo, self.hi = (x.to(device) for x in torch.broadcast_tensors(*runs))
+        self.dense: list[Tensor] = [f.t.to(device) for f in dense]
+        self.rest = None
+        if rest:
+            self.rest = functools.reduce(lambda a, b: a & b, [f.to(device) for f in rest])
         self.batch, self.heads, self.device = mask.batch, mask.heads, torch.device(device)
 
     @property
@@ -86,8 +81,8 @@ class GlobalMask:
         (B|1, H|1, nq, length) description, the keys numbered from 0."""
         nq, out = qpos.numel(), []
         if self.lo is not None:
-            lo, hi = self.lo[:, qpos] - g0, self.hi[:, qpos] - g0  # (B|1, nq)
-            out.append(RowIntervals(lo, hi, length, "rows"))
+            lo, hi = self.lo[:, :, qpos] - g0, self.hi[:, :, qpos] - g0  # (K, B|1, nq)
+            out.append(RowRuns(lo, hi, length, "rows"))
         for t in self.dense:  # (B|1, H|1, N|1, N|1): keys first, so only nq rows are copied
             t = t[..., g0 : g0 + length] if t.shape[3] != 1 else t
             out.append(_Dense(t[:, :, qpos] if t.shape[2] != 1 else t, nq, length))
@@ -96,31 +91,32 @@ class GlobalMask:
         return functools.reduce(lambda a, b: a & b, out)
 
     def touching(self, qpos: Tensor, g0: int, length: int, batch: slice) -> Tensor | None:
-        """(nq,) bool: rows of batch rows ``batch`` whose intervals reach into the keys (an
-        upper bound of the rows that see any of them); None without row intervals."""
+        """(nq,) bool: rows of batch rows ``batch`` whose runs reach into the keys (an upper
+        bound of the rows that see any of them); None without row intervals or runs."""
         if self.lo is None:
             return None
-        lo, hi = (t[batch] if t.shape[0] > 1 else t for t in (self.lo, self.hi))  # (B|1, N)
-        lo, hi = lo[:, qpos].clamp(min=g0), hi[:, qpos].clamp(max=g0 + length)
-        return (lo < hi).any(0)
+        lo, hi = (t[:, batch] if t.shape[1] > 1 else t for t in (self.lo, self.hi))
+        lo, hi = lo[:, :, qpos].clamp(min=g0), hi[:, :, qpos].clamp(max=g0 + length)
+        return (lo < hi).flatten(0, 1).any(0)  # (K·B|1, nq) -> (nq,)
 
     def seen(self, qpos: Tensor, g0: int, length: int) -> Tensor:
         """(B|1, H|1, length) bool: the keys g0 … g0+length-1 that some query of ``qpos`` may
-        attend to. O(nq + length) from the row intervals; where the mask has other parts as
-        well, those are evaluated only on the rows and key span the intervals leave."""
+        attend to. O(K·nq + length) from the runs; where the mask has other parts as well,
+        those are evaluated only on the rows and key span the runs leave."""
         shape = (self.batch, self.heads, length)
         rows, k0, k1 = slice(None), 0, length
         if self.lo is not None:
-            a = (self.lo[:, qpos] - g0).clamp(0, length)  # (B|1, nq)
-            z = (self.hi[:, qpos] - g0).clamp(0, length)
+            a = (self.lo[:, :, qpos] - g0).clamp(0, length).transpose(0, 1)  # (B|1, K, nq)
+            z = (self.hi[:, :, qpos] - g0).clamp(0, length).transpose(0, 1)
             ok = a < z
             diff = torch.zeros(a.shape[0], length + 1, dtype=torch.long, device=a.device)
-            diff.scatter_add_(1, a, ok.long()).scatter_add_(1, z, -ok.long())
+            a, z, add = a.flatten(1), z.flatten(1), ok.flatten(1).long()  # (B|1, K·nq)
+            diff.scatter_add_(1, a, add).scatter_add_(1, z, -add)
             bound = (diff.cumsum(1)[:, :length] > 0)[:, None]  # (B|1, 1, length)
             if self.intervals_only or not bool(ok.any()):
                 return bound.expand(shape)
             # first to last row and key (a range keeps a zigzag shard's rows in two runs)
-            rows, hit = (x.nonzero().flatten() for x in (ok.any(0), bound.any(1).any(0)))
+            rows, hit = (x.nonzero().flatten() for x in (ok.any(1).any(0), bound.any(1).any(0)))
             rows, k0, k1 = slice(int(rows[0]), int(rows[-1]) + 1), int(hit[0]), int(hit[-1]) + 1
         qpos = qpos[rows]
         crop = self.crop(qpos, g0, length)
@@ -212,7 +208,7 @@ class Schedule:
         length = span.cols.stop - span.cols.start
         crop = self.mask.crop(self.pos[self.rank][rows], span.g0, length)
         mp = plan_mask(crop, STRUCTURED_BLOCK_Q, STRUCTURED_BLOCK_K, self.mask.device)
-        r = None if mp.rows is None else (mp.rows[:, bs] if mp.rows.shape[1] > 1 else mp.rows)
+        r = None if mp.rows is None else (mp.rows[:, :, bs] if mp.rows.shape[2] > 1 else mp.rows)
         table = None if mp.table is None else part(mp.table, bs, hq).contiguous()
         rows_ = None if r is None else r.contiguous()
         return MaskPlan(rows_, part(mp.dense, bs, hq), table, mp.tiles)

@@ -8,7 +8,7 @@ At N ≤ 64 the fixed cost of a call is the time: SDPA itself takes ~19 µs at N
 (B=1, H=8, D=64, float32, 1 thread, AMD EPYC Zen 4), and the full route's checks, backend
 choice and result building cost ~60 % more. `plain_call` decides with plain attribute reads
 and int comparisons that the call is valid and of this kind, formats no message and builds no
-object, then calls SDPA as the full route would (`attention._fused`): the same kernel, the same
+object, then calls SDPA as the full route would (`_sdpa_backend.fused`): the same kernel, the same
 result bit for bit. Anything else (and every call it cannot prove valid) goes to the full
 route, whose checks raise the errors with their messages. What the call costs beyond SDPA
 (benchmarks/results/small-calls.md), measured by taking each piece out in turn: the check of
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit._cpu import has_native_bf16
+from attnkit.functional._choose import NATIVE_BF16
 from attnkit.functional._double_backward import hook_fused_node
 from attnkit.functional._finite_scan import FINITE_CODES, FINITE_MAX_NUMEL, finite_check
 from attnkit.functional._reference import _eager_cpu
@@ -37,7 +37,6 @@ __all__ = ["default_scale", "plain_call", "row_poison", "surely_finite"]
 
 # the dtypes SDPA computes in; q, k, v of another dtype take the full route (and its checks)
 _SDPA_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
-_NATIVE_BF16 = has_native_bf16()  # read once (see `attention._choose_backend`)
 _isfinite = math.isfinite
 
 
@@ -72,9 +71,9 @@ def plain_call(q, k, v, causal, scale, p, training, backend: str, override) -> T
     if scale is not None and (
         type(scale) not in (float, int) or not _isfinite(scale) or (causal and scale <= 0)
     ):
-        return None  # SDPA's is_causal gives NaN rows for a scale <= 0 (see `_fused`)
-    if dtype is torch.bfloat16 and not _NATIVE_BF16 and backend == "auto" and _grad(q, k, v):
-        return None  # auto takes chunked here (see `attention._choose_backend`)
+        return None  # SDPA's is_causal gives NaN rows for a scale <= 0 (see `_sdpa_backend.fused`)
+    if dtype is torch.bfloat16 and not NATIVE_BF16 and backend == "auto" and _grad(q, k, v):
+        return None  # auto takes chunked here (see `_choose.choose_backend`)
     try:
         out = _sdpa(q, k, v, (n != 1) if causal else False, scale, hkv != h)
     except RuntimeError:  # k or v of another dtype or device than q (SDPA checks them)

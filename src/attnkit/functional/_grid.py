@@ -67,9 +67,10 @@ def _fold(x: Tensor, bq: int, fill: int, op) -> Tensor:
 
 
 def choose_block_q(rows: Tensor, s: int) -> int:
-    """Query rows per block for a row-interval plan, rows int64 (2, B|1, N): the one of
-    128, 64, 32, 16 that minimises the estimated forward time."""
-    lo, hi = rows[0].cpu(), rows[1].cpu()
+    """Query rows per block for a plan's runs of keys, rows int64 (2, K, B|1, N): the one of
+    128, 64, 32, 16 that minimises the estimated forward time. A block's keys are estimated
+    as the sum over k of its rows' k-th runs' spans (an overestimate where they overlap)."""
+    lo, hi = rows[0].cpu().flatten(0, 1), rows[1].cpu().flatten(0, 1)  # (K·B|1, N)
     seen = lo < hi
     lo, hi = torch.where(seen, lo, s), torch.where(seen, hi, 0)
     best, best_cost = STRUCTURED_BLOCK_Q, None

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from attnkit.functional._block_scan import EMPTY, FULL, PARTIAL, scan
+from attnkit.functional._runs import MAX_RUNS, block_classes, intersect_runs, union_runs
 
 __all__ = ["StructuredMask"]
 
@@ -48,6 +49,13 @@ class StructuredMask:
         where the mask is not of that form. lo >= hi: the row sees nothing."""
         return None
 
+    def key_runs(self) -> tuple[Tensor, Tensor] | None:
+        """(lo, hi), int64 (K, B|1, N): row i may attend exactly the keys of its K runs
+        lo_ki <= j < hi_ki, sorted, disjoint, empty runs last (`_runs`); or None where the mask
+        is not of that form (or needs more than `_runs.MAX_RUNS` runs in some row)."""
+        iv = self.intervals()
+        return None if iv is None else (iv[0][None], iv[1][None])
+
     def describe(self) -> str:
         """A short name with the parameters, for `repr`."""
         return type(self).__name__
@@ -66,12 +74,13 @@ class StructuredMask:
     def block_map(self, block_q: int = 128, block_k: int = 128) -> Tensor:
         """int8 (B|1, H|1, ceil(N/bq), ceil(S/bk)): `EMPTY`, `PARTIAL` or `FULL` per block.
 
-        From the intervals where there are some (O(N) work); otherwise every entry is
-        evaluated once, a chunk of blocks at a time (`_block_scan.scan`)."""
+        From the row intervals or runs where there are some (O(K·N) work, `_runs.block_classes`);
+        otherwise every entry is evaluated once, a chunk of blocks at a time
+        (`_block_scan.scan`)."""
         _check_blocks(block_q, block_k)
-        iv = self.intervals()
-        if iv is not None:
-            return _interval_block_map(*iv, self.s, block_q, block_k)
+        rs = self.key_runs()
+        if rs is not None:
+            return block_classes(*rs, self.s, block_q, block_k)
         return scan(self, block_q, block_k).classes
 
     @property
@@ -80,9 +89,9 @@ class StructuredMask:
         total = self.batch * self.heads * self.n * self.s
         if total == 0:
             return 0.0
-        iv = self.intervals()
-        if iv is not None:
-            lo, hi = iv
+        rs = self.key_runs()
+        if rs is not None:  # runs are disjoint: no key counted twice
+            lo, hi = rs
             seen = (hi - lo).clamp(min=0).sum().item() * self.heads
             return seen / total
         return scan(self, 128, 256).allowed / total
@@ -172,6 +181,13 @@ class _And(_Combined):
             return None
         return torch.maximum(ia[0], ib[0]), torch.minimum(ia[1], ib[1])
 
+    def key_runs(self):
+        ra, rb = (p.key_runs() for p in self.parts)
+        if ra is None or rb is None:
+            return None
+        out = intersect_runs(ra, rb)
+        return out if out[0].shape[0] <= MAX_RUNS else None
+
     def describe(self):
         return " & ".join(_paren(p) for p in self.parts)
 
@@ -188,16 +204,15 @@ class _Or(_Combined):
         return a.block(i0, i1, j0, j1) | b.block(i0, i1, j0, j1)
 
     def intervals(self):
-        ia, ib = (p.intervals() for p in self.parts)
-        if ia is None or ib is None:
+        rs = self.key_runs()  # one run per row: an interval
+        return None if rs is None or rs[0].shape[0] != 1 else (rs[0][0], rs[1][0])
+
+    def key_runs(self):
+        ra, rb = (p.key_runs() for p in self.parts)
+        if ra is None or rb is None:
             return None
-        lo1, hi1, lo2, hi2 = torch.broadcast_tensors(*ia, *ib)
-        e1, e2 = lo1 >= hi1, lo2 >= hi2  # empty rows add nothing to a union
-        if not bool((e1 | e2 | (torch.maximum(lo1, lo2) <= torch.minimum(hi1, hi2))).all()):
-            return None  # a row would see two separate runs of keys
-        lo = torch.where(e1, lo2, torch.where(e2, lo1, torch.minimum(lo1, lo2)))
-        hi = torch.where(e1, hi2, torch.where(e2, hi1, torch.maximum(hi1, hi2)))
-        return lo, hi
+        out = union_runs(ra, rb)
+        return out if out[0].shape[0] <= MAX_RUNS else None  # more: the tile table
 
     def describe(self):
         return " | ".join(_paren(p) for p in self.parts)
@@ -237,25 +252,6 @@ def _check_blocks(bq, bk) -> None:
 
 
 def _interval_block_map(lo: Tensor, hi: Tensor, s: int, bq: int, bk: int) -> Tensor:
-    """Block classes from row intervals: a block is full when every row covers its keys,
-    empty when no row reaches into them. (B|1, 1, nqb, nkb) int8."""
-    b, n = lo.shape
-    nqb, nkb = -(-n // bq), -(-s // bk)
-    pad = nqb * bq - n
-    seen = lo < hi
-    # rows that see nothing neither widen a block's span nor let a block count as covered
-    lo_any, hi_any = torch.where(seen, lo, s), torch.where(seen, hi, 0)
-    hi_all = torch.where(seen, hi, -1)
-
-    def fold(x, fill, op):  # (B, N) -> (B, nqb), reduced over each block's rows
-        x = torch.nn.functional.pad(x, (0, pad), value=fill).view(b, nqb, bq)
-        return op(x, dim=2).values
-
-    min_lo, max_hi = fold(lo_any, s, torch.min), fold(hi_any, 0, torch.max)
-    max_lo, min_hi = fold(lo_any, -1, torch.max), fold(hi_all, s + 1, torch.min)
-    j0 = torch.arange(nkb, device=lo.device) * bk  # (nkb,)
-    j1 = (j0 + bk).clamp(max=s)
-    touches = (min_lo[..., None] < j1) & (max_hi[..., None] > j0)
-    covers = (max_lo[..., None] <= j0) & (min_hi[..., None] >= j1)
-    out = torch.where(covers, FULL, torch.where(touches, PARTIAL, EMPTY)).to(torch.int8)
-    return out[:, None]  # (B|1, 1, nqb, nkb)
+    """Block classes from row intervals lo, hi (B|1, N): a block is full when every row covers
+    its keys, empty when no row reaches into them. (B|1, 1, nqb, nkb) int8."""
+    return block_classes(lo[None], hi[None], s, bq, bk)

@@ -4,9 +4,10 @@ Legend: B batch, H heads, N queries, S keys; bq × bk the kernel's score blocks.
 
 A `StructuredMask` is split into the AND of three parts, each read the cheapest way:
 
-* ``rows`` int64 (2, B|1, N): lo and hi of the intersection of every factor that is a row
-  interval (causal, window, prefix, contiguous documents). A kernel derives each query block's
-  key span from them and applies them with two fills per row.
+* ``rows`` int64 (2, K, B|1, N): lo and hi of the K runs of keys (`_runs`) of the
+  intersection of every factor that is row intervals (causal, window, prefix, contiguous
+  documents) or runs of them (`|` of those). A kernel derives each query block's key spans
+  from them and masks each row to its own runs with one fill per gap.
 * ``dense``: the boolean tensors the user combined in (key padding masks, say), ANDed, read
   through broadcast strides as today.
 * ``table`` int32 (B|1, H|1, nqb, nkb) and ``tiles`` uint8 (T, bq, bk) for the rest
@@ -38,7 +39,8 @@ from attnkit.functional._grid import (
     choose_tile_grid,
     set_query_block,
 )
-from attnkit.functional.structured import StructuredMask, _And, _Dense, intervals_block
+from attnkit.functional._runs import MAX_RUNS, intersect_runs, runs_block
+from attnkit.functional.structured import StructuredMask, _And, _Dense
 
 __all__ = [
     "TILE_EMPTY",
@@ -54,7 +56,7 @@ __all__ = [
 
 
 class MaskPlan(NamedTuple):
-    rows: Tensor | None  # int64 (2, B|1, N)
+    rows: Tensor | None  # int64 (2, K, B|1, N)
     dense: Tensor | None  # bool, broadcastable to (B, H, N, S)
     table: Tensor | None  # int32 (B|1, H|1, nqb, nkb)
     tiles: Tensor | None  # uint8 (T, bq, bk)
@@ -120,12 +122,21 @@ def call_plan(mask: StructuredMask, device, block_q, block_k, fit: bool) -> Mask
 
 
 def _split(mask: StructuredMask):
-    """The factors of `mask`: row intervals, boolean tensors, and the rest."""
+    """The factors of `mask`: the runs of its row intervals and runs (None without any),
+    boolean tensors, and the rest (factors whose runs would make more than `MAX_RUNS`)."""
     factors = mask.factors() if isinstance(mask, _And) else [mask]
-    rows = [f for f in factors if f.intervals() is not None]
-    dense = [f for f in factors if f.intervals() is None and isinstance(f, _Dense)]
-    rest = [f for f in factors if f.intervals() is None and not isinstance(f, _Dense)]
-    return rows, dense, rest
+    runs, dense, rest = None, [], []
+    for f in factors:
+        got = f.key_runs()
+        if got is not None and runs is not None:
+            got = intersect_runs(runs, got)
+        if got is not None and got[0].shape[0] <= MAX_RUNS:
+            runs = got
+        elif isinstance(f, _Dense):
+            dense.append(f)
+        else:
+            rest.append(f)
+    return runs, dense, rest
 
 
 def _and_all(parts: list[StructuredMask]) -> StructuredMask:
@@ -136,17 +147,14 @@ def _and_all(parts: list[StructuredMask]) -> StructuredMask:
 
 
 def _plan(mask: StructuredMask, block_q: int, block_k: int, device, given=None) -> MaskPlan:
-    intervals, dense_parts, rest = _split(mask)
-    rows, dense = None, None
-    for f in intervals:
-        lo, hi = (x.to(device) for x in f.intervals())
-        if rows is not None:  # the intersection of intervals is an interval
-            lo, hi = torch.maximum(rows[0], lo), torch.minimum(rows[1], hi)
-        rows = (lo, hi)
+    runs, dense_parts, rest = _split(mask)
+    dense = None
     for f in dense_parts:
         t = f.t.to(device)
         dense = t if dense is None else dense & t
-    stacked = None if rows is None else torch.stack(torch.broadcast_tensors(*rows)).contiguous()
+    stacked = None
+    if runs is not None:  # (2, K, B|1, N)
+        stacked = torch.stack(torch.broadcast_tensors(*runs)).to(device).contiguous()
     table = tiles = None
     if given is not None:
         table, tiles = (x.to(device) for x in given)
@@ -171,29 +179,46 @@ def key_blocks(
     """The key blocks (j0, j1) that query rows i0:i1 compute, with the tile table's entries
     there ((B|1, H|1) int32, None without tiles) and the block's first column in its tile.
 
-    They cover [min lo, max hi) of the rows' intervals (rows that see nothing add nothing) up
-    to the causal end (bottom-right: query i sees keys j <= i + S - N), in steps of bk from
-    the first key; on the tiles' bq × bk grid, less the blocks the table marks empty, where
-    there are tiles. The compiled kernel walks the same blocks (`key_blocks` in
-    attention_cpu.cpp); the PyTorch kernel and the cost model walk these."""
-    first, end = 0, min(s, i1 + s - n) if causal else s
+    They cover the union of the rows' runs (rows that see nothing add nothing) up to the
+    causal end (bottom-right: query i sees keys j <= i + S - N): each stretch of keys some row
+    sees, in steps of bk from its first key; on the tiles' bq × bk grid, less the blocks the
+    table marks empty, where there are tiles. The compiled kernel walks the same blocks
+    (`key_blocks` in attention_cpu.cpp); the PyTorch kernel and the cost model walk these."""
+    end = min(s, i1 + s - n) if causal else s
+    stretches = [(0, end)]
     if plan is not None and plan.rows is not None:
-        lo, hi = plan.rows[0][:, i0:i1], plan.rows[1][:, i0:i1]  # (B|1, nq)
-        seen = lo < hi
-        if not bool(seen.any()):
-            return
-        first, end = int(lo[seen].min()), min(end, int(hi[seen].max()))
+        stretches = _stretches(plan.rows[:, :, :, i0:i1], end)
     if plan is None or plan.table is None:
-        for j0 in range(first, end, bk):
-            yield j0, min(j0 + bk, end), None, 0
+        for first, last in stretches:
+            for j0 in range(first, last, bk):
+                yield j0, min(j0 + bk, last), None, 0
         return
     qb = i0 // bq
-    for kb in range(first // bk, -(-end // bk)):
-        ids = plan.table[:, :, qb, kb]  # (B|1, H|1): -1 empty, -2 full, t partial
-        if bool((ids == TILE_EMPTY).all()):
-            continue
-        j0 = max(kb * bk, first)
-        yield j0, min((kb + 1) * bk, end), ids, j0 - kb * bk
+    for first, last in stretches:
+        for kb in range(first // bk, -(-last // bk)):
+            ids = plan.table[:, :, qb, kb]  # (B|1, H|1): -1 empty, -2 full, t partial
+            if bool((ids == TILE_EMPTY).all()):
+                continue
+            j0 = max(kb * bk, first)
+            yield j0, min((kb + 1) * bk, last), ids, j0 - kb * bk
+
+
+def _stretches(rows: Tensor, end: int) -> list[tuple[int, int]]:
+    """The union of the runs rows (2, K, B|1, nq) as ascending, disjoint, non-touching
+    stretches [first, last) cut at `end` (attention_cpu.cpp's `key_blocks` does the same)."""
+    lo, hi = rows[0].flatten(), rows[1].flatten().clamp(max=end)
+    seen = lo < hi
+    lo, hi = lo[seen], hi[seen]
+    if lo.numel() == 0:
+        return []
+    lo, order = lo.sort(stable=True)
+    hi = hi[order]
+    reach = hi.cummax(0).values
+    new = torch.ones(lo.numel(), dtype=torch.bool, device=lo.device)
+    new[1:] = lo[1:] > reach[:-1]  # starts past every earlier end: a new stretch
+    starts = new.nonzero().flatten()
+    ends = torch.cat([starts[1:], starts.new_tensor([lo.numel()])]) - 1
+    return list(zip(lo[starts].tolist(), reach[ends].tolist(), strict=True))
 
 
 def dense_with_plan(
@@ -201,11 +226,11 @@ def dense_with_plan(
     n: int, s: int,
 ) -> Tensor | None:  # fmt: skip
     """The whole mask a kernel call applied, as one boolean (B|1, H|1, N, S) tensor: `mask`
-    (the dense part) & the row intervals & the tiles. For the differentiable second-order
+    (the dense part) & the rows' runs & the tiles. For the differentiable second-order
     backward (`_double_backward`), which holds (B, H, N, S) probabilities anyway."""
     parts = [] if mask is None else [mask[(None,) * (4 - mask.dim())]]
     if rows is not None:
-        parts.append(intervals_block(rows[0], rows[1], 0, n, 0, s))
+        parts.append(runs_block(rows[0], rows[1], 0, n, 0, s))
     if table is not None:
         bq, bk = tiles.shape[1:]
         grid = with_sentinels(tiles)[table.long()]  # (B|1, H|1, nqb, nkb, bq, bk)

@@ -13,10 +13,12 @@ import torch
 from torch import Tensor
 
 from attnkit.functional._mask_base import StructuredMask, _check_sizes, _is_integer, _shape
+from attnkit.functional._runs import merge_runs, runs_block
 from attnkit.functional._trace import tracing
 
 __all__ = [
     "RowIntervals",
+    "RowRuns",
     "causal_intervals",
     "document",
     "document_ids",
@@ -51,6 +53,33 @@ class RowIntervals(StructuredMask):
 
     def to(self, device):
         return RowIntervals(self.lo.to(device), self.hi.to(device), self.s, self.name)
+
+
+class RowRuns(StructuredMask):
+    """Query i may attend the keys of its runs lo_ki <= j < hi_ki. lo, hi: int64 (K, B|1, N),
+    clamped to [0, S] and merged (`_runs.merge_runs`): what a crop of runs at other keys is."""
+
+    def __init__(self, lo: Tensor, hi: Tensor, s: int, name: str = "runs"):
+        lo, hi = torch.broadcast_tensors(lo.long().clamp(0, s), hi.long().clamp(0, s))
+        self.lo, self.hi = merge_runs(lo, hi)
+        self.n, self.s, self.batch = lo.shape[2], s, lo.shape[1]
+        self.device = lo.device
+        self.name = name
+
+    def key_runs(self) -> tuple[Tensor, Tensor]:
+        return self.lo, self.hi
+
+    def intervals(self) -> tuple[Tensor, Tensor] | None:
+        return (self.lo[0], self.hi[0]) if self.lo.shape[0] == 1 else None
+
+    def block(self, i0, i1, j0, j1):
+        return runs_block(self.lo, self.hi, i0, i1, j0, j1)
+
+    def describe(self):
+        return self.name
+
+    def to(self, device):
+        return RowRuns(self.lo.to(device), self.hi.to(device), self.s, self.name)
 
 
 def intervals_block(lo: Tensor, hi: Tensor, i0: int, i1: int, j0: int, j1: int) -> Tensor:

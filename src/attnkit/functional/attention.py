@@ -19,29 +19,27 @@ Backends compute the same thing and are pinned together by the tests:
   returns the log-sum-exp.
 * ``flex`` (chosen by ``auto`` only, on CUDA) — torch's compiled FlexAttention, for structured
   masks (as a `BlockMask`, `flex_masks.to_block_mask`) and built-in score functions.
-* ``auto`` — the fastest backend that supports the call (see `_choose_backend`), per device,
-  chosen from static facts only (shapes, dtypes, flags, the device type, facts about this
-  machine read at import), so that torch.compile and torch.export trace one fixed choice.
+* ``auto`` — the fastest backend that supports the call (see `_choose.choose_backend`), per device,
+  chosen from static facts only (`_choose.choose_backend`), so that torch.compile and
+  torch.export trace one fixed choice.
   Overridable with `use_backend`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit._cpu import has_native_bf16
-from attnkit.functional import _flex_backend
+from attnkit.functional import _choose, _flex_backend
 from attnkit.functional._causal_bias import causal_bias_call, is_causal_bias
-from attnkit.functional._double_backward import exact_sdpa_second_order
+from attnkit.functional._choose import BACKENDS, mask_elems, use_backend
+from attnkit.functional._choose import choose_backend as _choose_backend
 from attnkit.functional._fast_path import default_scale, plain_call, row_poison, surely_finite
-from attnkit.functional._reference import _allowed, _eager_cpu, _repeat_kv, reference
+from attnkit.functional._reference import _repeat_kv, reference
+from attnkit.functional._sdpa_backend import fused
 from attnkit.functional._trace import tracing
 from attnkit.functional._validate import validate as _validate
 from attnkit.functional.structured import StructuredMask, causal_intervals
@@ -51,17 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BACKENDS", "AttentionOutput", "attention", "use_backend"]
 
-BACKENDS = ("auto", "reference", "fused", "chunked")
-
-# What `use_backend` set (None: auto decides). A plain module global, not a ContextVar: Dynamo
-# reads a global as a constant and guards on it (a changed choice recompiles), while a ContextVar
-# read breaks the graph at every attention call.
-_override: str | None = None
-
 _tuple_new = tuple.__new__
-
-# bfloat16 dot products in hardware, read once (see `_choose_backend`).
-_NATIVE_BF16 = has_native_bf16()
 
 
 class AttentionOutput(NamedTuple):
@@ -79,25 +67,6 @@ class AttentionOutput(NamedTuple):
     out: Tensor
     weights: Tensor | None = None
     lse: Tensor | None = None
-
-
-@contextlib.contextmanager
-def use_backend(name: str) -> Iterator[None]:
-    """Make calls that ask for ``backend="auto"`` use `name` inside the block.
-
-    Explicit backends in a call are left alone. Nested blocks restore the outer
-    choice on exit. The choice is process-wide (not per thread), so that compiled
-    graphs see it as a constant: a compiled model called inside the block is
-    recompiled for the new choice.
-    """
-    global _override
-    if name not in BACKENDS:
-        raise ValueError(f"use_backend: name must be one of {BACKENDS}, got {name!r}")
-    before, _override = _override, None if name == "auto" else name
-    try:
-        yield
-    finally:
-        _override = before
 
 
 def attention(
@@ -180,7 +149,7 @@ def attention(
        others, depending on their blocking. Zero padding and unused cache slots.
     """
     if mask is None and bias is None and score_mod is None and not need_weights:
-        out = plain_call(q, k, v, causal, scale, dropout_p, training, backend, _override)
+        out = plain_call(q, k, v, causal, scale, dropout_p, training, backend, _choose.override)
         if out is not None:  # the short path (`_fast_path`): SDPA unmasked, in eager mode
             return _tuple_new(AttentionOutput, (out, None, None))  # ~0.1 µs less than the call
     if is_causal_bias(mask) or is_causal_bias(bias):
@@ -208,7 +177,7 @@ def attention(
         return _no_work(q, k, v, need_weights)
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     p = float(dropout_p) if training else 0.0
-    elems = _mask_elems(q, k, mask, bias, causal)
+    elems = mask_elems(q, k, mask, bias, causal)
     low_grad = q.dtype == torch.bfloat16 and torch.is_grad_enabled()
     low_grad = low_grad and (q.requires_grad or k.requires_grad or v.requires_grad)
     flex_fits = q.device.type == "cuda" and _flex_backend.fits(
@@ -239,7 +208,7 @@ def attention(
             *reference(q, k, v, mask, bias, causal, scale, p, need_weights, score_mod)
         )
     elif name == "fused":
-        res = _fused(q, k, v, mask, bias, causal, scale, p)
+        res = AttentionOutput(fused(q, k, v, mask, bias, causal, scale, p))
     else:
         from attnkit.functional.chunked import chunked_attention
 
@@ -292,16 +261,6 @@ def _no_work(q: Tensor, k: Tensor, v: Tensor, need_weights: bool) -> AttentionOu
     return AttentionOutput(out, scores if need_weights else None, None if need_weights else lse)
 
 
-# SDPA turns a boolean mask into a float mask of the mask's own broadcast shape (and `_fused`
-# first combines mask, causal and bias into one), so a full (N, S) mask costs 4·N·S bytes on top
-# of the kernel's O(N) memory. Measured (B=1, H=8, D=64, float32, fwd+bwd, arbitrary (N, S)
-# mask): N=8192 SDPA +339 MiB, N=16384 SDPA +1.3 GiB (PERF-NOTES), chunked ~0.2 GiB at 16384;
-# chunked is ~1.5-1.8x slower than SDPA with a mask at N=1024-2048 (benchmarks/README.md).
-# From 2**26 mask elements (256 MiB as float32; N=S=8192) memory wins and auto picks chunked;
-# below, the float mask stays under 256 MiB and fused is kept for speed.
-_MASK_ELEMS_CHUNKED = 1 << 26
-
-
 def _structured_call(mask: StructuredMask, causal: bool, q: Tensor, k: Tensor):
     """A structured mask for this call: `causal` folded in (as row intervals), or, in traced
     code (whose graphs hold tensors, not descriptions), its dense form with `causal` kept."""
@@ -312,186 +271,6 @@ def _structured_call(mask: StructuredMask, causal: bool, q: Tensor, k: Tensor):
     return mask, False
 
 
-def _mask_elems(q: Tensor, k: Tensor, mask, bias: Tensor | None, causal: bool):
-    """Elements of the float mask `_fused` would hand to SDPA (0: none, SDPA masks itself).
-
-    Under torch.export with dynamic sizes this may be a symbolic size; `_choose_backend`
-    compares it without adding a guard (so the batch and length stay dynamic)."""
-    shapes = [t.shape for t in (mask, bias) if t is not None]  # a description: a tuple
-    if not shapes:
-        return 0
-    if causal:
-        shapes.append(torch.Size((q.shape[2], k.shape[2])))  # (N, S)
-    # The broadcast size dimension by dimension with sym_max: torch.broadcast_shapes guards
-    # on (specialises) symbolic sizes under non-strict torch.export. The shapes were
-    # meant to broadcast, so the larger size of each dimension is the broadcast one.
-    total = 1
-    for i in range(1, max(len(s) for s in shapes) + 1):
-        size = 1
-        for shape in shapes:
-            if len(shape) >= i:
-                d = shape[-i]  # an int, a SymInt (export), or a 0-d Tensor (jit.trace)
-                size = torch.sym_max(size, d) if isinstance(d, torch.SymInt) else max(size, int(d))
-        total = total * size
-    return total
-
-
-def _choose_backend(
-    requested: str,
-    *,
-    need_weights: bool,
-    dropout: bool,
-    mask_elems=0,
-    low_precision_grad: bool = False,
-    device_type: str = "cpu",
-    structured: bool = False,
-    score_mod=None,
-    flex_fits: bool = False,
-) -> str:
-    """The backend a call runs on, from static facts only.
-
-    `mask_elems` is what `_mask_elems` returns for the call; `low_precision_grad` says that
-    the inputs are bfloat16 and a gradient will be taken; `structured` that the mask is a
-    `StructuredMask`; `flex_fits` that FlexAttention can run the call (`_flex_backend.fits`).
-    On CUDA a structured mask or a built-in score function goes to FlexAttention ("flex", an
-    auto-only choice) where it fits. Otherwise, off the CPU (CUDA, MPS, ...) auto runs SDPA,
-    whose kernels there do dropout and masks themselves (a structured mask goes as its dense
-    form). A `score_mod` runs on chunked, except an additive built-in off the CPU, which SDPA
-    takes as a dense bias.
-    """
-    if requested not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
-    additive = bool(getattr(score_mod, "additive", False))
-    if requested != "auto":
-        if need_weights and requested != "reference":
-            raise ValueError(
-                f"need_weights=True needs backend 'reference' (or 'auto'); got {requested!r}, "
-                "which does not materialise the probabilities"
-            )
-        if requested == "fused" and score_mod is not None and not additive:
-            raise ValueError(
-                f"backend 'fused' (SDPA) takes only additive score functions (attnkit."
-                f"score_mods.alibi, relative_bias), as a dense bias; got score_mod={score_mod!r}: "
-                "use backend 'chunked' or 'reference'"
-            )
-        return requested
-    if need_weights:
-        return "reference"
-    if _override is not None:
-        if _override == "fused" and score_mod is not None and not additive:
-            return "chunked"
-        return _override
-    # CUDA: structure and built-in score functions go to FlexAttention's kernels, which skip
-    # what the BlockMask hides and compute the score function in the kernel (SDPA would take
-    # the mask or the additive score function as a dense (N, S) tensor). `flex_fits` (see
-    # `_flex_backend.fits`) says Flex runs the call: no dropout, bias or tensor mask, a
-    # built-in score function, a dtype and head widths its kernels are built for.
-    if device_type == "cuda" and flex_fits and (structured or score_mod is not None):
-        return "flex"
-    if score_mod is not None:
-        # CUDA: dense-bias fallback for additive built-ins (O(B·H·N·S)), marked as a stand-in
-        return "fused" if device_type != "cpu" and additive else "chunked"
-    if device_type != "cpu":
-        return "fused"
-    # The chunked kernels skip the blocks a structured mask hides: time follows the density
-    # (window 256 at N=4096: ~10x less work than SDPA with the same mask as a tensor).
-    if structured:
-        return "chunked"
-    # SDPA leaves its fused CPU kernel for a slow math path as soon as dropout is
-    # on (PERF-NOTES: ~12x slower at N=2048); the chunked kernel draws its
-    # dropout bits cheaply and keeps O(N) memory. A mask size only known symbolically
-    # (export with dynamic shapes) keeps fused rather than guard on the size.
-    if dropout or _surely_at_least(mask_elems, _MASK_ELEMS_CHUNKED):
-        return "chunked"
-    # SDPA's bfloat16 backward on a CPU without bf16 units (AVX2 EPYC) is ~4x slower than
-    # chunked, which computes in float32: fwd+bwd N=1024 (B=1, H=8, D=64, 1 thread) 618 ms vs
-    # 149 ms. With AVX512-BF16/AMX (Sapphire Rapids) it is the faster one: 38 ms vs 62 ms.
-    if low_precision_grad and not _NATIVE_BF16:
-        return "chunked"
-    return "fused"
-
-
-# --------------------------------------------------------------------------- backends
-
-
-def _probe_sdpa_empty_rows() -> bool:
-    """Whether this torch's CPU SDPA gives a query row that may attend to nothing output 0 and
-    finite gradients (torch >= 2.5; earlier ones give NaN, and `_fused` zeroes such rows itself,
-    at the cost of a pass over the mask: 0.4 ms at N=S=1024). Probed on float32 and bfloat16,
-    boolean and -inf float masks, the flash and the math (dropout) paths; the probe's dropout
-    draws come from a forked RNG, so the caller's random stream is untouched."""
-    try:
-        with torch.random.fork_rng(devices=[]):
-            for dtype in (torch.float32, torch.bfloat16):
-                q = torch.randn(1, 1, 3, 4, dtype=dtype, device="cpu", requires_grad=True)
-                blocked = torch.zeros(3, 3, dtype=torch.bool, device="cpu")
-                blocked[1] = True  # query 1 sees no key
-                float_mask = torch.zeros(3, 3, dtype=dtype, device="cpu")
-                float_mask = float_mask.masked_fill(blocked, float("-inf"))
-                for attn_mask in (~blocked, float_mask):
-                    for p in (0.0, 0.5):
-                        out = F.scaled_dot_product_attention(
-                            q, q, q, attn_mask=attn_mask, dropout_p=p
-                        )
-                        (grad,) = torch.autograd.grad(out.float().sum(), q)
-                        if not ((out[..., 1, :] == 0).all() and torch.isfinite(grad).all()):
-                            return False
-    except RuntimeError:
-        return False
-    return True
-
-
-# Probed once at import, not at first use: a first use may sit inside a dispatch mode, a FLOP
-# counter, a compiled or exported trace, which must neither see the probe's calls nor branch on
-# its result. A constant, so traced code reads it as one.
-_SDPA_ZEROES_EMPTY_ROWS = _probe_sdpa_empty_rows()
-
-
-def _fused(q, k, v, mask, bias, causal, scale, dropout_p) -> AttentionOutput:
-    n, s = q.shape[2], k.shape[2]
-    # a bool, never a traced size comparison (jit.trace turns sizes into tensors)
-    gqa = bool(k.shape[1] != q.shape[1])
-    # PyTorch's is_causal is top-left aligned; it equals ours only when N == S. Its CPU
-    # kernel also gives NaN rows for a scale <= 0 (the masked -inf times the scale), so such
-    # calls pass the causal limit as a boolean mask instead (found by the hypothesis test).
-    if mask is None and bias is None and (not causal or (n == s and scale > 0)):
-        return AttentionOutput(_sdpa_unmasked(q, k, v, scale, dropout_p, causal, gqa))
-    allowed = _allowed(mask, causal, n, s, q.device)
-    if q.device.type == "cpu" and _SDPA_ZEROES_EMPTY_ROWS:
-        dead = None  # SDPA itself gives such rows output 0 and gradient 0
-    else:
-        blocked = None if allowed is None else ~allowed
-        if bias is not None:
-            inf = torch.isneginf(bias)
-            blocked = inf if blocked is None else blocked | inf
-        dead = None if blocked is None else blocked.all(dim=-1, keepdim=True)  # (..., N, 1)
-        if dead is not None and _eager_cpu(q) and not bool(dead.any()):
-            dead = None
-    if bias is None:
-        attn_mask = allowed if dead is None else allowed | dead
-    else:
-        attn_mask = bias.to(q.dtype)
-        if allowed is not None:
-            attn_mask = torch.where(allowed, attn_mask, float("-inf"))
-        if dead is not None:
-            # dead rows get finite scores so SDPA stays finite; zeroed below.
-            attn_mask = torch.where(dead, 0.0, attn_mask)
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
-    )
-    out = exact_sdpa_second_order(out)
-    if dead is not None:
-        out = out.masked_fill(dead, 0.0)
-    return AttentionOutput(out)
-
-
-def _sdpa_unmasked(q, k, v, scale: float, dropout_p: float, causal: bool, gqa: bool) -> Tensor:
-    out = F.scaled_dot_product_attention(
-        q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
-    )
-    return exact_sdpa_second_order(out)
-
-
 def attention_without_checks(
     q: Tensor, k: Tensor, v: Tensor, *, causal=False, scale=None, backend="auto"
 ) -> Tensor | None:
@@ -500,15 +279,4 @@ def attention_without_checks(
     caller then calls `attention`. For the KV-cached decode step (`CachedMultiHeadAttention`)
     and the drop-in `attnkit.nn.functional.scaled_dot_product_attention`.
     """
-    return plain_call(q, k, v, causal, scale, 0.0, False, backend, _override)
-
-
-def _surely_at_least(value, bound: int) -> bool:
-    """``value >= bound`` for an int; for a symbolic size (export with dynamic shapes), True
-    only if known statically. The symbolic check is imported here, not at module level:
-    torch.fx.experimental.symbolic_shapes pulls in sympy, ~0.7 s of every CLI start."""
-    if isinstance(value, int):
-        return value >= bound
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    return statically_known_true(value >= bound)
+    return plain_call(q, k, v, causal, scale, 0.0, False, backend, _choose.override)

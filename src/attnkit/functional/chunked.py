@@ -39,13 +39,14 @@ from attnkit.functional._mask_plan import (
     key_blocks,
     with_sentinels,
 )
+from attnkit.functional._runs import runs_block
 from attnkit.functional.reordered import (
     merge_groups,
     reordered_call,
     run_reordered,
     split_groups,
 )
-from attnkit.functional.structured import StructuredMask, intervals_block
+from attnkit.functional.structured import StructuredMask
 
 # The PyTorch kernel's blocks, tuned on the 2-core CPU (1 MiB L2 per core), N=2048, H=8, D=64,
 # dropout 0.1, fwd+bwd: 128×1024 was fastest of 128×256 … 512×512 (one head's score block,
@@ -134,12 +135,12 @@ class _Plan:
             yield j0, j1, cut, self._allowed(i0, i1, j0, j1, ids, col)
 
     def _allowed(self, i0, i1, j0, j1, ids=None, col=0):
-        """The structured mask's booleans on the block: rows' intervals & the tile."""
+        """The structured mask's booleans on the block: rows' runs & the tile."""
         st, allowed = self.structure, None
         if st is None:
             return None
         if st.rows is not None:
-            allowed = intervals_block(st.rows[0], st.rows[1], i0, i1, j0, j1)
+            allowed = runs_block(st.rows[0], st.rows[1], i0, i1, j0, j1)
         if ids is not None and not bool((ids == TILE_FULL).all()):
             tile = self.tiles[ids.long()]  # (B|1, H|1, bq, bk)
             tile = tile[:, :, : i1 - i0, col : col + j1 - j0].bool()  # (B|1, H|1, nq, nk)

@@ -23,12 +23,12 @@ from torch import Tensor
 
 from attnkit.functional._block_scan import TILE_EMPTY, TILE_FULL, reduce_chunk
 from attnkit.functional._index_fns import IndexFn
+from attnkit.functional._runs import block_classes
 from attnkit.functional.structured import (
     EMPTY,
     FULL,
     PARTIAL,
     StructuredMask,
-    _interval_block_map,
 )
 
 __all__ = ["from_block_mask", "to_block_mask"]
@@ -257,7 +257,7 @@ def _plan_classes(plan, mask: StructuredMask, bq: int, bk: int, device) -> Tenso
     nqb, nkb = -(-mask.n // bq), -(-mask.s // bk)
     out = torch.full((1, 1, nqb, nkb), FULL, dtype=torch.int8, device=device)
     if plan.rows is not None:
-        rows = _interval_block_map(plan.rows[0], plan.rows[1], mask.s, bq, bk)
+        rows = block_classes(plan.rows[0], plan.rows[1], mask.s, bq, bk)
         out = torch.minimum(out, rows.to(device))
     if plan.table is not None:
         t = plan.table.to(device)
@@ -304,7 +304,7 @@ def _plan_mask_mod(plan, bq: int, bk: int):
     def at(t: Tensor, dim: int, idx: Tensor) -> Tensor:
         return idx if t.shape[dim] > 1 else idx * 0  # size 1: broadcast, read index 0
 
-    affine = None if rows is None else _affine_rows(rows[0], rows[1])
+    affine = None if rows is None or rows.shape[1] != 1 else _affine_rows(rows[0, 0], rows[1, 0])
 
     def mask_mod(b, h, q_idx, kv_idx):
         ok = q_idx >= 0
@@ -312,11 +312,14 @@ def _plan_mask_mod(plan, bq: int, bk: int):
             (a_lo, *lo_range), (a_hi, *hi_range) = affine
             ok = ok & (kv_idx >= (q_idx + a_lo).clamp(*lo_range))
             ok = ok & (kv_idx < (q_idx + a_hi).clamp(*hi_range))
-        elif rows is not None and rows[0].shape[0] == 1:  # one row per query: 1-D loads
-            ok = ok & (kv_idx >= rows[0][0][q_idx]) & (kv_idx < rows[1][0][q_idx])
-        elif rows is not None:
-            lo, hi = rows[0], rows[1]  # (B, N)
-            ok = ok & (kv_idx >= lo[b, q_idx]) & (kv_idx < hi[b, q_idx])
+        elif rows is not None:  # (2, K, B|1, N): in one of the row's runs
+            seen = q_idx < 0
+            for lo, hi in zip(rows[0], rows[1], strict=True):  # (B|1, N) each
+                if lo.shape[0] == 1:  # one row per query: 1-D loads
+                    seen = seen | ((kv_idx >= lo[0][q_idx]) & (kv_idx < hi[0][q_idx]))
+                else:
+                    seen = seen | ((kv_idx >= lo[b, q_idx]) & (kv_idx < hi[b, q_idx]))
+            ok = ok & seen
         if dense is not None:
             idx = (at(dense, 0, b), at(dense, 1, h), at(dense, 2, q_idx), at(dense, 3, kv_idx))
             ok = ok & dense[idx]

@@ -69,6 +69,8 @@ class _Args(ctypes.Structure):
         ("rows", ctypes.c_void_p),
         ("rows_bst", ctypes.c_int64),
         ("rows_half", ctypes.c_int64),
+        ("rows_k", ctypes.c_int64),
+        ("rows_kst", ctypes.c_int64),
         ("table", ctypes.c_void_p),
         ("table_st", ctypes.c_int64 * 2),
         ("tiles", ctypes.c_void_p),
@@ -146,9 +148,10 @@ def _args(
     if bias is not None:
         view, a.bias_st[:] = _broadcast(bias, full)
         a.bias = view.data_ptr()
-    if rows is not None:  # (2, B|1, N) int64, contiguous
+    if rows is not None:  # (2, K, B|1, N) int64, contiguous
         a.rows, a.rows_half = rows.data_ptr(), rows[0].numel()
-        a.rows_bst = n if rows.shape[1] != 1 else 0
+        a.rows_k, a.rows_kst = rows.shape[1], rows[0, 0].numel()
+        a.rows_bst = n if rows.shape[2] != 1 else 0
     if table is not None:  # (B|1, H|1, nqb, nkb) int32, contiguous
         a.table, a.tiles = table.data_ptr(), tiles.data_ptr()
         a.table_st[:] = [table.stride(i) if table.shape[i] != 1 else 0 for i in (0, 1)]

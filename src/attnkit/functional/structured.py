@@ -9,11 +9,17 @@ True = may attend — but never holds one unless asked. Two forms cover what tra
   sliding windows, prefix-LM, packed documents whose tokens are contiguous, key padding and
   every `&` of them are of this form. A kernel reads two (B|1, N) integer arrays: the key span
   of a query block is [min lo, max hi) of its rows, everything else is skipped without a look.
+* **Runs of keys** (`key_runs`): query i may attend the keys of up to `_runs.MAX_RUNS`
+  disjoint runs. `|` of row intervals with gaps between them (a local window | a far band, a
+  causal window | the first keys) is of this form, and `&` of runs with intervals or runs. A
+  kernel computes the stretches of keys a query block's runs cover and masks each row to its
+  own runs.
 * **Anything else** (`from_function`, documents whose ids are not contiguous, dense tensors,
-  `|` of masks that is not an interval): evaluated block by block. `block_map` classifies each
-  (query block, key block) as empty, full or partial (FlexAttention's `BlockMask` idea, without a
-  compiler); kernels skip empty blocks, mask nothing in full ones and read the partial ones'
-  booleans (`kernel_tiles`), so memory stays O(partial blocks · bq · bk), never O(N · S).
+  `|` with any of those, or of more runs than `MAX_RUNS`): evaluated block by block.
+  `block_map` classifies each (query block, key block) as empty, full or partial
+  (FlexAttention's `BlockMask` idea, without a compiler); kernels skip empty blocks, mask
+  nothing in full ones and read the partial ones' booleans (`kernel_tiles`), so memory stays
+  O(partial blocks · bq · bk), never O(N · S).
 
 Positions follow attnkit's one convention: with N != S, query i sits at key position
 i + (S - N) (bottom-right alignment, what decoding with a cache needs) for causal, window and

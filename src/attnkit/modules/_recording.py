@@ -13,7 +13,7 @@ module object it covers, in a `threading.local`:
 
 A `threading.local` and not a ContextVar: Dynamo traces a thread-local read and guards on it
 (a compiled model recorded in one thread stays one graph), where a ContextVar read breaks the
-graph (see `attnkit.functional.attention._override`).
+graph (see `attnkit.functional._choose.override`).
 """
 
 from __future__ import annotations

@@ -32,9 +32,12 @@ struct Args {
     float* dk;            // zeroed by the caller
     float* dv;            // zeroed by the caller
     // Structured masks (attnkit/functional/_mask_plan.py), ANDed with mask, bias and causal:
-    const int64_t* rows;  // may be null: lo (B|1, N) then hi, row i sees keys lo <= j < hi
+    const int64_t* rows;  // may be null: lo (K, B|1, N) then hi: row i sees the keys of its
+                          // K runs lo_k <= j < hi_k (sorted, disjoint, empty ones lo >= hi)
     int64_t rows_bst;     // batch stride of lo and hi (0 when one row set serves every batch)
     int64_t rows_half;    // offset of hi from lo
+    int64_t rows_k;       // K, the runs of each row (1: one interval)
+    int64_t rows_kst;     // stride between a row's runs
     const int32_t* table; // may be null: (B|1, H|1, nqb, nkb) on the bq x bk grid, per block
                           // -1 empty (skipped), -2 full, t >= 0 partial with tile t
     int64_t table_st[2];  // batch and head strides of the table (elements)

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "args.h"
@@ -215,14 +216,21 @@ struct KeyBlock {
     const uint8_t* tile;
 };
 
-// Structured masks on one row of a block: keys outside [lo, hi) and where the tile says no.
-void mask_row_structured(const Args& a, const KeyBlock& kb, int64_t lo, int64_t hi, int64_t r,
-                         float* s) {
+// Structured masks on one row of a block: keys outside the row's runs (lo[k * bq], hi[k * bq]
+// for k < rows_k: sorted, disjoint, empty ones lo >= hi; one fill per gap) and where the tile
+// says no.
+void mask_row_structured(const Args& a, const KeyBlock& kb, const int64_t* lo, const int64_t* hi,
+                         int64_t r, float* s) {
     if (a.rows) {
-        const int64_t below = std::min(std::max<int64_t>(lo - kb.j0, 0), kb.nk);
-        const int64_t from = std::min(std::max<int64_t>(hi - kb.j0, 0), kb.nk);
-        for (int64_t c = 0; c < below; ++c) s[c] = kNegInf;
-        for (int64_t c = from; c < kb.nk; ++c) s[c] = kNegInf;
+        int64_t c = 0;  // columns before c are settled
+        for (int64_t k = 0; k < a.rows_k; ++k) {
+            const int64_t l = lo[k * a.bq], h = hi[k * a.bq];
+            if (l >= h) continue;
+            const int64_t from = std::min(std::max<int64_t>(l - kb.j0, 0), kb.nk);
+            for (; c < from; ++c) s[c] = kNegInf;
+            c = std::max(c, std::min(std::max<int64_t>(h - kb.j0, 0), kb.nk));
+        }
+        for (; c < kb.nk; ++c) s[c] = kNegInf;
     }
     if (kb.tile) {
         const uint8_t* t = kb.tile + r * a.bk;
@@ -236,41 +244,63 @@ inline int64_t key_end(const Args& a, int64_t i1) {
     return a.causal ? std::min(a.S, std::max<int64_t>(i1 + a.S - a.N, 0)) : a.S;
 }
 
-// The key blocks rows i0..i1-1 of head (b, h) compute, in order: the span [min lo, max hi) of
-// the rows' intervals (rows that see nothing add nothing) cut by the causal end, in blocks of
-// bk from its first key; on the table's grid instead when there is a table, without the blocks
-// it marks empty. Rows' own [lo, hi) go to lo[r], hi[r].
+// The stretches of keys [first, end) some row of a query block sees: the union of the rows'
+// runs (cut at `end`), ascending, disjoint and not touching. From rows' runs lo, hi (k * bq + r).
+void stretches(const Args& a, int64_t nq, const int64_t* lo, const int64_t* hi, int64_t end,
+               std::vector<std::pair<int64_t, int64_t>>& out) {
+    out.clear();
+    for (int64_t k = 0; k < a.rows_k; ++k) {
+        for (int64_t r = 0; r < nq; ++r) {
+            const int64_t l = lo[k * a.bq + r], h = std::min(hi[k * a.bq + r], end);
+            if (l < h) out.push_back({l, h});
+        }
+    }
+    // rows' single intervals mostly come in order already (windows, causal, documents)
+    if (!std::is_sorted(out.begin(), out.end())) std::sort(out.begin(), out.end());
+    size_t n = 0;
+    for (const auto& x : out) {
+        if (n > 0 && x.first <= out[n - 1].second) {
+            out[n - 1].second = std::max(out[n - 1].second, x.second);
+        } else {
+            out[n++] = x;
+        }
+    }
+    out.resize(n);
+}
+
+// The key blocks rows i0..i1-1 of head (b, h) compute, in order: each stretch of keys some row
+// sees (`stretches`; rows that see nothing add nothing), cut by the causal end, in blocks of bk
+// from its first key; on the table's grid instead when there is a table, without the blocks it
+// marks empty. Rows' own runs go to lo[k * bq + r], hi[k * bq + r].
 void key_blocks(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
                 std::vector<KeyBlock>& out, int64_t* lo, int64_t* hi) {
+    thread_local std::vector<std::pair<int64_t, int64_t>> spans;
     out.clear();
-    int64_t first = 0, end = key_end(a, i1);
+    const int64_t end = key_end(a, i1);
+    spans.assign(1, {0, end});
     if (a.rows) {
-        const int64_t* rl = a.rows + b * a.rows_bst + i0;
-        const int64_t* rh = rl + a.rows_half;
-        int64_t mn = a.S, mx = 0;
-        for (int64_t r = 0; r < i1 - i0; ++r) {
-            lo[r] = rl[r];
-            hi[r] = rh[r];
-            if (rl[r] < rh[r]) {
-                mn = std::min(mn, rl[r]);
-                mx = std::max(mx, rh[r]);
-            }
+        for (int64_t k = 0; k < a.rows_k; ++k) {
+            const int64_t* rl = a.rows + k * a.rows_kst + b * a.rows_bst + i0;
+            std::copy(rl, rl + (i1 - i0), lo + k * a.bq);
+            std::copy(rl + a.rows_half, rl + a.rows_half + (i1 - i0), hi + k * a.bq);
         }
-        first = mn;
-        end = std::min(end, mx);
-    }
-    if (!a.table) {
-        for (int64_t j0 = first; j0 < end; j0 += a.bk) out.push_back({j0, std::min(a.bk, end - j0), nullptr});
-        return;
+        stretches(a, i1 - i0, lo, hi, end, spans);
     }
     const int64_t nkb = (a.S + a.bk - 1) / a.bk, qb = i0 / a.bq;
-    const int32_t* row = a.table + b * a.table_st[0] + h * a.table_st[1] + qb * nkb;
-    for (int64_t kb = first / a.bk; kb * a.bk < end; ++kb) {
-        const int32_t t = row[kb];
-        if (t == -1) continue;
-        const int64_t j0 = std::max(kb * a.bk, first), j1 = std::min((kb + 1) * a.bk, end);
-        const uint8_t* tile = t >= 0 ? a.tiles + t * a.bq * a.bk + (j0 - kb * a.bk) : nullptr;
-        out.push_back({j0, j1 - j0, tile});
+    const int32_t* row =
+        a.table ? a.table + b * a.table_st[0] + h * a.table_st[1] + qb * nkb : nullptr;
+    for (const auto& [first, last] : spans) {
+        if (!a.table) {
+            for (int64_t j0 = first; j0 < last; j0 += a.bk) out.push_back({j0, std::min(a.bk, last - j0), nullptr});
+            continue;
+        }
+        for (int64_t kb = first / a.bk; kb * a.bk < last; ++kb) {
+            const int32_t t = row[kb];
+            if (t == -1) continue;
+            const int64_t j0 = std::max(kb * a.bk, first), j1 = std::min((kb + 1) * a.bk, last);
+            const uint8_t* tile = t >= 0 ? a.tiles + t * a.bq * a.bk + (j0 - kb * a.bk) : nullptr;
+            out.push_back({j0, j1 - j0, tile});
+        }
     }
 }
 
@@ -278,11 +308,11 @@ struct Scratch {
     std::vector<float> s, dp, qs, acc, dob, m, l, dlt, dk, dv;
     std::vector<float> g, dtab;  // score functions: the cap's derivative, this thread's d rel
     std::vector<KeyBlock> blocks;
-    std::vector<int64_t> lo, hi;  // each row's key interval (structured masks)
+    std::vector<int64_t> lo, hi;  // each row's runs of keys, run k of row r at k * bq + r
     int64_t work = 0;             // score entries computed by this thread
     explicit Scratch(const Args& a)
         : s(a.bq * a.bk), qs(a.bq * a.D), acc(a.bq * std::max(a.Dv, a.D)), m(a.bq), l(a.bq),
-          lo(a.bq), hi(a.bq) {}
+          lo(a.bq * std::max<int64_t>(a.rows_k, 1)), hi(a.bq * std::max<int64_t>(a.rows_k, 1)) {}
 };
 
 // The tensor row of position i of sequence r in head `head` (b * H + h for q, out and lse,
@@ -347,7 +377,7 @@ inline void blocks_span(const Scratch& w, int64_t& first, int64_t& end) {
 // Whether rows i0..i1 take the row path: no tiles, every row's keys at most `limit`
 // (kRowPathKeys, kRowPathKeysBackward), and the blocks' span wider than the widest row.
 bool row_path(const Args& a, const Scratch& w, int64_t i0, int64_t i1, int64_t limit) {
-    if (a.table) return false;
+    if (a.table || a.rows_k > 1) return false;  // rows with several runs: the blocks
     int64_t first, end, widest = 0;
     blocks_span(w, first, end);
     for (int64_t r = 0; r < i1 - i0; ++r) {
@@ -416,7 +446,7 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
             const int64_t i = i0 + r;
             score_mod_row_fwd(a, h, i, j0, nk, sr, nullptr);
             mask_row(a, b, h, i, j0, nk, sr);
-            mask_row_structured(a, blk, w.lo[r], w.hi[r], r, sr);
+            mask_row_structured(a, blk, w.lo.data() + r, w.hi.data() + r, r, sr);
             const float m_new = std::max(w.m[r], row_max(sr, nk));
             const float m_safe = m_new == kNegInf ? 0.0f : m_new;  // nothing seen yet: exp -> 0
             const float alpha = exp_f(w.m[r] - m_safe);
@@ -528,7 +558,7 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
             float* gr = w.g.empty() ? nullptr : w.g.data() + r * nk;
             score_mod_row_fwd(a, h, i, j0, nk, sr, gr);
             mask_row(a, b, h, i, j0, nk, sr);
-            mask_row_structured(a, blk, w.lo[r], w.hi[r], r, sr);
+            mask_row_structured(a, blk, w.lo.data() + r, w.hi.data() + r, r, sr);
             if (a.keep_t < kNoDropout) {
                 const RowKey key = row_key(a, row_of(a, b * a.H + h, a.N, sq, i));
                 grad_row<true>(sr, dr, nk, lse[r], dlt[r], key, t, j0);
@@ -575,7 +605,7 @@ std::vector<Run> backward_runs(const Args& a, int64_t heads, int64_t per_head, i
     }
     const int64_t G = a.H / a.Hkv, nqb = ceil_div(a.N, a.bq);
     std::vector<KeyBlock> blocks;
-    std::vector<int64_t> lo(a.bq), hi(a.bq);
+    std::vector<int64_t> lo(a.bq * std::max<int64_t>(a.rows_k, 1)), hi(lo.size());  // rows' runs
     // score entries and key span of query block u of a head (the same for every sequence)
     auto block = [&](int64_t head, int64_t u, int64_t& klo, int64_t& khi) {
         const int64_t bk = head / a.groups, b = bk / a.Hkv, h = (bk % a.Hkv) * G + u / nqb;
@@ -690,7 +720,7 @@ void backward(const Args& a, bool write) {
 
 extern "C" {
 
-int attnkit_abi_version() { return 8; }
+int attnkit_abi_version() { return 9; }  // 8: runs of keys (Args::rows_k); 9: backward_write
 
 // Forward: fills out and lse. Work items are (b, h, sequence, query block), over the threads.
 void attnkit_attention_forward(const Args* args) {
