@@ -513,15 +513,25 @@ for name, m in {"dilated": dil, "strided": frames, "2-D neighbourhood": natten}.
 # | pattern | how the kernel skips it | before | now |
 # | --- | --- | ---: | ---: |
 # | causal, prefix-LM, windows, contiguous documents, their `&`, `\|` of overlapping ones | row intervals: each query block computes its rows' key span only; query blocks of 16–128 rows sized to the spans | causal 1.12, prefix-LM 1.24, window 256 1.66 | 1.10, 1.01, 1.34 |
-# | narrow windows of 9 / 17 keys (`window(n, 5)` / `window(n, 9)`) | row by row: a block whose rows each see at most 64 keys (backward: 32) of a wider span computes each row over its own keys, without matrix products | 12–13 / 6.0–6.5 | 4.0–5.8 / 2.3–3.9 |
+# | narrow windows of 9 / 17 keys (`window(n, 5)` / `window(n, 9)`) | row by row: a block whose rows each see at most 64 keys (backward: 32) of a wider span computes each row over its own keys, without matrix products, four rows at a time, fetching the next rows ahead | 4.0–6.6 / 2.3–3.9 | 4.1–4.6 / 2.8–2.9 |
 # | predicates, scattered documents, `\|` with gaps | tiles: empty blocks skipped, full ones unmasked, partial ones masked, on the grid (128 × 256 down to 16 × 32) that computes the fewest entries | window 2048 `\|` first 256 keys 1.21 | 1.07 |
 # | `dilated_window` (128 keys, dilation 4) | interleaved sequences, read in place: a window within each | 1.8 | 1.5–1.7 |
-# | `strided` (frames of 64 / 256 tokens) | interleaved sequences, read in place: all of each | 3.1–3.6 / 9.5–19 | 1.7–2.1 / 4.9–5.6 |
+# | `strided` (frames of 64 / 256 tokens) | interleaved sequences, read in place: all of each, the next sequence's rows fetched ahead | 1.7–2.1 / 4.8–5.6 | 1.7–1.8 / 4.1–4.4 |
 # | `neighborhood_2d` (15 × 15 on 64 × 64) | reordered in 8 × 8 tiles: tiles | 4.3 | 3.2 |
 #
-# A strided mask this sparse (one key in 256) costs little either way: what is left is reading
-# q, k and v once, a sequence's 16 rows lying 64 KiB apart (each read misses the cache), and the
-# 16-row blocks' fixed costs. Building a plan evaluates a
+# What these sparsest masks cost is mostly the cost of touching every row at all. In the same
+# units: reading q, k and v once and writing the output (one fused torch op) takes 0.8–0.9 at 9
+# keys a row, 0.4–0.5 at 17 keys or one key in 256; the call itself 0.4–0.5 at 9 keys; the
+# kernel's row path with one key a row 2.8–3.3 (a row's fixed cost: its query, keys and output
+# fetched, its maximum, exponentials, sum and logarithm, ~70 ns); each further key adds about
+# 1.5× what a pair costs in the dense kernel. A window of 9 keys costs 1.2–1.6× that one-key
+# floor: 2× its density is out of reach. A strided mask this
+# sparse (one key in 256) reads a sequence's 16 rows 64 KiB apart, beyond the hardware
+# prefetcher: the kernel fetches the next sequence's rows while one computes. Forward + backward
+# against the dense forward + backward, the same runs: windows of 9 / 17 keys 6.4–6.8 / 3.9–4.1
+# → 5.0–5.4 / 3.1–3.3, strided 1/256 4.6–5.0 → 3.8–3.9, strided 1/64 1.7 → 1.5, the dilated
+# window 1.5 → 1.4 (reading q, k, v, the output and its gradient once and writing the three
+# gradients: 1.2 at 9 keys, 0.65–0.7 at 17 keys and 1/256). Building a plan evaluates a
 # predicate on every (query, key) pair once, in chunks of whole blocks of about 512K pairs, and
 # keeps only the partial blocks: a band predicate (`(kv - q).abs() < 32`) at N = 65536
 # (4.3 · 10⁹ pairs) is planned in 8.5 s on one core, about what torch takes to evaluate the

@@ -142,7 +142,7 @@ float exp_sum_row(float* sr, int64_t nk, float m, RowKey key, uint32_t t, int64_
     int64_t c = 0;
     for (; c + kLanes <= nk; c += kLanes) store(sr + c, numerators(load(sr + c), c));
     if (c < nk) store_part(sr + c, numerators(load_part(sr + c, nk - c, kNegInf), c), nk - c);
-    return hsum(sum);
+    return reduce_add(sum);
 }
 
 // The backward's dS of one row of a block: P = exp(S - lse) (Algorithm 2, line 11) and
@@ -388,35 +388,115 @@ bool row_path(const Args& a, const Scratch& w, int64_t i0, int64_t i1, int64_t l
     return widest <= limit && end - first > widest;
 }
 
-// Calls row(r, lo, hi) for each row r of rows i0..i1 on the row path with its keys [lo, hi)
-// (`row_span`), counting them as computed.
+// Rows a row-path call computes together (forward_rows): a row of a narrow window is one
+// chain of dependent steps (dot products -> max -> exponentials -> sum -> weighted sum -> log),
+// ~100 ns of mostly waiting for a window of 9 keys (AMD EPYC Zen 4); taken stage by stage for
+// four independent rows, the chains overlap.
+constexpr int64_t kRowGroup = 4;
+
+// Calls rows(r, n, lo, hi) for rows r..r+n-1 (n <= kRowGroup) of rows i0..i1 on the row path,
+// lo[u], hi[u] the keys of row r + u (`row_span`), counting them as computed.
 template <typename F>
-void each_row(const Args& a, Scratch& w, int64_t i0, int64_t i1, F&& row) {
+void each_row(const Args& a, Scratch& w, int64_t i0, int64_t i1, F&& rows) {
     int64_t first, end;
     blocks_span(w, first, end);
-    for (int64_t r = 0; r < i1 - i0; ++r) {
-        int64_t lo, hi;
-        row_span(a, w, r, i0 + r, first, end, lo, hi);
-        w.work += hi - lo;
-        row(r, lo, hi);
+    for (int64_t r = 0; r < i1 - i0; r += kRowGroup) {
+        const int64_t n = std::min(kRowGroup, i1 - i0 - r);
+        int64_t lo[kRowGroup], hi[kRowGroup];
+        for (int64_t u = 0; u < n; ++u) {
+            row_span(a, w, r + u, i0 + r + u, first, end, lo[u], hi[u]);
+            w.work += hi[u] - lo[u];
+        }
+        rows(r, n, lo, hi);
     }
 }
 
-// Forward of query i (pre-scaled row qr) over keys [lo, hi); kb, vb: the keys and values of
-// its sequence, ldk, ldv apart.
-void forward_row(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, const float* qr,
-                 const float* kb, int64_t ldk, const float* vb, int64_t ldv, int64_t lo,
-                 int64_t hi, float* s, float* acc) {
-    const int64_t nk = hi - lo, row = row_of(a, b * a.H + h, a.N, sq, i);
-    dots(qr, kb + lo * ldk, ldk, a.D, nk, s);
-    score_mod_row_fwd(a, h, i, lo, nk, s, nullptr);
-    mask_row(a, b, h, i, lo, nk, s);
-    const float m = row_max(s, nk), m_safe = m == kNegInf ? 0.0f : m;
-    const float l = a.keep_t < kNoDropout
-        ? exp_sum_row<true>(s, nk, m_safe, row_key(a, row), static_cast<uint32_t>(a.keep_t), lo)
-        : exp_sum_row<false>(s, nk, m_safe, RowKey{}, 0, lo);
-    weighted_sum(s, nk, vb + lo * ldv, ldv, a.Dv, acc);
-    write_row(a, row, acc, m, l);
+// Software prefetch on the row path, kAhead rows ahead: each row reads its query, writes its
+// output and reads one key and value row more than the row before (a window's newest), so
+// the rows kAhead queries and keys on are fetched while this one computes. Measured (perf,
+// forward of a window of 9 keys, N=4096): the loads of q and the stores of out missing the
+// cache were ~35% of the time; the hardware prefetcher does not follow interleaved
+// sequences, whose rows lie D * groups floats apart (Args::groups).
+constexpr int64_t kAhead = 8;
+
+// The forward's, at query i of a block of nq rows: the query i + nq (the next block's, same
+// head and sequence: load_q reads a block's queries at once), out of query i + kAhead, the
+// key and value hi - 1 + kAhead.
+void prefetch_forward(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t nq,
+                      const float* kb, int64_t ldk, const float* vb, int64_t ldv, int64_t hi) {
+    if (i + nq < a.N) prefetch_row_l2(a.q + row_of(a, head, a.N, sq, i + nq) * a.D, a.D);
+    if (i + kAhead < a.N) prefetch_row_w(a.out + row_of(a, head, a.N, sq, i + kAhead) * a.Dv, a.Dv);
+    if (hi > 0 && hi - 1 + kAhead < a.S) {
+        prefetch_row_l2(kb + (hi - 1 + kAhead) * ldk, a.D);
+        prefetch_row_l2(vb + (hi - 1 + kAhead) * ldv, a.Dv);
+    }
+}
+
+// Interleaved sequences (Args::groups > 1) lie D * groups floats a row apart, too far for the
+// hardware prefetcher (a strided mask's 16-position sequences at N = 4096: 64 KiB): at the
+// last query block of sequence sq, whose next work item is the first block of sequence sq + 1
+// (each of its rows next to one of sq's) in query head `head`, that block's rows [0, nq) of
+// q and out and the rows [first, end) of k and v (this block's key span: the next one's too
+// where every sequence sees all of its keys, as a strided mask's) are fetched into L2 while
+// this block computes; for the backward (`backward`) also the dO and dq rows, and the dK and
+// dV rows where they are accumulated in place (`in_place`).
+void prefetch_next_sequence(const Args& a, int64_t head, int64_t kvhead, int64_t sq, int64_t nq,
+                            int64_t first, int64_t end, bool backward, bool in_place) {
+    if (sq + 1 >= a.groups) return;
+    for (int64_t i = 0; i < std::min(nq, a.N); ++i) {
+        const int64_t row = row_of(a, head, a.N, sq + 1, i);
+        prefetch_row_l2(a.q + row * a.D, a.D);
+        prefetch_row_l2(a.out + row * a.Dv, a.Dv);
+        if (backward) {
+            prefetch_row_l2(a.dout + row * a.Dv, a.Dv);
+            prefetch_row_l2(a.dq + row * a.D, a.D);
+        }
+    }
+    for (int64_t j = first; j < end; ++j) {
+        const int64_t row = row_of(a, kvhead, a.S, sq + 1, j);
+        prefetch_row_l2(a.k + row * a.D, a.D);
+        prefetch_row_l2(a.v + row * a.Dv, a.Dv);
+        if (backward && in_place) {
+            prefetch_row_l2(a.dk + row * a.D, a.D);
+            prefetch_row_l2(a.dv + row * a.Dv, a.Dv);
+        }
+    }
+}
+
+// Forward of queries i..i+n-1 (n <= kRowGroup) of a block of nq rows (pre-scaled rows qs,
+// D apart), query i + u over keys [lo[u], hi[u]); kb, vb: the keys and values of its sequence,
+// ldk, ldv apart. Stage by stage over the rows (kRowGroup); s holds kRowGroup rows of
+// kRowPathKeys scores, acc n rows of Dv.
+void forward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, int64_t n,
+                  int64_t nq, const float* qs, const float* kb, int64_t ldk, const float* vb,
+                  int64_t ldv, const int64_t* lo, const int64_t* hi, float* s, float* acc) {
+    const int64_t head = b * a.H + h;
+    float m[kRowGroup], l[kRowGroup];
+    for (int64_t u = 0; u < n; ++u) {
+        float* su = s + u * kRowPathKeys;
+        const int64_t nk = hi[u] - lo[u];
+        prefetch_forward(a, head, sq, i + u, nq, kb, ldk, vb, ldv, hi[u]);
+        dots(qs + u * a.D, kb + lo[u] * ldk, ldk, a.D, nk, su);
+        score_mod_row_fwd(a, h, i + u, lo[u], nk, su, nullptr);
+        mask_row(a, b, h, i + u, lo[u], nk, su);
+    }
+    for (int64_t u = 0; u < n; ++u) m[u] = row_max(s + u * kRowPathKeys, hi[u] - lo[u]);
+    for (int64_t u = 0; u < n; ++u) {
+        float* su = s + u * kRowPathKeys;
+        const int64_t nk = hi[u] - lo[u];
+        const float m_safe = m[u] == kNegInf ? 0.0f : m[u];
+        l[u] = a.keep_t < kNoDropout
+            ? exp_sum_row<true>(su, nk, m_safe, row_key(a, row_of(a, head, a.N, sq, i + u)),
+                                static_cast<uint32_t>(a.keep_t), lo[u])
+            : exp_sum_row<false>(su, nk, m_safe, RowKey{}, 0, lo[u]);
+    }
+    for (int64_t u = 0; u < n; ++u) {
+        weighted_sum(s + u * kRowPathKeys, hi[u] - lo[u], vb + lo[u] * ldv, ldv, a.Dv,
+                     acc + u * a.Dv);
+    }
+    for (int64_t u = 0; u < n; ++u) {
+        write_row(a, row_of(a, head, a.N, sq, i + u), acc + u * a.Dv, m[u], l[u]);
+    }
 }
 
 void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t i1,
@@ -428,9 +508,16 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     float *s = w.s.data(), *qs = w.qs.data(), *acc = w.acc.data();
     load_q(a, b, h, sq, i0, nq, qs);
     key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
+    if (a.groups > 1 && i1 == a.N) {  // the last block of sequence sq
+        int64_t first, end;
+        blocks_span(w, first, end);
+        prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
+    }
     if (row_path(a, w, i0, i1, kRowPathKeys)) {
-        each_row(a, w, i0, i1, [&](int64_t r, int64_t lo, int64_t hi) {
-            forward_row(a, b, h, sq, i0 + r, qs + r * D, kb, ldk, vb, ldv, lo, hi, s, acc);
+        if (w.s.size() < kRowGroup * kRowPathKeys) w.s.resize(kRowGroup * kRowPathKeys);
+        each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
+            forward_rows(a, b, h, sq, i0 + r, n, nq, qs + r * D, kb, ldk, vb, ldv, lo, hi,
+                         w.s.data(), acc);
         });
         return;
     }
@@ -472,38 +559,100 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     }
 }
 
-// Backward of query i (pre-scaled row qr, dO' row dor, its lse and D_i) over keys [lo, hi):
-// the block path's Algorithm 2, lines 11-13, a row at a time. dq (D) is written (dS k), and
-// the rows lo..hi of dk_acc and dv_acc (D * step and Dv * step apart) are added to.
-void backward_row(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, const float* qr,
-                  const float* dor, float lse, float di, const float* kb, int64_t ldk,
-                  const float* vb, int64_t ldv, int64_t lo, int64_t hi, Scratch& w, float* dq,
-                  float* dk_acc, float* dv_acc, int64_t step) {
-    const int64_t nk = hi - lo, D = a.D, Dv = a.Dv;
-    std::fill(dq, dq + D, 0.0f);
-    if (lse == kNegInf || nk == 0) return;  // the row sees nothing: no gradient
+// The backward's prefetch at query i of a block of nq rows: the next block's query, dO, O
+// (read by its preamble) and dq (written at its end) rows, the key, value and their dK, dV
+// rows hi - 1 + kAhead.
+void prefetch_backward(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t nq,
+                       const float* kb, int64_t ldk, const float* vb, int64_t ldv, int64_t hi,
+                       float* dk_acc, float* dv_acc, int64_t step) {
+    if (i + nq < a.N) {
+        const int64_t row = row_of(a, head, a.N, sq, i + nq);
+        prefetch_row(a.q + row * a.D, a.D);
+        prefetch_row(a.dout + row * a.Dv, a.Dv);
+        prefetch_row(a.out + row * a.Dv, a.Dv);
+        prefetch_row_w(a.dq + row * a.D, a.D);
+    }
+    const int64_t j = hi - 1 + kAhead;
+    if (hi > 0 && j < a.S) {
+        prefetch_row(kb + j * ldk, a.D);
+        prefetch_row(vb + j * ldv, a.Dv);
+        prefetch_row_w(dk_acc + j * a.D * step, a.D);
+        prefetch_row_w(dv_acc + j * a.Dv * step, a.Dv);
+    }
+}
+
+// dK and dV of the row path's rows u < n over their keys [lo[u], hi[u]) (nk[u] = 0: a row
+// that adds nothing): each key's rows of dk_acc and dv_acc are added to once, with dS^T of the
+// rows that see it times their (scaled) queries and (P K)^T times their dO' rows (ds, pk: the
+// rows' dS and P K, W apart; qs, dob: D and Dv apart).
+void add_dk_dv(const Args& a, int64_t n, const int64_t* lo, const int64_t* hi, const int64_t* nk,
+               const float* ds, const float* pk, int64_t W, const float* qs, const float* dob,
+               float* dk_acc, float* dv_acc, int64_t step) {
+    int64_t first = a.S, end = 0;
+    for (int64_t u = 0; u < n; ++u) {
+        if (nk[u] == 0) continue;
+        first = std::min(first, lo[u]);
+        end = std::max(end, hi[u]);
+    }
+    for (int64_t j = first; j < end; ++j) {
+        const float* xq[kRowGroup];
+        const float* xo[kRowGroup];
+        float cs[kRowGroup], cp[kRowGroup];
+        int64_t m = 0;
+        for (int64_t u = 0; u < n; ++u) {
+            if (nk[u] == 0 || j < lo[u] || j >= hi[u]) continue;  // only rows that see key j
+            cs[m] = ds[u * W + j - lo[u]];
+            cp[m] = pk[u * W + j - lo[u]];
+            xq[m] = qs + u * a.D;
+            xo[m] = dob + u * a.Dv;
+            ++m;
+        }
+        if (m == 0) continue;
+        add_weighted_rows(dk_acc + j * a.D * step, a.D, xq, cs, m);   // dK += dS^T (scale q)
+        add_weighted_rows(dv_acc + j * a.Dv * step, a.Dv, xo, cp, m);  // dV += (P K)^T dO'
+    }
+}
+
+// Backward of queries i..i+n-1 (n <= kRowGroup) of a block of nq rows (pre-scaled rows qs, dO'
+// rows dob, D and Dv apart, their lse and D_i), query i + u over keys [lo[u], hi[u]): the
+// block path's Algorithm 2, lines 11-13, stage by stage over the rows (kRowGroup). dq (n rows
+// of D) is written (dS k), dk_acc and dv_acc added to (add_dk_dv).
+void backward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, int64_t n,
+                   int64_t nq, const float* qs, const float* dob, const float* lse,
+                   const float* di, const float* kb, int64_t ldk, const float* vb, int64_t ldv,
+                   const int64_t* lo, const int64_t* hi, Scratch& w, float* dq, float* dk_acc,
+                   float* dv_acc, int64_t step) {
+    constexpr int64_t W = kRowPathKeysBackward;  // scores a row
+    const int64_t D = a.D, Dv = a.Dv, head = b * a.H + h;
     float *s = w.s.data(), *dp = w.dp.data(), *g = w.g.empty() ? nullptr : w.g.data();
-    dots(qr, kb + lo * ldk, ldk, D, nk, s);     // S
-    dots(dor, vb + lo * ldv, ldv, Dv, nk, dp);  // dP~ = dO' v^T
-    score_mod_row_fwd(a, h, i, lo, nk, s, g);
-    mask_row(a, b, h, i, lo, nk, s);
-    if (a.keep_t < kNoDropout) {
-        const RowKey key = row_key(a, row_of(a, b * a.H + h, a.N, sq, i));
-        grad_row<true>(s, dp, nk, lse, di, key, static_cast<uint32_t>(a.keep_t), lo);
-    } else {
-        grad_row<false>(s, dp, nk, lse, di, RowKey{}, 0, lo);
+    float* dtab = w.dtab.empty() ? nullptr : w.dtab.data();
+    int64_t nk[kRowGroup];
+    for (int64_t u = 0; u < n; ++u) {
+        prefetch_backward(a, head, sq, i + u, nq, kb, ldk, vb, ldv, hi[u], dk_acc, dv_acc, step);
+        nk[u] = lse[u] == kNegInf ? 0 : hi[u] - lo[u];  // a row that sees nothing: no gradient
+        if (nk[u] == 0) continue;
+        float* gu = g ? g + u * W : nullptr;
+        dots(qs + u * D, kb + lo[u] * ldk, ldk, D, nk[u], s + u * W);     // S
+        dots(dob + u * Dv, vb + lo[u] * ldv, ldv, Dv, nk[u], dp + u * W);  // dP~ = dO' v^T
+        score_mod_row_fwd(a, h, i + u, lo[u], nk[u], s + u * W, gu);
+        mask_row(a, b, h, i + u, lo[u], nk[u], s + u * W);
     }
-    score_mod_row_bwd(a, h, i, lo, nk, dp, g, w.dtab.empty() ? nullptr : w.dtab.data());
-    weighted_sum(dp, nk, kb + lo * ldk, ldk, D, dq);  // dQ = dS k
-    for (int64_t c = 0; c < nk; ++c) {
-        const float ds = dp[c], pk = s[c];
-        float* dkr = dk_acc + (lo + c) * D * step;
-        float* dvr = dv_acc + (lo + c) * Dv * step;
-#pragma omp simd
-        for (int64_t e = 0; e < D; ++e) dkr[e] += ds * qr[e];  // dK += dS^T (scale q)
-#pragma omp simd
-        for (int64_t e = 0; e < Dv; ++e) dvr[e] += pk * dor[e];  // dV += (P K)^T dO'
+    for (int64_t u = 0; u < n; ++u) {
+        if (nk[u] == 0) continue;
+        if (a.keep_t < kNoDropout) {
+            const RowKey key = row_key(a, row_of(a, head, a.N, sq, i + u));
+            grad_row<true>(s + u * W, dp + u * W, nk[u], lse[u], di[u], key,
+                           static_cast<uint32_t>(a.keep_t), lo[u]);
+        } else {
+            grad_row<false>(s + u * W, dp + u * W, nk[u], lse[u], di[u], RowKey{}, 0, lo[u]);
+        }
+        score_mod_row_bwd(a, h, i + u, lo[u], nk[u], dp + u * W, g ? g + u * W : nullptr, dtab);
     }
+    for (int64_t u = 0; u < n; ++u) {
+        std::fill(dq + u * D, dq + (u + 1) * D, 0.0f);
+        if (nk[u] > 0) weighted_sum(dp + u * W, nk[u], kb + lo[u] * ldk, ldk, D, dq + u * D);
+    }
+    add_dk_dv(a, n, lo, hi, nk, dp, s, W, qs, dob, dk_acc, dv_acc, step);
 }
 
 // One query block of head (b, h), sequence sq; dk, dv (S, D) / (S, Dv) of its kv head are
@@ -534,11 +683,23 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
     }
     std::fill(dq, dq + nq * D, 0.0f);
     key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
+    const int64_t G = a.H / a.Hkv;
+    if (a.groups > 1 && i1 == a.N && h % G == G - 1 && step == a.groups) {
+        int64_t first, end;  // sequence sq's last block in place (not split): sq + 1's next
+        blocks_span(w, first, end);
+        prefetch_next_sequence(a, b * a.H + h - (G - 1), b * a.Hkv + kvh, sq, nq, first, end,
+                               true, true);
+    }
     const uint32_t t = static_cast<uint32_t>(a.keep_t < kNoDropout ? a.keep_t : 0);
     if (row_path(a, w, i0, i1, kRowPathKeysBackward)) {
-        each_row(a, w, i0, i1, [&](int64_t r, int64_t lo, int64_t hi) {
-            backward_row(a, b, h, sq, i0 + r, qs + r * D, dob + r * Dv, lse[r], dlt[r], kb, ldk,
-                         vb, ldv, lo, hi, w, dq + r * D, dk_acc, dv_acc, step);
+        const size_t need = kRowGroup * kRowPathKeysBackward;
+        for (std::vector<float>* buf : {&w.s, &w.dp}) {
+            if (buf->size() < need) buf->resize(need);
+        }
+        if (!w.g.empty() && w.g.size() < need) w.g.resize(need);
+        each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
+            backward_rows(a, b, h, sq, i0 + r, n, nq, qs + r * D, dob + r * Dv, lse + r, dlt + r,
+                          kb, ldk, vb, ldv, lo, hi, w, dq + r * D, dk_acc, dv_acc, step);
         });
         w.blocks.clear();  // computed: no blocks left
     }

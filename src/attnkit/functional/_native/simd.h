@@ -15,6 +15,7 @@
 
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -46,7 +47,14 @@ typedef float vfloat __attribute__((vector_size(ATTNKIT_VBYTES)));
 typedef int32_t vint __attribute__((vector_size(ATTNKIT_VBYTES)));
 typedef uint32_t vuint __attribute__((vector_size(ATTNKIT_VBYTES)));
 
+// x in every lane: a broadcast (vfloat{} + x also added 0 to x first: gcc 12 kept the add).
+#if defined(__AVX512F__)
+inline vfloat splat(float x) { return _mm512_set1_ps(x); }
+#elif defined(__AVX__)
+inline vfloat splat(float x) { return _mm256_set1_ps(x); }
+#else
 inline vfloat splat(float x) { return vfloat{} + x; }
+#endif
 
 inline vfloat load(const float* p) {  // unaligned
     vfloat v;
@@ -56,7 +64,29 @@ inline vfloat load(const float* p) {  // unaligned
 
 inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
 
-// The first n < kLanes elements of p, the other lanes `fill`; and their store.
+// The first n < kLanes elements of p, the other lanes `fill`; and their store. Masked loads
+// and stores where the ISA has them: the lanes past n are neither read nor written (no
+// fault past an array's end), and no scalar copy through a buffer (a vector load of a buffer
+// just written a float at a time waits ~20 cycles for the stores to drain: perf showed the
+// row path's one partial vector per row in row_max and exp_sum_row as 10-15% of a narrow
+// window's forward).
+#if defined(__AVX512F__)
+inline __mmask16 lanes_below(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+inline vfloat load_part(const float* p, int64_t n, float fill) {
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), lanes_below(n), p);
+}
+inline void store_part(float* p, vfloat v, int64_t n) { _mm512_mask_storeu_ps(p, lanes_below(n), v); }
+#elif defined(__AVX2__)
+inline __m256i lanes_below(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline vfloat load_part(const float* p, int64_t n, float fill) {
+    const __m256i m = lanes_below(n);
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
+}
+inline void store_part(float* p, vfloat v, int64_t n) { _mm256_maskstore_ps(p, lanes_below(n), v); }
+#else
 inline vfloat load_part(const float* p, int64_t n, float fill) {
     float buf[kLanes];
     for (int u = 0; u < kLanes; ++u) buf[u] = u < n ? p[u] : fill;
@@ -66,6 +96,7 @@ inline vfloat load_part(const float* p, int64_t n, float fill) {
 inline void store_part(float* p, vfloat v, int64_t n) {
     for (int u = 0; u < n; ++u) p[u] = v[u];
 }
+#endif
 
 // a > b ? a : b and a < b ? a : b, a NaN in a passed over: x86's maxps / minps (one
 // instruction; gcc 12 left the same selects written as vector ?: as a compare and a blend).
@@ -130,9 +161,20 @@ inline void reduce_add4(vfloat a0, vfloat a1, vfloat a2, vfloat a3, float* out) 
 #endif
 }
 
+// The largest of m and the lanes of v, NaN lanes passed over: vmax(v, m) replaces them by m
+// (maxps returns its second operand when the first is NaN), then a tree of maxima.
 inline float hmax(vfloat v, float m) {
+    v = vmax(v, splat(m));
+#if defined(__AVX512F__)
+    return _mm512_reduce_max_ps(v);
+#elif defined(__AVX__)
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+#else
     for (int u = 0; u < kLanes; ++u) m = v[u] > m ? v[u] : m;
     return m;
+#endif
 }
 
 // exp(x) lane by lane, with exp_f's meaning and operations (below): Cody-Waite
@@ -202,6 +244,42 @@ inline float exp_f(float x) {
     return y * two_k;
 }
 
+// ------------------------------------------------------------------ prefetch
+// A row of n floats into the cache ahead of its use, one hint per 64-byte line: for reads, or
+// for writes (the line fetched for ownership, so that the store does not wait for it). As
+// volatile asm on x86: gcc 12 -O1 and up deleted every __builtin_prefetch of the kernel's row
+// path (objdump: none left), asm it must keep.
+#if defined(__x86_64__) || defined(__i386__)
+inline void prefetch_row(const float* p, int64_t n) {
+    for (int64_t e = 0; e < n; e += 16) asm volatile("prefetcht0 %0" : : "m"(p[e]));
+}
+
+// Into the second-level cache only (fewer first-level miss buffers held).
+inline void prefetch_row_l2(const float* p, int64_t n) {
+    for (int64_t e = 0; e < n; e += 16) asm volatile("prefetcht1 %0" : : "m"(p[e]));
+}
+
+inline void prefetch_row_w(float* p, int64_t n) {
+#if defined(__PRFCHW__)
+    for (int64_t e = 0; e < n; e += 16) asm volatile("prefetchw %0" : : "m"(p[e]));
+#else
+    prefetch_row(p, n);
+#endif
+}
+#else
+inline void prefetch_row(const float* p, int64_t n) {
+    for (int64_t e = 0; e < n; e += 16) __builtin_prefetch(p + e, 0, 3);
+}
+
+inline void prefetch_row_l2(const float* p, int64_t n) {
+    for (int64_t e = 0; e < n; e += 16) __builtin_prefetch(p + e, 0, 2);
+}
+
+inline void prefetch_row_w(float* p, int64_t n) {
+    for (int64_t e = 0; e < n; e += 16) __builtin_prefetch(p + e, 1, 3);
+}
+#endif
+
 // ------------------------------------------------------------------ small products
 // The row path's (attention_cpu.cpp) products of one query row with a few key or value rows.
 
@@ -270,6 +348,37 @@ inline void weighted_sum(const float* p, int64_t nk, const float* x, int64_t ld,
             a += splat(p[c]) * (m == kLanes ? load(xr) : load_part(xr, m, 0.0f));
         }
         store_part(out + e, a, m);
+    }
+}
+
+// out (n) += sum over u < m of c[u] * x[u] (n wide): a key's dK or dV row updated once for
+// the m query rows of the row path that see it, the sum held in registers (one load and one
+// store of out per vector, not one per row); n in chunks of four vectors, so that four
+// independent chains of multiply-adds run at once (weighted_sum's).
+inline void add_weighted_rows(float* out, int64_t n, const float* const* x, const float* c,
+                              int64_t m) {
+    int64_t e = 0;
+    for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
+        vfloat a0 = load(out + e), a1 = load(out + e + kLanes);
+        vfloat a2 = load(out + e + 2 * kLanes), a3 = load(out + e + 3 * kLanes);
+        for (int64_t u = 0; u < m; ++u) {
+            const vfloat cu = splat(c[u]);
+            const float* xu = x[u] + e;
+            a0 += cu * load(xu);
+            a1 += cu * load(xu + kLanes);
+            a2 += cu * load(xu + 2 * kLanes);
+            a3 += cu * load(xu + 3 * kLanes);
+        }
+        store(out + e, a0);
+        store(out + e + kLanes, a1);
+        store(out + e + 2 * kLanes, a2);
+        store(out + e + 3 * kLanes, a3);
+    }
+    for (; e < n; e += kLanes) {  // one vector at a time, the last one partial
+        const int64_t r = std::min<int64_t>(kLanes, n - e);
+        vfloat acc = load_part(out + e, r, 0.0f);
+        for (int64_t u = 0; u < m; ++u) acc += splat(c[u]) * load_part(x[u] + e, r, 0.0f);
+        store_part(out + e, acc, r);
     }
 }
 
