@@ -62,6 +62,7 @@ def _grads(q, k, v, mask, cot):
 STRUCTURED = {
     "documents": lambda n: masks.document(masks.document_ids([40, 150, 3, n - 193])),
     "window": lambda n: masks.window(n, 37, causal=True),
+    "narrow window": lambda n: masks.window(n, 5),  # the row path (9 keys a row)
     "dilated": lambda n: masks.dilated_window(n, 20, 3),  # interleaved sequences
     "neighbourhood": lambda n: masks.neighborhood_2d(n // 20, 20, 5),  # tiles
     "runs": lambda n: masks.window(n, 9) | band(n, 150, 7) | band(n, -200, 4),  # 3 runs a row
