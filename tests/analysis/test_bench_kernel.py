@@ -12,6 +12,7 @@ from attnkit.analysis.bench_kernel import (
     kernel_plan,
     kernel_row,
     machine,
+    row_repeats,
 )
 
 
@@ -22,9 +23,15 @@ def test_the_plan_covers_causal_and_both_head_widths_at_each_size_and_thread_cou
     assert [c.n for c in plan[:4]] == [1024] * 4  # the fast rows first
 
 
+def test_large_sizes_take_fewer_repeats_but_at_least_two():
+    assert [row_repeats(n, 5) for n in (1024, 4096, 8192, 16384)] == [5, 5, 2, 2]
+    assert [row_repeats(n, 12) for n in (8192, 16384)] == [6, 3]
+    assert row_repeats(16384, 1) == 1  # --repeats 1 stays 1
+
+
 def test_a_row_times_the_four_calls_and_gives_per_round_ratios():
     row = kernel_row(KernelCase(33, True, 16, 1, h=2), repeats=2)
-    assert set(row["ms"]) == set(CALLS)
+    assert set(row["ms"]) == set(CALLS) and row["repeats"] == 2
     assert all(ms > 0 for ms in row["ms"].values())
     for key in ("ratio", "cpu_ratio"):
         assert set(row[key]) == {"fwd", "fwd+bwd"}

@@ -299,3 +299,23 @@ def test_second_order_gradients_through_interleaved_sequences():
     got, want = grad_norm(q, k, v, mask), grad_norm(qd, kd, vd, dense)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not native.available(), reason="the plan is the compiled kernel's")
+def test_calls_on_interleaved_sequences_plan_their_window_once(monkeypatch):
+    """The window of the interleaved sequences is the same object call after call, so the
+    kernel's plan cached on it (row intervals, query block) is made once, not per call."""
+    from attnkit.functional import _mask_plan
+    from attnkit.functional.reordered import Groups, group_call
+
+    first = group_call(Groups(4, 21, False), 103)["m"]
+    assert group_call(Groups(4, 21, False), 103)["m"] is first
+    assert group_call(Groups(4, 21, True), 103)["m"] is not first  # another window
+    planned = []
+    choose = _mask_plan.choose_block_q
+    monkeypatch.setattr(_mask_plan, "choose_block_q", lambda *a: planned.append(1) or choose(*a))
+    q = torch.randn(1, 2, 412, 8)
+    mask = masks.dilated_window(412, 21, 4)  # 4 sequences of 103 tokens, windows of 21
+    for _ in range(3):
+        attnkit.attention(q, q, q, mask=mask, backend="chunked")
+    assert len(planned) == 1

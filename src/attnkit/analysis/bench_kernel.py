@@ -41,10 +41,12 @@ __all__ = [
     "kernel_markdown",
     "kernel_plan",
     "kernel_row",
+    "row_repeats",
     "run_kernel",
 ]
 
 DEFAULT_SIZES = (1024, 2048, 4096)  # --sizes adds 8192 and 16384 (minutes per row)
+FULL_REPEATS_UP_TO = 4096  # larger N: fewer repeats (`row_repeats`)
 HEAD_WIDTHS = (64, 128)
 CALLS = ("chunked fwd", "sdpa fwd", "chunked fwd+bwd", "sdpa fwd+bwd")
 
@@ -68,6 +70,16 @@ def kernel_plan(sizes: Sequence[int], threads: Sequence[int]) -> list[KernelCase
         for d in HEAD_WIDTHS
         for causal in (False, True)
     ]
+
+
+def row_repeats(n: int, repeats: int) -> int:
+    """Repeats of a row at N = n: `repeats` up to N = 4096; above, as many rounds' worth of
+    time as 4096 would take (a call grows as N^2, so N / 4096 times fewer), at least 2 (a
+    median of per-round ratios): 5 -> 2 at 8192 and at 16384, where one round of the four
+    calls takes minutes on one thread."""
+    if n <= FULL_REPEATS_UP_TO or repeats <= 2:
+        return repeats
+    return max(2, repeats * FULL_REPEATS_UP_TO // n)
 
 
 def _calls(case: KernelCase) -> dict[str, Callable[[], None]]:
@@ -136,7 +148,8 @@ def kernel_row(case: KernelCase, repeats: int) -> dict:
         }
 
     ms = {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
-    return {**asdict(case), "ms": ms, "ratio": ratios(times), "cpu_ratio": ratios(cpu)}
+    return {**asdict(case), "repeats": repeats, "ms": ms, "ratio": ratios(times),
+            "cpu_ratio": ratios(cpu)}  # fmt: skip
 
 
 def machine() -> dict:
@@ -181,6 +194,9 @@ def kernel_markdown(rows: list[dict], about: dict) -> str:
         if rows
         else ""
     )
+    counts = sorted({(r["n"], r["repeats"]) for r in rows if "repeats" in r})
+    if len({c for _, c in counts}) > 1:  # fewer repeats for the large sizes: say so
+        tail += "Repeats: " + ", ".join(f"N={n} {c}" for n, c in counts) + ".\n"
     return head + "\n".join(lines) + "\n" + tail
 
 
@@ -191,7 +207,8 @@ def _fmt(ms: float) -> str:
 def run_kernel(
     sizes: Sequence[int], threads: Sequence[int], repeats: int, log: Callable[[str], None]
 ) -> dict:
-    """Every row of `kernel_plan`: the JSON payload. `log` hears one line per row started."""
+    """Every row of `kernel_plan`: the JSON payload. `log` hears one line per row started.
+    Rows above N = 4096 take fewer repeats (`row_repeats`); each row records its own."""
     todo = kernel_plan(sizes, threads)
     before = torch.get_num_threads()
     rows = []
@@ -199,7 +216,7 @@ def run_kernel(
         for i, case in enumerate(todo, 1):
             log(f"[{i}/{len(todo)}] N={case.n} D={case.d} "
                 f"{'causal' if case.causal else 'full'} threads={case.threads}")  # fmt: skip
-            rows.append(kernel_row(case, repeats))
+            rows.append(kernel_row(case, row_repeats(case.n, repeats)))
     finally:
         torch.set_num_threads(before)
     return {"machine": machine(), "repeats": repeats, "rows": rows}

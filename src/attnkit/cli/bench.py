@@ -13,10 +13,10 @@ others), and the memory of a window-512 training step at N=65536 (about 1.5 hour
 cores; --quick: N=1024, one thread, a few minutes for FlexAttention's compiles).
 
 --kernel times the compiled chunked kernel against SDPA's fused CPU kernel on the same dense
-calls (N = 1024, 2048, 4096, or --sizes, e.g. up to 16384; causal and not; D = 64 and 128;
-1 and 2 threads, or --threads), forward and forward + backward, and writes kernel.json and
-kernel.md with the CPU and the kernel's instruction set named (10-30 minutes on 2 cores; --quick:
-N=256, one thread, seconds).
+calls (N = 1024, 2048, 4096, or --sizes, e.g. up to 16384, with fewer repeats above 4096;
+causal and not; D = 64 and 128; 1 and 2 threads, or --threads), forward and forward +
+backward, and writes kernel.json and kernel.md with the CPU and the kernel's instruction set
+named (10-30 minutes on 2 cores; --quick: N=256, one thread, seconds).
 
 --sizes are checked before anything runs: a size whose rows need more memory than this
 machine has free, or a plan whose kernel rows would take more than 2 hours even at this

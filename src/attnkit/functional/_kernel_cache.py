@@ -58,7 +58,8 @@ from attnkit.functional._kernel_prebuilt import candidates
 __all__ = ["load", "loaded", "origin"]
 
 _SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
-_ABI = 8  # attnkit_abi_version() of the sources (7: attnkit_all_finite; 8: runs of keys)
+_ABI = 9  # attnkit_abi_version() of the sources (7: attnkit_all_finite; 8: runs of keys;
+# 9: attnkit_attention_backward_write)
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -416,7 +417,11 @@ def _open(path: Path) -> ctypes.CDLL:
     # The argument struct (`native._Args`) is defined in native.py, which imports this module:
     # its address is passed as a void pointer (`ctypes.byref(args)`).
     args = ctypes.c_void_p
-    for name in ("attnkit_attention_forward", "attnkit_attention_backward"):
+    for name in (
+        "attnkit_attention_forward",
+        "attnkit_attention_backward",
+        "attnkit_attention_backward_write",
+    ):
         getattr(lib, name).argtypes = [args]
         getattr(lib, name).restype = None
     lib.attnkit_keep_words.argtypes = [args] + [ctypes.c_int64] * 4 + [ctypes.c_void_p]

@@ -179,7 +179,7 @@ class _EagerMod(torch.autograd.Function):
         q, k, v, vals, out, lse, mask, bias, seed = ctx.saved_tensors
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         dlse = None if dlse is None else dlse.contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # written
         dvals = torch.zeros_like(vals) if vals is not None and ctx.needs_input_grad[3] else None
         plan = ctx.plan
         st = (None, None, None) if plan is None else (plan.rows, plan.table, plan.tiles)
@@ -188,7 +188,7 @@ class _EagerMod(torch.autograd.Function):
         a.out, a.lse, a.dout = out.data_ptr(), lse.data_ptr(), dout.data_ptr()
         a.dlse = None if dlse is None else dlse.data_ptr()
         a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
-        load().attnkit_attention_backward(ctypes.byref(a))
+        load().attnkit_attention_backward_write(ctypes.byref(a))
         return (dq, dk, dv, dvals) + (None,) * 9
 
 

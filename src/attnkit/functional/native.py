@@ -246,10 +246,9 @@ def _backward(
     groups: int = 1,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (float32) of the forward's out and lse."""
-    dq = torch.empty_like(q)
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     args = (mask, bias, causal, scale, keep_t, inv_keep, seed, rows, table, tiles, groups)
-    _backward_into(dq, dk, dv, dout, dlse, q, k, v, out, lse, *args)
+    _backward_into(dq, dk, dv, dout, dlse, q, k, v, out, lse, *args, accumulate=False)
     return dq, dk, dv
 
 
@@ -275,9 +274,12 @@ def _backward_into(
     table: Tensor | None = None,
     tiles: Tensor | None = None,
     groups: int = 1,
+    *,
+    accumulate: bool = True,
 ) -> None:
     """`_backward` into the caller's tensors: dq (like q) is overwritten, dk (like k) and
-    dv (like v) are ADDED to, as the kernel does with the zeroed ones `_backward` passes.
+    dv (like v) are ADDED to (`accumulate`, the default), or overwritten as `_backward` has
+    the kernel do (it zeroes each kv head's rows in the thread that then fills them).
 
     For ring attention, which accumulates a key block's gradient over several query blocks
     without a temporary per call. All three must be contiguous float32 (views of larger
@@ -296,7 +298,9 @@ def _backward_into(
     a.out, a.lse, a.dout = out.data_ptr(), lse.data_ptr(), dout.data_ptr()
     a.dlse = None if dlse is None else dlse.data_ptr()
     a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
-    load().attnkit_attention_backward(ctypes.byref(a))
+    lib = load()
+    run = lib.attnkit_attention_backward if accumulate else lib.attnkit_attention_backward_write
+    run(ctypes.byref(a))
 
 
 attention_fwd = torch.library.custom_op(
