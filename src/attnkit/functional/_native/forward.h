@@ -1,0 +1,135 @@
+// The forward pass of one query block (FlashAttention-2 Algorithm 1): the block path, over
+// key blocks with matrix products and an online softmax, or the row path (row_path.h).
+//
+// Legend: forward_block one query block (rows i0..i1 of head (b, h), sequence sq);
+// forward_rows up to kRowGroup of its rows on the row path; write_row a row's out and lse from
+// its running max m, sum l and unnormalised output acc. kb, vb the keys and values of the
+// sequence, ldk, ldv apart (Args::groups interleaving).
+
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "args.h"
+#include "blas.h"
+#include "dropout.h"
+#include "masks.h"
+#include "row_path.h"
+#include "scratch.h"
+#include "score_mods.h"
+#include "simd.h"
+#include "softmax_row.h"
+
+namespace {
+
+using namespace attnkit_simd;
+
+// out and lse of one row from its running max m and sum l and unnormalised output acc.
+void write_row(const Args& a, int64_t row, const float* acc, float m, float l) {
+    float* o = a.out + row * a.Dv;
+    // l == 0 exactly when the row saw nothing: out 0 and lse -inf, never 0 / 0. A NaN
+    // score makes l NaN: out (acc * 0) and lse stay NaN, and backward keeps the row.
+    const float f = l > 0.0f ? a.inv_keep / l : 0.0f;
+    for (int64_t e = 0; e < a.Dv; ++e) o[e] = acc[e] * f;
+    a.lse[row] = l > 0.0f ? m + std::log(l) : (l == 0.0f ? kNegInf : l);
+}
+
+// Forward of queries i..i+n-1 (n <= kRowGroup) of a block of nq rows (pre-scaled rows qs,
+// D apart), query i + u over keys [lo[u], hi[u]); kb, vb: the keys and values of its sequence,
+// ldk, ldv apart. Stage by stage over the rows (kRowGroup); s holds kRowGroup rows of
+// kRowPathKeys scores, acc n rows of Dv.
+void forward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, int64_t n,
+                  int64_t nq, const float* qs, const float* kb, int64_t ldk, const float* vb,
+                  int64_t ldv, const int64_t* lo, const int64_t* hi, float* s, float* acc) {
+    const int64_t head = b * a.H + h;
+    float m[kRowGroup], l[kRowGroup];
+    for (int64_t u = 0; u < n; ++u) {
+        float* su = s + u * kRowPathKeys;
+        const int64_t nk = hi[u] - lo[u];
+        prefetch_forward(a, head, sq, i + u, nq, kb, ldk, vb, ldv, hi[u]);
+        dots(qs + u * a.D, kb + lo[u] * ldk, ldk, a.D, nk, su);
+        score_mod_row_fwd(a, h, i + u, lo[u], nk, su, nullptr);
+        mask_row(a, b, h, i + u, lo[u], nk, su);
+    }
+    for (int64_t u = 0; u < n; ++u) m[u] = row_max(s + u * kRowPathKeys, hi[u] - lo[u]);
+    for (int64_t u = 0; u < n; ++u) {
+        float* su = s + u * kRowPathKeys;
+        const int64_t nk = hi[u] - lo[u];
+        const float m_safe = m[u] == kNegInf ? 0.0f : m[u];
+        l[u] = a.keep_t < kNoDropout
+            ? exp_sum_row<true>(su, nk, m_safe, row_key(a, row_of(a, head, a.N, sq, i + u)),
+                                static_cast<uint32_t>(a.keep_t), lo[u])
+            : exp_sum_row<false>(su, nk, m_safe, RowKey{}, 0, lo[u]);
+    }
+    for (int64_t u = 0; u < n; ++u) {
+        weighted_sum(s + u * kRowPathKeys, hi[u] - lo[u], vb + lo[u] * ldv, ldv, a.Dv,
+                     acc + u * a.Dv);
+    }
+    for (int64_t u = 0; u < n; ++u) {
+        write_row(a, row_of(a, head, a.N, sq, i + u), acc + u * a.Dv, m[u], l[u]);
+    }
+}
+
+void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t i1,
+                   Scratch& w) {
+    const int64_t nq = i1 - i0, D = a.D, Dv = a.Dv, kvh = h / (a.H / a.Hkv);
+    const int64_t ldk = D * a.groups, ldv = Dv * a.groups;  // key and value rows of sequence sq
+    const float* kb = a.k + row_of(a, b * a.Hkv + kvh, a.S, sq, 0) * D;
+    const float* vb = a.v + row_of(a, b * a.Hkv + kvh, a.S, sq, 0) * Dv;
+    float *s = w.s.data(), *qs = w.qs.data(), *acc = w.acc.data();
+    load_q(a, b, h, sq, i0, nq, qs);
+    key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
+    if (a.groups > 1 && i1 == a.N) {  // the last block of sequence sq
+        int64_t first, end;
+        blocks_span(w, first, end);
+        prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
+    }
+    if (row_path(a, w, i0, i1, kRowPathKeys)) {
+        if (w.s.size() < kRowGroup * kRowPathKeys) w.s.resize(kRowGroup * kRowPathKeys);
+        each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
+            forward_rows(a, b, h, sq, i0 + r, n, nq, qs + r * D, kb, ldk, vb, ldv, lo, hi,
+                         w.s.data(), acc);
+        });
+        return;
+    }
+    std::fill(w.m.begin(), w.m.begin() + nq, kNegInf);  // running row max
+    std::fill(w.l.begin(), w.l.begin() + nq, 0.0f);     // running sum of exp (before dropout)
+    std::fill(acc, acc + nq * Dv, 0.0f);                // unnormalised output
+    for (const KeyBlock& blk : w.blocks) {
+        const int64_t j0 = blk.j0, nk = blk.nk;
+        w.work += nq * nk;
+        mm_nt(nq, nk, D, qs, D, kb + j0 * ldk, ldk, 0.0f, s, nk);  // S = (scale q) k^T
+        for (int64_t r = 0; r < nq; ++r) {
+            float* sr = s + r * nk;
+            const int64_t i = i0 + r;
+            score_mod_row_fwd(a, h, i, j0, nk, sr, nullptr);
+            mask_row(a, b, h, i, j0, nk, sr);
+            mask_row_structured(a, blk, w.lo.data() + r, w.hi.data() + r, r, sr);
+            const float m_new = std::max(w.m[r], row_max(sr, nk));
+            const float m_safe = m_new == kNegInf ? 0.0f : m_new;  // nothing seen yet: exp -> 0
+            const float alpha = exp_f(w.m[r] - m_safe);
+            float sum;
+            if (a.keep_t < kNoDropout) {
+                const RowKey key = row_key(a, row_of(a, b * a.H + h, a.N, sq, i));
+                sum = exp_sum_row<true>(sr, nk, m_safe, key, static_cast<uint32_t>(a.keep_t), j0);
+            } else {
+                sum = exp_sum_row<false>(sr, nk, m_safe, RowKey{}, 0, j0);
+            }
+            w.l[r] = w.l[r] * alpha + sum;  // the normaliser counts dropped entries too
+            w.m[r] = m_new;
+            if (alpha != 1.0f) {
+                float* ar = acc + r * Dv;
+#pragma omp simd
+                for (int64_t e = 0; e < Dv; ++e) ar[e] *= alpha;
+            }
+        }
+        mm_nn(nq, Dv, nk, s, nk, vb + j0 * ldv, ldv, 1.0f, acc, Dv);  // acc += P~ v
+    }
+    for (int64_t r = 0; r < nq; ++r) {
+        write_row(a, row_of(a, b * a.H + h, a.N, sq, i0 + r), acc + r * Dv, w.m[r], w.l[r]);
+    }
+}
+
+}  // namespace
