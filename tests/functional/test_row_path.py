@@ -1,5 +1,5 @@
 """The compiled kernel's row path: query blocks whose rows each see a few keys of a wider span
-(narrow windows) are computed a row at a time over each row's own keys (attention_cpu.cpp's
+(narrow windows) are computed a row at a time over each row's own keys (_native/row_path.h's
 `row_path`). Same function as the block path: pinned here to the float64 reference with every
 feature a row meets (dense masks with empty rows, bias, causal, GQA, score functions, dropout)."""
 

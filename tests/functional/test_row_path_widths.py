@@ -1,7 +1,7 @@
 """The compiled kernel's row path at every width it serves: rows four at a time stage by stage
-(attention_cpu.cpp's `forward_rows`, `backward_rows`, a block's last one to three rows a
-shorter group), each key's dK and dV rows added to once for the rows that see it
-(`add_dk_dv`), the vector tails of rows narrower than a vector (simd.h's masked
+(_native/forward.h's `forward_rows`, backward_block.h's `backward_rows`, a block's last one
+to three rows a shorter group), each key's dK and dV rows added to once for the rows that see
+it (`add_dk_dv`), the vector tails of rows narrower than a vector (simd.h's masked
 `load_part` / `store_part`) and the prefetches of the next rows. Windows of 1 to 64 keys on
 odd sizes, N != S, causal, GQA and rows that see nothing, against the float64 reference."""
 

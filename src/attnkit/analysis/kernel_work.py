@@ -18,7 +18,7 @@ intervals. A causal window of w keys over blocks of bq rows spans w + bq - 1 key
 so the kernel computes about N·(w + bq - 1) entries for the N·w the mask allows; a query block
 that straddles two documents spans both. Except where every row of a block sees at most
 `ROW_PATH_KEYS[pass_]` keys of a wider span (a narrow window): the kernel then computes each
-row over its own keys alone (attention_cpu.cpp's row path), N·w entries for a window of w.
+row over its own keys alone (_native/row_path.h), N·w entries for a window of w.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ PASSES = {
 }
 
 
-# attention_cpu.cpp's kRowPathKeys / kRowPathKeysBackward: the widest row of a row-path block
+# _native/row_path.h's kRowPathKeys / kRowPathKeysBackward: the widest row of a row-path block
 ROW_PATH_KEYS = {"forward": 64, "backward": 32}
 
 
@@ -169,7 +169,7 @@ def _sizes(mask: StructuredMask | None, n: int | None, s: int | None) -> tuple[i
 
 
 def _row_path(plan: MaskPlan | None, i0, i1, n, s, causal, spans, limit) -> int | None:
-    """The entries rows i0:i1 compute on the row path (attention_cpu.cpp's
+    """The entries rows i0:i1 compute on the row path (_native/row_path.h's
     `row_path`, `row_span`: each row's interval within the blocks' span, cut by the causal
     limit), or None where they take the block path (tiles, a row wider than `limit`, or no
     row narrower than the span)."""

@@ -13,7 +13,7 @@ offsets in FlashAttention-2, Dao 2023, section 3.1), with one fresh seed per cal
 
 For each row, j -> word is a bijection, so a row never repeats a word; rows differ by their
 64-bit keys. Forward and backward regenerate the same bits for any blocking, and the compiled
-kernel (``_native/attention_cpu.cpp``) and the PyTorch kernel here drop exactly the same entries
+kernel (``_native/dropout.h``) and the PyTorch kernel here drop exactly the same entries
 (tested). One 32-bit hash per entry: its multiplies are 32-bit, so they vectorise on AVX2, where
 half a splitmix64 per entry cost 3× as much (0.64 vs 0.21 ns per entry, AMD EPYC).
 

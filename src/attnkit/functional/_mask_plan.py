@@ -183,7 +183,7 @@ def key_blocks(
     causal end (bottom-right: query i sees keys j <= i + S - N): each stretch of keys some row
     sees, in steps of bk from its first key; on the tiles' bq × bk grid, less the blocks the
     table marks empty, where there are tiles. The compiled kernel walks the same blocks
-    (`key_blocks` in attention_cpu.cpp); the PyTorch kernel and the cost model walk these."""
+    (`key_blocks` in _native/masks.h); the PyTorch kernel and the cost model walk these."""
     end = min(s, i1 + s - n) if causal else s
     stretches = [(0, end)]
     if plan is not None and plan.rows is not None:
@@ -205,7 +205,7 @@ def key_blocks(
 
 def _stretches(rows: Tensor, end: int) -> list[tuple[int, int]]:
     """The union of the runs rows (2, K, B|1, nq) as ascending, disjoint, non-touching
-    stretches [first, last) cut at `end` (attention_cpu.cpp's `key_blocks` does the same)."""
+    stretches [first, last) cut at `end` (_native/masks.h's `key_blocks` does the same)."""
     lo, hi = rows[0].flatten(), rows[1].flatten().clamp(max=end)
     seen = lo < hi
     lo, hi = lo[seen], hi[seen]

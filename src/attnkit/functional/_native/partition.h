@@ -1,4 +1,4 @@
-// How the backward of attention_cpu.cpp shares its work among threads.
+// How the kernel's backward (backward.h) shares its work among threads.
 //
 // Legend: a "head" here is one kv head of one batch entry and one interleaved sequence
 // (B * Hkv * groups of them); each owns its rows of dk and dv, and its G * nqb query blocks

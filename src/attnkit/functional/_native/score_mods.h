@@ -1,6 +1,7 @@
 // Score functions (attnkit/functional/score_mods.py, `_native_mod.py`) inside the kernel:
 // tanh soft-capping, ALiBi and relative tables on one row of a score block, forward and
-// backward. Included by attention_cpu.cpp.
+// backward. Included by forward.h and backward_block.h (attention_cpu.cpp's translation
+// unit).
 
 #pragma once
 

@@ -1,4 +1,4 @@
-// Explicit SIMD for attention_cpu.cpp's softmax loops, on GCC/Clang vector extensions: one
+// Explicit SIMD for the kernel's softmax loops, on GCC/Clang vector extensions: one
 // vector of kLanes floats is a zmm register where the kernel is compiled for AVX-512, a ymm
 // register for AVX/AVX2, an xmm (or NEON) register elsewhere. The width is fixed at compile
 // time by the -march the kernel is built with (attnkit/functional/_kernel_cache.py).
@@ -8,9 +8,9 @@
 // loop against 9% for the same source at -march=native), and the same holds for whichever loop
 // it gives up on next. Written as vectors, every build runs the same instructions per lane.
 //
-// Every function here computes, lane by lane, what the scalar helpers of attention_cpu.cpp
-// compute for one element (exp_v is exp_f, below, up to the compiler's contraction into FMAs,
-// keep_words is keep_word bit for bit). A row's last partial vector goes through the same
+// Every function here computes, lane by lane, what the kernel's scalar helpers compute for
+// one element (exp_v is exp_f, below, up to the compiler's contraction into FMAs, keep_words is
+// dropout.h's keep_word bit for bit). A row's last partial vector goes through the same
 // vector code (load_part / store_part), so no position in a row is computed differently.
 
 #pragma once
@@ -281,7 +281,7 @@ inline void prefetch_row_w(float* p, int64_t n) {
 #endif
 
 // ------------------------------------------------------------------ small products
-// The row path's (attention_cpu.cpp) products of one query row with a few key or value rows.
+// The row path's (row_path.h) products of one query row with a few key or value rows.
 
 inline float dot(const float* x, const float* y, int64_t n) {
     vfloat acc{};
