@@ -549,14 +549,15 @@ for name, m in {"dilated": dil, "strided": frames, "2-D neighbourhood": natten}.
 #
 # --8<-- "benchmarks/results/structured.md"
 #
-# The whole zoo, with score functions, on an AMD EPYC Zen 4 (AVX-512; N = 4096, 1 and 2
-# threads, two cores shared with other jobs, so the absolute times are several times an idle
-# core's: compare within a row; the dilated and strided rows at 1 thread were measured again,
-# on a quieter machine, after those masks became one call on interleaved sequences). Every
-# row's forward beats compiled FlexAttention's, 1.3× (causal) to 47× (strided); ALiBi and the
-# T5 table as score functions run faster than SDPA given the same bias as a dense tensor;
-# forward + backward costs 2.2–3.3× the forward (full documents at 1 thread 4.1×, the dilated
-# window at 2 threads 4.7×).
+# The whole zoo, with score functions, on an AMD EPYC Zen 4 (AVX-512; N = 4096 and 16384, 1
+# and 2 threads, 3 repeats, one run of `attnkit bench --structured --sizes 4096 16384` on a
+# quiet machine, except that the test suite ran beside the one-thread rows). Every row's forward
+# beats compiled FlexAttention's, 1.35× (full documents, 2 threads) to 134× (strided, N =
+# 16384); ALiBi and the T5 table as score functions run about twice as fast as SDPA given the
+# same bias as a dense tensor; forward + backward costs at most 3.5× the forward on 36 of the 44 rows, 3.52–3.62× on five,
+# 3.84× for prefix-LM at N = 16384 on one thread and 3.91–3.96× for the strided mask at N =
+# 16384: the backward's five matrix products per
+# block against the forward's two put this kernel's floor near 3.3–3.5×.
 #
 # --8<-- "benchmarks/results/epyc-zen4-avx512/structured.md"
 #
