@@ -319,55 +319,26 @@ inline void dots(const float* x, const float* y, int64_t ld, int64_t n, int64_t 
     for (; c < nk; ++c) s[c] = dot(x, y + c * ld, n);
 }
 
-// out (n) = sum over c < nk of p[c] * row c of x (rows ld apart): n in chunks of four vectors,
-// held in registers across the rows (accumulating in memory would chain every row's update
-// to the previous one's store).
-inline void weighted_sum(const float* p, int64_t nk, const float* x, int64_t ld, int64_t n,
-                         float* out) {
+// out (n) = [out +] sum over u < m of w[u] * row(u) (each row n wide): n in chunks of four
+// vectors, so that four independent chains of multiply-adds run at once, the sum held in
+// registers across the rows (accumulating in memory would chain every row's update to the
+// previous one's store: one load and one store of out per vector, not one per row).
+template <bool kAccumulate, typename Row>
+inline void combine_rows(float* out, int64_t n, const float* w, int64_t m, Row row) {
     int64_t e = 0;
     for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
         vfloat a0{}, a1{}, a2{}, a3{};
-        for (int64_t c = 0; c < nk; ++c) {
-            const vfloat pc = splat(p[c]);
-            const float* xr = x + c * ld + e;
-            a0 += pc * load(xr);
-            a1 += pc * load(xr + kLanes);
-            a2 += pc * load(xr + 2 * kLanes);
-            a3 += pc * load(xr + 3 * kLanes);
+        if (kAccumulate) {
+            a0 = load(out + e), a1 = load(out + e + kLanes);
+            a2 = load(out + e + 2 * kLanes), a3 = load(out + e + 3 * kLanes);
         }
-        store(out + e, a0);
-        store(out + e + kLanes, a1);
-        store(out + e + 2 * kLanes, a2);
-        store(out + e + 3 * kLanes, a3);
-    }
-    for (; e < n; e += kLanes) {  // one vector at a time, the last one partial
-        const int64_t m = std::min<int64_t>(kLanes, n - e);
-        vfloat a{};
-        for (int64_t c = 0; c < nk; ++c) {
-            const float* xr = x + c * ld + e;
-            a += splat(p[c]) * (m == kLanes ? load(xr) : load_part(xr, m, 0.0f));
-        }
-        store_part(out + e, a, m);
-    }
-}
-
-// out (n) += sum over u < m of c[u] * x[u] (n wide): a key's dK or dV row updated once for
-// the m query rows of the row path that see it, the sum held in registers (one load and one
-// store of out per vector, not one per row); n in chunks of four vectors, so that four
-// independent chains of multiply-adds run at once (weighted_sum's).
-inline void add_weighted_rows(float* out, int64_t n, const float* const* x, const float* c,
-                              int64_t m) {
-    int64_t e = 0;
-    for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
-        vfloat a0 = load(out + e), a1 = load(out + e + kLanes);
-        vfloat a2 = load(out + e + 2 * kLanes), a3 = load(out + e + 3 * kLanes);
         for (int64_t u = 0; u < m; ++u) {
-            const vfloat cu = splat(c[u]);
-            const float* xu = x[u] + e;
-            a0 += cu * load(xu);
-            a1 += cu * load(xu + kLanes);
-            a2 += cu * load(xu + 2 * kLanes);
-            a3 += cu * load(xu + 3 * kLanes);
+            const vfloat wu = splat(w[u]);
+            const float* xu = row(u) + e;
+            a0 += wu * load(xu);
+            a1 += wu * load(xu + kLanes);
+            a2 += wu * load(xu + 2 * kLanes);
+            a3 += wu * load(xu + 3 * kLanes);
         }
         store(out + e, a0);
         store(out + e + kLanes, a1);
@@ -376,10 +347,24 @@ inline void add_weighted_rows(float* out, int64_t n, const float* const* x, cons
     }
     for (; e < n; e += kLanes) {  // one vector at a time, the last one partial
         const int64_t r = std::min<int64_t>(kLanes, n - e);
-        vfloat acc = load_part(out + e, r, 0.0f);
-        for (int64_t u = 0; u < m; ++u) acc += splat(c[u]) * load_part(x[u] + e, r, 0.0f);
+        vfloat acc{};
+        if (kAccumulate) acc = load_part(out + e, r, 0.0f);
+        for (int64_t u = 0; u < m; ++u) acc += splat(w[u]) * load_part(row(u) + e, r, 0.0f);
         store_part(out + e, acc, r);
     }
+}
+
+// out (n) = sum over c < nk of p[c] * row c of x (rows ld apart): a row's weighted sum of values.
+inline void weighted_sum(const float* p, int64_t nk, const float* x, int64_t ld, int64_t n,
+                         float* out) {
+    combine_rows<false>(out, n, p, nk, [x, ld](int64_t c) { return x + c * ld; });
+}
+
+// out (n) += sum over u < m of c[u] * x[u]: a key's dK or dV row updated once for the m query
+// rows of the row path that see it.
+inline void add_weighted_rows(float* out, int64_t n, const float* const* x, const float* c,
+                              int64_t m) {
+    combine_rows<true>(out, n, c, m, [x](int64_t u) { return x[u]; });
 }
 
 }  // namespace attnkit_simd
