@@ -9,7 +9,7 @@
 // it gives up on next. Written as vectors, every build runs the same instructions per lane.
 //
 // Every function here computes, lane by lane, what the kernel's scalar helpers compute for
-// one element (exp_v is exp_f, below, up to the compiler's contraction into FMAs, keep_words is
+// one element (exp_v and exp_f share one body, exp_clamped, up to the compiler's contraction into FMAs; keep_words is
 // dropout.h's keep_word bit for bit). A row's last partial vector goes through the same
 // vector code (load_part / store_part), so no position in a row is computed differently.
 
@@ -177,30 +177,34 @@ inline float hmax(vfloat v, float m) {
 #endif
 }
 
-// exp(x) lane by lane, with exp_f's meaning and operations (below): Cody-Waite
-// reduction x = k ln2 + r, the Cephes polynomial (under 1 ulp), 2^k read from the bits of the
-// rounding addition, 0 exactly below -87.68 (and at -inf), NaN stays NaN. 15 operations and
-// no select.
-inline vfloat exp_v(vfloat x) {
-    const vfloat lo = splat(kExpLo), hi = splat(88.0f);
-    const vfloat xc = vmin(hi, vmax(lo, x));  // a NaN x kept
-    const vfloat t = xc * 1.44269504088896341f + kExpShifter;
-    const vfloat kf = t - kExpShifter;  // k, the nearest integer to x log2(e)
-    vfloat r = xc - kf * 0.693359375f;
+// exp of an already clamped x (float or vfloat, with the integer type of its bits), the one
+// body of exp_v and exp_f: Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2, the Cephes expf
+// polynomial (under 1 ulp), 2^k built from the bits of the sum that rounds x log2(e) (k + 127 in
+// 0 .. 254 sits in t's low bits: the exponent field of 2^k). 15 operations and no select.
+template <typename F, typename Bits>
+inline F exp_clamped(F xc) {
+    const F t = xc * 1.44269504088896341f + kExpShifter;
+    const F kf = t - kExpShifter;  // k, the nearest integer to x log2(e)
+    F r = xc - kf * 0.693359375f;
     r = r + kf * 2.12194440e-4f;
-    vfloat p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
+    F p = r * 1.9875691500e-4f + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    const vfloat y = p * (r * r) + r + 1.0f;
-    vint bits;
+    const F y = p * (r * r) + r + 1.0f;
+    Bits bits;
     std::memcpy(&bits, &t, sizeof bits);
-    bits <<= 23;  // k + 127 in 0 .. 254 sits in t's low bits: the exponent field of 2^k
-    vfloat two_k;
+    bits <<= 23;
+    F two_k;
     std::memcpy(&two_k, &bits, sizeof two_k);
     return y * two_k;
+}
+
+// exp(x) lane by lane, with exp_f's meaning: 0 exactly below -87.68 (and at -inf), NaN stays
+// NaN (vmax and vmin return their second operand where one is NaN).
+inline vfloat exp_v(vfloat x) {
+    return exp_clamped<vfloat, vint>(vmin(splat(88.0f), vmax(splat(kExpLo), x)));
 }
 
 // The dropout words of keys j .. j + kLanes - 1 of one row: keep_word lane by lane.
@@ -217,31 +221,13 @@ inline vuint keep_words(uint32_t key_lo, uint32_t key_hi, int64_t j) {
 }
 
 
-// exp(x) in float32 for softmax arguments: Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2,
-// and the Cephes expf polynomial (under 1 ulp); 2^k is built from the bits of the sum that
-// rounds x log2(e), so that exp is 0 exactly for x < -87.68 (k = -127) and at -inf, and NaN
-// stays NaN (simd.h, kExpLo). The scalar twin of exp_v, for the one value per row (the
-// rescale factor of the running sums); branch-free, no libm call.
+// exp(x) in float32 for softmax arguments (exp_clamped): exp is 0 exactly for x < -87.68
+// (k = -127) and at -inf, and NaN stays NaN (simd.h, kExpLo). The scalar twin of exp_v, for the
+// one value per row (the rescale factor of the running sums); branch-free, no libm call.
 inline float exp_f(float x) {
-    float xc = kExpLo > x ? kExpLo : x;
+    float xc = kExpLo > x ? kExpLo : x;  // a NaN x kept, as vmax / vmin do
     xc = 88.0f < xc ? 88.0f : xc;
-    const float t = xc * 1.44269504088896341f + kExpShifter;
-    const float kf = t - kExpShifter;  // nearest integer
-    float r = xc - kf * 0.693359375f;
-    r = r + kf * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * (r * r) + r + 1.0f;
-    uint32_t bits;
-    std::memcpy(&bits, &t, sizeof bits);
-    bits <<= 23;
-    float two_k;
-    std::memcpy(&two_k, &bits, sizeof two_k);
-    return y * two_k;
+    return exp_clamped<float, uint32_t>(xc);
 }
 
 // ------------------------------------------------------------------ prefetch
