@@ -249,9 +249,3 @@ def _check_blocks(bq, bk) -> None:
     for what, x in (("block_q", bq), ("block_k", bk)):
         if isinstance(x, bool) or not isinstance(x, int) or x < 1:
             raise ValueError(f"block_map: {what} must be an integer >= 1, got {x!r}")
-
-
-def _interval_block_map(lo: Tensor, hi: Tensor, s: int, bq: int, bk: int) -> Tensor:
-    """Block classes from row intervals lo, hi (B|1, N): a block is full when every row covers
-    its keys, empty when no row reaches into them. (B|1, 1, nqb, nkb) int8."""
-    return block_classes(lo[None], hi[None], s, bq, bk)

@@ -30,7 +30,6 @@ from attnkit.functional._block_scan import EMPTY, FULL, PARTIAL
 from attnkit.functional._mask_base import StructuredMask
 from attnkit.functional._mask_base import _And as _And  # private names other modules read here
 from attnkit.functional._mask_base import _Dense as _Dense
-from attnkit.functional._mask_base import _interval_block_map as _interval_block_map
 from attnkit.functional._predicates import _Function as _Function
 from attnkit.functional._predicates import from_function
 from attnkit.functional._row_masks import (
