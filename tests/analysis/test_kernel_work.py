@@ -38,8 +38,21 @@ def _kinds(n: int, s: int) -> dict:
             "prefix-rows": masks.prefix(n, torch.tensor([0, n // 2])),
             "with-padding": masks.document(ids, causal=True)
             & masks.padding(torch.tensor([max(n - 9, 0), n]), n),
+            # reordered: the gathered tokens' tiles or runs, or interleaved sequences read in
+            # place where the dilation or stride divides N
+            "dilated": masks.dilated_window(n, 5, 3),
+            "strided": masks.strided(n, 5, causal=True),
+            "natten": masks.neighborhood_2d(*_canvas(n)),
         }
     return kinds
+
+
+def _canvas(n: int) -> tuple[int, int, tuple[int, int]]:
+    """A height x width canvas of n tokens (the largest height <= sqrt(n) dividing n) and a
+    neighbourhood that fits it, odd and non-square where it can be."""
+    height = max(d for d in range(1, int(n**0.5) + 1) if n % d == 0)
+    width = n // height
+    return height, width, (min(5, height - (height + 1) % 2), min(7, width - (width + 1) % 2))
 
 
 def _counted(mask, causal, b, h, hkv, n, s):

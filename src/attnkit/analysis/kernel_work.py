@@ -23,7 +23,7 @@ row over its own keys alone (_native/row_path.h), N·w entries for a window of w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -36,6 +36,7 @@ from attnkit.functional._blocks import (
 )
 from attnkit.functional._grid import query_block
 from attnkit.functional._mask_plan import MaskPlan, kernel_plan, key_blocks
+from attnkit.functional.reordered import Reordered, group_call
 from attnkit.functional.structured import StructuredMask, causal_intervals
 
 __all__ = ["PASSES", "KernelWork", "kernel_work"]
@@ -111,6 +112,8 @@ def kernel_work(
         own = 1 if mask is None else getattr(mask, name)
         if own not in (1, value):
             raise ValueError(f"mask has {name} {own}: the call's {name} must be {own}, got {value}")
+    if isinstance(mask, Reordered) and not causal and n > 0:
+        return _reordered(mask, pass_, batch, heads)
     plan = None
     if mask is not None:
         if causal:  # what `attention` does: causal joins the mask as row intervals
@@ -144,6 +147,23 @@ def kernel_work(
         block_q=bq,
         block_k=bk,
     )
+
+
+def _reordered(mask: Reordered, pass_: str, batch: int, heads: int) -> KernelWork:
+    """A reordered mask's call (`reordered.run_reordered`): its inner mask on the gathered
+    tokens, or its interleaved sequences (`Groups`) read in place, one call of B·g rows; the
+    allowed pairs are the mask's own."""
+    if mask.groups is None:
+        got = kernel_work(mask.inner, pass_=pass_, batch=batch, heads=heads)
+    else:
+        g = mask.groups.count
+        call = group_call(mask.groups, mask.n // g)
+        n = mask.n // g
+        got = kernel_work(
+            call["m"], n=n, s=n, causal=call["causal"], pass_=pass_, batch=batch * g, heads=heads
+        )
+    dense = batch * heads * mask.n * mask.s
+    return replace(got, dense=dense, allowed=_allowed(mask, mask.n, mask.s, False, dense))
 
 
 def _sizes(mask: StructuredMask | None, n: int | None, s: int | None) -> tuple[int, int]:
