@@ -319,3 +319,85 @@ def test_calls_on_interleaved_sequences_plan_their_window_once(monkeypatch):
     for _ in range(3):
         attnkit.attention(q, q, q, mask=mask, backend="chunked")
     assert len(planned) == 1
+
+
+# ------------------------------------------------------------------ 2-D neighbourhoods
+# Canvases that 8 x 8 tiles do not divide, non-square kernels, GQA, the lse, both kernels.
+
+
+def _natten_kinds():
+    return {
+        "9x11-5x3": (masks.neighborhood_2d(9, 11, (5, 3)), _brute_natten(9, 11, 5, 3)),
+        "13x6-7x5": (masks.neighborhood_2d(13, 6, (7, 5)), _brute_natten(13, 6, 7, 5)),
+        "1x17-1x9": (masks.neighborhood_2d(1, 17, (1, 9)), _brute_natten(1, 17, 1, 9)),
+    }
+
+
+NATTEN = list(_natten_kinds())
+
+
+@pytest.mark.parametrize("kind", NATTEN)
+def test_neighbourhoods_with_gqa_in_float64(kind):
+    mask, dense = _natten_kinds()[kind]
+    assert torch.equal(mask.dense()[0, 0], dense)
+    _check_against_reference(mask, dense, torch.float64, 1e-12, 1e-12)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", NATTEN)
+def test_neighbourhoods_with_gqa_on_the_kernel(kind):
+    mask, dense = _natten_kinds()[kind]
+    with native.count_work() as work:
+        _check_against_reference(mask, dense, torch.float32, 2e-6, 1e-5)
+    assert 0 < work.item() <= 2 * 2 * 4 * mask.n * mask.n  # forward + backward, B=2, H=4
+
+
+def test_neighbourhoods_of_transposed_inputs():
+    """q, k, v as (B, N, H, D) memory seen as (B, H, N, D), what modules pass: the gathers
+    read them through their strides."""
+    mask, dense = _natten_kinds()["9x11-5x3"]
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (
+        torch.randn(2, mask.n, 3, 8, generator=g, dtype=torch.float64).transpose(1, 2)
+        for _ in range(3)
+    )
+    got = attnkit.attention(q, k, v, mask=mask, backend="chunked").out
+    want = attnkit.attention(q, k, v, mask=dense, backend="reference").out
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "native"])
+def test_second_order_gradients_through_a_neighbourhood(kernel):
+    if kernel == "native" and not native.available():
+        pytest.skip("no compiled kernel")
+    mask, dense = _natten_kinds()["13x6-7x5"]
+    dtype = torch.float32 if kernel == "native" else torch.float64
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in _gqa_inputs(mask.n, torch.float64))
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+
+    def grad_norm(qq, kk, vv, m):
+        out = attnkit.attention(qq, kk, vv, mask=m, backend="chunked" if m is mask else "reference")
+        (gq,) = torch.autograd.grad(out.out.square().sum(), qq, create_graph=True)
+        return torch.autograd.grad(gq.square().sum(), (qq, kk, vv))
+
+    got, want = grad_norm(q, k, v, mask), grad_norm(qd, kd, vd, dense)
+    tol = 1e-4 if kernel == "native" else 1e-10
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 10, 4), (1, 2, 10), (2, 3, 10, 4, 2), (1, 1, 0, 4)])
+def test_permute_gathers_tokens_and_its_gradient_gathers_back(shape):
+    from attnkit.functional.reordered import permute
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(shape, generator=g, dtype=torch.float64, requires_grad=True)
+    order = torch.randperm(shape[2], generator=g)
+    inverse = torch.argsort(order)
+    y = permute(x, order, inverse)
+    assert y.is_contiguous() and torch.equal(y, x[:, :, order])
+    grad = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    (gx,) = torch.autograd.grad(y, x, grad)
+    assert torch.equal(gx, grad[:, :, inverse])
+    if x.numel():
+        torch.autograd.gradgradcheck(lambda t: permute(t, order, inverse), (x,))
