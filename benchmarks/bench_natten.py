@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""NATTEN 15 x 15 (`masks.neighborhood_2d`) against the dense kernel, as time ÷ (density ×
-dense time per entry), with the token gathers of main before this branch (`index_select`
-along the token axis) and now (`reordered.permute`), interleaved in one process (issue 36.2).
+"""NATTEN (`masks.neighborhood_2d`) against the dense kernel, as time ÷ (density × dense time
+per entry), as main had it before this branch (8 x 8 tiles for every kernel, gathers by
+`index_select` along the token axis) and now (the tile chosen per kernel,
+`_natten_tiles.choose_tile`; gathers by `reordered.permute`), interleaved in one process
+(issue 36.2).
 
-    PYTHONPATH=src python benchmarks/bench_natten.py                 # 64² and 128², 5 rounds
-    PYTHONPATH=src python benchmarks/bench_natten.py --sides 64 --rounds 9
+    PYTHONPATH=src python benchmarks/bench_natten.py                 # 15x15, 64² and 128²
+    PYTHONPATH=src python benchmarks/bench_natten.py --sides 64 --kernel 7 --rounds 9
 
 B=1, H=8, D=64, float32, one thread, the compiled kernel (backend="chunked"), forward and
 forward + backward, medians of interleaved rounds (`attnkit.analysis.bench.time_interleaved`).
@@ -25,6 +27,7 @@ from attnkit import masks
 from attnkit.analysis import kernel_work
 from attnkit.analysis.bench import time_interleaved
 from attnkit.functional import reordered
+from attnkit.functional._natten_tiles import tile_order
 
 _NEW = reordered.permute
 
@@ -61,18 +64,19 @@ def main(argv: list[str]) -> None:
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 8, n, 64, generator=g) for _ in range(3))
         mask = masks.neighborhood_2d(side, side, args.kernel)
+        main = reordered.Reordered(mask.fn, n, tile_order(side, side, 8, 8), None, mask.name)
         steps = {}
         for p_ in ("fwd", "fwd+bwd"):
             grad = p_ == "fwd+bwd"
             steps[f"dense {p_}"] = _step(q, k, v, None, grad, _NEW)
-            steps[f"before {p_}"] = _step(q, k, v, mask, grad, _old)
+            steps[f"before {p_}"] = _step(q, k, v, main, grad, _old)
             steps[f"after {p_}"] = _step(q, k, v, mask, grad, _NEW)
         print(f"timing {len(steps)} steps x {args.rounds} rounds at N={n} ...", file=sys.stderr)
         ms = time_interleaved(steps, args.rounds)
-        work = kernel_work(mask, heads=8)
+        was, now = (kernel_work(m, heads=8) for m in (main, mask))
         print(
             f"N={n} ({side}x{side}, {args.kernel}x{args.kernel}): density {mask.density:.4f}, "
-            f"computed/allowed {work.computed / work.allowed:.2f}"
+            f"computed/allowed {was.computed / was.allowed:.2f} -> {now.computed / now.allowed:.2f}"
         )
         for name, t in ms.items():
             p_ = name.split()[-1]

@@ -330,6 +330,8 @@ def _natten_kinds():
         "9x11-5x3": (masks.neighborhood_2d(9, 11, (5, 3)), _brute_natten(9, 11, 5, 3)),
         "13x6-7x5": (masks.neighborhood_2d(13, 6, (7, 5)), _brute_natten(13, 6, 7, 5)),
         "1x17-1x9": (masks.neighborhood_2d(1, 17, (1, 9)), _brute_natten(1, 17, 1, 9)),
+        "13x11-7x7": (masks.neighborhood_2d(13, 11, 7), _brute_natten(13, 11, 7, 7)),  # 4 x 4
+        "20x13-7x5": (masks.neighborhood_2d(20, 13, (7, 5)), _brute_natten(20, 13, 7, 5)),
     }
 
 
@@ -401,3 +403,23 @@ def test_permute_gathers_tokens_and_its_gradient_gathers_back(shape):
     assert torch.equal(gx, grad[:, :, inverse])
     if x.numel():
         torch.autograd.gradgradcheck(lambda t: permute(t, order, inverse), (x,))
+
+
+def test_the_tile_follows_the_kernel():
+    """Tiles of 4 x 4 for 7 x 7 and 9 x 9 neighbourhoods (estimated 8-12 % cheaper on 64 x 64,
+    measured 20-25 % faster), 8 x 8 for 15 x 15 and where the estimates nearly tie (5 x 5);
+    8 x 4 for a 15 x 7 one; every order a permutation that groups the tile's tokens."""
+    from attnkit.functional._natten_tiles import _cost, choose_tile, tile_order
+
+    assert choose_tile(64, 64, 7, 7) == choose_tile(64, 64, 9, 9) == (4, 4)
+    assert choose_tile(64, 64, 15, 15) == choose_tile(64, 64, 5, 5) == (8, 8)
+    assert choose_tile(64, 64, 15, 7) == (8, 4)
+    assert _cost(64, 64, 7, 7, (4, 4)) < 0.95 * _cost(64, 64, 7, 7, (8, 8))
+    assert _cost(64, 64, 5, 5, (4, 4)) > 0.95 * _cost(64, 64, 5, 5, (8, 8))
+    order = tile_order(6, 10, 4, 4)  # edge tiles cut: 4 x 4, 4 x 4, 4 x 2, then 2 x 4, ...
+    assert torch.equal(torch.sort(order).values, torch.arange(60))
+    assert order[:16].tolist() == [y * 10 + x for y in range(4) for x in range(4)]
+    assert order[32:40].tolist() == [y * 10 + x for y in range(4) for x in (8, 9)]
+    assert masks.neighborhood_2d(13, 11, 7).order[:16].tolist() == [
+        y * 11 + x for y in range(4) for x in range(4)
+    ]

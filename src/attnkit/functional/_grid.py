@@ -31,6 +31,7 @@ __all__ = [
     "choose_tile_grid",
     "query_block",
     "set_query_block",
+    "tile_grid_cost",
 ]
 
 _CALL_COST, _ROW_COST = 384, 40  # entries' worth of time per block call and per row in it
@@ -90,6 +91,11 @@ def choose_tile_grid(fine: Tensor) -> tuple[int, int]:
     """(bq, bk) of the tile grid for a mask evaluated block by block: the candidate grid whose
     non-empty blocks cost least, from the mask's block classes on `FINE_GRID` (int8
     (B, H, N / 16, S / 32), 0 = empty; `_block_scan.scan`)."""
+    return tile_grid_cost(fine)[0]
+
+
+def tile_grid_cost(fine: Tensor) -> tuple[tuple[int, int], float]:
+    """`choose_tile_grid`'s grid and its estimated forward time, in entries' worth."""
     fq, fk = FINE_GRID
     touched = (fine != 0).flatten(0, 1).view(torch.uint8)  # (B·H, N / 16, S / 32)
     bh, nqf, nkf = touched.shape
@@ -103,4 +109,4 @@ def choose_tile_grid(fine: Tensor) -> tuple[int, int]:
         cost = calls * (bq * bk * _ENTRY_COST[bq] + _CALL_COST + _ROW_COST * bq)
         if best_cost is None or cost < best_cost:
             best, best_cost = (bq, bk), cost
-    return best
+    return best, best_cost

@@ -8,7 +8,8 @@ In token order these masks touch nearly every block (a dilation-4 window sees on
 a strided mask one token per frame), so a blocked kernel computes and then masks most of what
 it reads. Reordered, they are block-sparse: sorting tokens by their residue makes a dilated
 window a band within each residue class and a strided mask a set of contiguous documents (row
-intervals, skipped exactly), and 8 × 8 tiles make a 2-D neighbourhood a few dense blocks per
+intervals, skipped exactly), and tiles of the image (8 × 8, or 4 × 4 for small kernels) make a
+2-D neighbourhood a few dense blocks per
 query block. The chunked backend (eager, no bias, no dropout) gathers q, k, v into that order,
 attends with the reordered mask, and scatters out and lse back: the results are those of the
 mask in token order (autograd carries the gathers). Where the residue classes are of equal
@@ -31,12 +32,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from attnkit.functional._natten_tiles import choose_tile, tile_order
 from attnkit.functional.structured import RowIntervals, StructuredMask, _Function
 from attnkit.functional.structured import window as _window
 
 __all__ = ["Reordered", "dilated_window", "neighborhood_2d", "reorder", "strided"]
-
-_TILE = 8  # 2-D neighbourhoods are reordered in 8 × 8 tiles of the image
 
 
 class Groups(NamedTuple):
@@ -181,7 +181,9 @@ def neighborhood_2d(height: int, width: int, kernel: int | tuple[int, int], *, d
     inwards at the borders so that every query sees kernel_h · kernel_w keys. `kernel`: odd,
     at most the grid's side (an int for a square window).
 
-    Skipped on 8 × 8 tiles of the grid (tokens reordered tile by tile)."""
+    Skipped on tiles of the grid (tokens reordered tile by tile): 8 × 8, or where the blocks of
+    another are estimated cheaper, 4 × 4 (7 × 7 and 9 × 9 kernels), 4 × 8 or 8 × 4
+    (`_natten_tiles.choose_tile`)."""
     kh, kw = (kernel, kernel) if not isinstance(kernel, tuple) else kernel
     _check_int("neighborhood_2d", "height", height, 1)
     _check_int("neighborhood_2d", "width", width, 1)
@@ -196,11 +198,7 @@ def neighborhood_2d(height: int, width: int, kernel: int | tuple[int, int], *, d
         cy, cx = qy.clamp(rh, height - 1 - rh), qx.clamp(rw, width - 1 - rw)
         return ((cy - ky).abs() <= rh) & ((cx - kx).abs() <= rw)
 
-    pos = torch.arange(height * width, device=device)
-    y, x = pos // width, pos % width
-    tiles_x = -(-width // _TILE)
-    tile = (y // _TILE) * tiles_x + x // _TILE
-    order = torch.argsort(tile * (_TILE * _TILE) + (y % _TILE) * _TILE + x % _TILE)
+    order = tile_order(height, width, *choose_tile(height, width, kh, kw), device=device)
     name = f"neighborhood_2d({height}x{width}, {kh}x{kw})"
     return Reordered(fn, height * width, order, None, name, device)
 
