@@ -18,6 +18,17 @@ Zen 4, 1 thread, H=8, D=64, 64 × 64, forward, fastest of 9-11 interleaved runs,
 (estimated 12 % and 8 % cheaper: 4 × 4 taken), 5 × 5 12.1 → 16.2 (2 %: kept 8 × 8),
 11 × 11 4.8 → 6.5 and 15 × 15 2.5 → 3.0 (dearer); 8 × 8 → 16 × 16: 3 × 3 50.7 → 51.5,
 21 × 21 3.4 → 3.7 although estimated 6 % and 14 % cheaper, so 16 × 16 is no candidate.
+
+Tried for 15 × 15 and not kept (same units, forward, 64 × 64; entries computed per allowed
+one at 64 × 64 / 128 × 128; shared 8 × 8 tiles: 2.15 / 2.35, 2.5–3.0): keys in an order of
+their own, in 8-row bands (column-major inside) under 8 × 8 query tiles, each row's runs
+cut to the bands and a tile mask inside, 1.97 / 2.15 in 3 key blocks a query block instead
+of 9, and 4 × 8 query tiles on 4-row bands 1.70 / 1.82: 2.9 and 3.0 against 2.8; keys copied
+per band of query rows so that a query block's keys are one run (15 runs a row, exact),
+1.82 / 1.98: 2.9–3.3, the copies of k and v (2.5–4.4×) and masking 15 runs a row each
+costing ~0.3 (2.2 without either); keys in column strips 8 wide (31 runs a row) 9.8; each row
+over its own 15 runs without matrix products (a row path for runs, kernel change) 2.8, a
+row reading its 225 key and value rows from the cache at ~16 ns a key.
 """
 
 from __future__ import annotations

@@ -8,19 +8,19 @@ In token order these masks touch nearly every block (a dilation-4 window sees on
 a strided mask one token per frame), so a blocked kernel computes and then masks most of what
 it reads. Reordered, they are block-sparse: sorting tokens by their residue makes a dilated
 window a band within each residue class and a strided mask a set of contiguous documents (row
-intervals, skipped exactly), and tiles of the image (8 × 8, or 4 × 4 for small kernels) make a
-2-D neighbourhood a few dense blocks per
-query block. The chunked backend (eager, no bias, no dropout) gathers q, k, v into that order,
-attends with the reordered mask, and scatters out and lse back: the results are those of the
-mask in token order (autograd carries the gathers). Where the residue classes are of equal
-size (the dilation or stride divides N) no gather is needed: token t·g + r is position t of
-class r, so (B, H, N, D) is (B, H, N/g, g, D), and the classes are g independent sequences of
-N/g tokens, each a window (or full, or causal) over its class: one call, which the compiled
-kernel reads in place (`chunked_attention(groups=g)`). Everywhere else (bias, dropout, other
-backends, `&`/`|` with other masks, `.dense()`) the mask is its token-order predicate, exact
-and without the speed-up. Dilated windows follow the attention-gym/DiNAT convention, strided masks
-Sparse Transformer's / video models' "same position in every frame", neighbourhoods NATTEN's
-(windows clamped at the borders, so every query sees kernel² keys; Hassani et al. 2023).
+intervals, skipped exactly), and tiles of the image (8 × 8, 4 × 4 for small kernels) make a 2-D
+neighbourhood a few dense blocks per query block. The chunked backend (eager, no bias, no
+dropout) gathers q, k, v into that order, attends with the reordered mask, and scatters out and
+lse back: the results are those of the mask in token order (autograd carries the gathers).
+Where the residue classes are of equal size (the dilation or stride divides N) no gather is
+needed: token t·g + r is position t of class r, so (B, H, N, D) is (B, H, N/g, g, D), and the
+classes are g independent sequences of N/g tokens, each a window (or full, or causal) over its
+class: one call, which the compiled kernel reads in place (`chunked_attention(groups=g)`).
+Everywhere else (bias, dropout, other backends, `&`/`|` with other masks, `.dense()`) the mask
+is its token-order predicate, exact and without the speed-up. Dilated windows follow the
+attention-gym/DiNAT convention, strided masks Sparse Transformer's / video models' "same
+position in every frame", neighbourhoods NATTEN's (windows clamped at the borders, so every
+query sees kernel² keys; Hassani et al. 2023).
 """
 
 from __future__ import annotations
