@@ -519,7 +519,7 @@ for name, m in {"dilated": dil, "strided": frames, "2-D neighbourhood": natten}.
 # | predicates, scattered documents, `\|` with a predicate or of more than 16 runs | tiles: empty blocks skipped, full ones unmasked, partial ones masked, on the grid (128 × 256 down to 16 × 32) that computes the fewest entries | window 2048 `\|` first 256 keys 1.21 | 1.07 (now runs) |
 # | `dilated_window` (128 keys, dilation 4) | interleaved sequences, read in place: a window within each | 1.8 | 1.5–1.7 |
 # | `strided` (frames of 64 / 256 tokens) | interleaved sequences, read in place: all of each, the next sequence's rows fetched ahead | 1.7–2.1 / 4.8–5.6 | 1.7–1.8 / 4.1–4.4 |
-# | `neighborhood_2d` (15 × 15 on 64 × 64) | reordered in 8 × 8 tiles: tiles (as 15 runs of 15 keys in row-major order it costs 5.8: a query block spans 46 keys of each of its 15 rows of keys). The tile is chosen per kernel from the estimated cost of its blocks: 7 × 7 and 9 × 9 take 4 × 4 tiles (forward 8.5 → 6.4 and 5.4 → 4.2), 15 × 7 takes 8 × 4 (4.6 → 3.8) | 4.3 | 3.0–3.2 |
+# | `neighborhood_2d` (15 × 15 on 64 × 64) | reordered in 8 × 8 tiles: tiles (as 15 runs of 15 keys in row-major order it costs 5.8: a query block spans 46 keys of each of its 15 rows of keys). The tile is chosen per kernel from the estimated cost of its blocks: 7 × 7 and 9 × 9 take 4 × 4 tiles (forward 8.5 → 6.4 and 5.4 → 4.2; 7 × 7 forward + backward 12.2 → 6.5), 15 × 7 takes 8 × 4 (4.6 → 3.8) | 4.3 | 3.0–3.2 |
 #
 # What these sparsest masks cost is mostly the cost of touching every row at all. In the same
 # units: reading q, k and v once and writing the output (one fused torch op) takes 0.8–0.9 at 9
