@@ -8,12 +8,10 @@ import json
 import subprocess
 import sys
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from attnkit.analysis.bench import Case
+from attnkit.analysis._bench_case import Case
 
 __all__ = ["memory_row", "peak_memory_mib", "status_mib"]
 

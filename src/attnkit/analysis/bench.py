@@ -15,7 +15,8 @@ Peak memory runs one forward+backward per configuration in a fresh subprocess
 once the inputs exist (Linux >= 4.0), and the peak above that RSS is reported.
 
 The interleaved timing is `attnkit.analysis._timing`, the memory rows
-`attnkit.analysis._bench_memory`; both names stay importable from here.
+`attnkit.analysis._bench_memory`, `Case` `attnkit.analysis._bench_case`; their names stay
+importable from here.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit._cpu import cpu_name
+from attnkit.analysis._bench_case import MASKS, Case
 from attnkit.analysis._bench_memory import memory_row, status_mib
 from attnkit.analysis._bench_memory import peak_memory_mib as peak_memory_mib  # read here
 from attnkit.analysis._timing import time_interleaved
@@ -44,30 +46,11 @@ from attnkit.functional.attention import attention
 
 __all__ = ["Case", "Plan", "kernel_flops", "peak_bytes", "planned_steps", "run_benchmark"]
 
-MASKS = ("none", "causal", "padding", "bool")
 KERNEL_IMPLS = ("auto", "reference", "fused", "chunked", "sdpa", "plain")
 # Implementations that build the (B, H, N, S) scores (SDPA does with dropout: its math path);
 # skipped when those would exceed this many bytes as float32.
 DENSE_LIMIT_BYTES = 1 << 30
 DEFAULT_DECODE = DecodeShape()  # frozen: one shared default is safe
-
-
-@dataclass(frozen=True)
-class Case:
-    """One attention configuration (B=1, H=8, D=64 unless said otherwise)."""
-
-    n: int  # N = S
-    mask: str  # one of MASKS
-    dropout: float  # attention dropout while training
-    dtype: str = "float32"  # "float32" or "bfloat16"
-    b: int = 1
-    h: int = 8
-    d: int = 64
-
-    @property
-    def score_bytes(self) -> int:
-        """The float32 (B, H, N, S) score matrix of all heads."""
-        return 4 * self.b * self.h * self.n * self.n
 
 
 @dataclass(frozen=True)
