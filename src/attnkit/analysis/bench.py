@@ -13,16 +13,16 @@ Compare ratios within one run: absolute times drift up to 2x on shared machines.
 Peak memory runs one forward+backward per configuration in a fresh subprocess
 (``python -m attnkit.analysis.bench --child ...``): the kernel's high-water mark VmHWM is reset
 once the inputs exist (Linux >= 4.0), and the peak above that RSS is reported.
+
+The interleaved timing is `attnkit.analysis._timing`, the memory rows
+`attnkit.analysis._bench_memory`, `Case` `attnkit.analysis._bench_case`; their names stay
+importable from here.
 """
 
 from __future__ import annotations
 
 import json
-import random
-import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -31,6 +31,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit._cpu import cpu_name
+from attnkit.analysis._bench_case import MASKS, Case
+from attnkit.analysis._bench_memory import memory_row, status_mib
+from attnkit.analysis._bench_memory import peak_memory_mib as peak_memory_mib  # read here
+from attnkit.analysis._timing import time_interleaved
 from attnkit.analysis.bench_decode import DecodeShape, decode_rows
 from attnkit.analysis.bench_modules import module_rows
 from attnkit.analysis.bench_report import evaluate_targets
@@ -42,30 +46,11 @@ from attnkit.functional.attention import attention
 
 __all__ = ["Case", "Plan", "kernel_flops", "peak_bytes", "planned_steps", "run_benchmark"]
 
-MASKS = ("none", "causal", "padding", "bool")
 KERNEL_IMPLS = ("auto", "reference", "fused", "chunked", "sdpa", "plain")
 # Implementations that build the (B, H, N, S) scores (SDPA does with dropout: its math path);
 # skipped when those would exceed this many bytes as float32.
 DENSE_LIMIT_BYTES = 1 << 30
 DEFAULT_DECODE = DecodeShape()  # frozen: one shared default is safe
-
-
-@dataclass(frozen=True)
-class Case:
-    """One attention configuration (B=1, H=8, D=64 unless said otherwise)."""
-
-    n: int  # N = S
-    mask: str  # one of MASKS
-    dropout: float  # attention dropout while training
-    dtype: str = "float32"  # "float32" or "bfloat16"
-    b: int = 1
-    h: int = 8
-    d: int = 64
-
-    @property
-    def score_bytes(self) -> int:
-        """The float32 (B, H, N, S) score matrix of all heads."""
-        return 4 * self.b * self.h * self.n * self.n
 
 
 @dataclass(frozen=True)
@@ -158,43 +143,6 @@ def kernel_step(impl: str, case: Case, backward: bool, inputs) -> Callable[[], N
     return step
 
 
-def time_interleaved(
-    steps: dict[str, Callable[[], None]],
-    repeats: int,
-    stat: Callable = statistics.median,
-    sample_s: float = 0.02,
-) -> dict[str, float]:
-    """Median milliseconds per step (or `stat` of the samples, e.g. min: timeit's choice for
-    fixed costs, the least disturbed sample): warm-up, then `repeats` rounds in a shuffled order.
-
-    The order is drawn afresh each round (seeded, so runs are comparable): rotating one fixed
-    order keeps every step behind the same neighbour, and a step always run right after plain
-    attention (which frees hundreds of MiB) paid that one's page faults and cache misses in
-    most samples (measured: auto 1.8 ms vs fused 1.3 ms for the same SDPA call, N=256). A step
-    faster than `sample_s` (20 ms) also gets one untimed call before each sample and is run
-    several times per sample (timeit's autorange idea), for the same reason. A short sample_s
-    with many repeats suits microsecond calls on a loaded machine: more samples escape the
-    other processes.
-    """
-    inner = {}
-    for name, step in steps.items():
-        t0 = time.perf_counter()
-        step()
-        inner[name] = max(1, min(50, int(sample_s / max(time.perf_counter() - t0, 1e-6))))
-    names = list(steps)
-    order = random.Random(len(names) * 1000 + repeats)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for _ in range(repeats):
-        for name in order.sample(names, len(names)):
-            if inner[name] > 1:
-                steps[name]()  # absorbs the previous step's aftermath
-            t0 = time.perf_counter()
-            for _ in range(inner[name]):
-                steps[name]()
-            times[name].append((time.perf_counter() - t0) / inner[name])
-    return {name: 1e3 * stat(ts) for name, ts in times.items()}
-
-
 def attention_flops(case: Case, backward: bool) -> float:
     """4·B·H·N·S·D per forward (half when causal); forward+backward ≈ 3.5× forward."""
     f = 4 * case.b * case.h * case.n * case.n * case.d / (2 if case.mask == "causal" else 1)
@@ -254,13 +202,6 @@ def overhead_row(repeats: int, calls: int = 200) -> dict:
 # --------------------------------------------------------------------------- peak memory
 
 
-def status_mib(name: str) -> float:
-    """A field of /proc/self/status (VmRSS, VmHWM, VmSize, ...) in MiB (Linux)."""
-    with open("/proc/self/status") as f:
-        line = next(x for x in f if x.startswith(name + ":"))
-    return int(line.split()[1]) / 1024  # kB -> MiB
-
-
 def _child(impl: str, case: Case, threads: int) -> float:
     """In a fresh process: peak RSS growth (MiB) of one forward+backward of `impl`."""
     torch.set_num_threads(threads)
@@ -272,31 +213,6 @@ def _child(impl: str, case: Case, threads: int) -> float:
     before = status_mib("VmRSS")
     kernel_step(impl, case, True, inputs)()
     return status_mib("VmHWM") - before
-
-
-def peak_memory_mib(impl: str, case: Case, threads: int) -> float | None:
-    """Peak extra MiB of one forward+backward in a fresh subprocess; None if it failed."""
-    arg = json.dumps({"impl": impl, "case": asdict(case), "threads": threads})
-    cmd = [sys.executable, "-m", "attnkit.analysis.bench", "--child", arg]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        return None
-    return float(res.stdout.strip().splitlines()[-1])
-
-
-def memory_row(impl: str, case: Case, threads: int) -> dict:
-    # out, dq, dk, dv and lse exist whatever the implementation does
-    unavoidable = (
-        4 * case.b * case.h * case.n * case.d * torch.finfo(getattr(torch, case.dtype)).bits / 8
-    )
-    return {
-        "kind": "memory",
-        "impl": impl,
-        **asdict(case),
-        "peak_mib": peak_memory_mib(impl, case, threads),
-        "outputs_and_grads_mib": unavoidable / 2**20,
-        "score_matrix_mib": case.score_bytes / 2**20,
-    }
 
 
 # --------------------------------------------------------------------------- the run

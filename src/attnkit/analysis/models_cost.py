@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnkit.analysis.cost import ZERO, Cost, _batched, _check_positive, mha_cost
+from attnkit.analysis._cost_record import ZERO, Cost, _batched, _check_positive
+from attnkit.analysis.cost import mha_cost
 
 __all__ = ["ModelCost", "bert_cost", "transformer_cost", "vit_cost"]
 

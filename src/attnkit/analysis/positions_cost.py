@@ -32,7 +32,7 @@ Two ways to run a relative bias, both in attnkit, same numbers:
 
 from __future__ import annotations
 
-from attnkit.analysis.cost import Cost, _check_positive
+from attnkit.analysis._cost_record import Cost, _check_positive
 
 __all__ = ["alibi_cost", "relative_bias_cost", "rotary_cost", "softcap_cost"]
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from attnkit.analysis.cost import Cost, _batched, _check_positive, mha_cost
+from attnkit.analysis._cost_record import Cost, _batched, _check_positive
+from attnkit.analysis.cost import mha_cost
 from attnkit.analysis.positions_cost import RELATIVE_FLOPS_PER_SCORE
 
 __all__ = ["swin_window_cost"]

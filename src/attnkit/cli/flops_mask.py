@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnkit.cli._flops_format import share, table
+
 __all__ = ["mask_lines", "mask_spec", "mask_tokens", "mask_work"]
 
 KINDS = {
@@ -108,29 +110,24 @@ def mask_work(args: argparse.Namespace, n: int) -> dict:
     return {"mask": mask, "summary": summary}
 
 
-def _share(part: int, total: int) -> str:
-    return f"{100 * part / total:.1f}%" if total else "-"
-
-
 def _entry_rows(summary: dict) -> list[list[str]]:
     """Rows of the score-entry table: allowed, computed forward and backward, dense last."""
     dense, allowed = summary["dense"], summary["allowed"]
-    rows = [["allowed by the mask", f"{allowed:,}", _share(allowed, dense), "-"]]
+    rows = [["allowed by the mask", f"{allowed:,}", share(allowed, dense), "-"]]
     for name in ("forward", "backward"):
         w = summary[name]
         blocks = f"{w['blocks']:,} of {w['block_q']}×{w['block_k']}"
         rows.append(
-            [f"computed, {name}", f"{w['computed']:,}", _share(w["computed"], dense), blocks]
+            [f"computed, {name}", f"{w['computed']:,}", share(w["computed"], dense), blocks]
         )
     rows.append(["dense (B·H·N·S)", f"{dense:,}", "100.0%", "-"])
     return rows
 
 
-def mask_lines(summary: dict, cost, n: int, args, *, textbook: bool, table) -> list[str]:
+def mask_lines(summary: dict, cost, n: int, args, *, textbook: bool) -> list[str]:
     """The report's mask part: the closed forms with the allowed pairs A and the computed
     entries K per head (textbook self-attention: 4NC² + 2·A·C, each checked against the
-    formula), the MACs attnkit's kernel computes, and the table of score entries (`table`
-    formats it)."""
+    formula), the MACs attnkit's kernel computes, and the table of score entries."""
     lines = [f"mask: {summary['mask']}, density {summary['density']:.4f}"]
     proj, c, per_head = (4 if args.out_proj else 3), args.dim, args.batch * args.heads
     kernel = "attnkit's compiled kernel, in whole blocks"

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from attnkit.distributed.layout import positions
-from attnkit.functional import chunked, native
+from attnkit.functional import _chunked_torch, chunked, native
 from attnkit.functional._dropout import NO_DROPOUT
 
 _ALL = slice(None)
@@ -158,7 +158,7 @@ def _plan(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, structure
         if causal
         else (chunked.DEFAULT_BLOCK_Q, chunked.DEFAULT_BLOCK_K)
     )
-    pl = chunked._Plan(q, k, v, causal, bq, bk, structure)  # tiles, if any, fix the grid
+    pl = _chunked_torch._Plan(q, k, v, causal, bq, bk, structure)  # tiles, if any, fix the grid
     pl.scale, pl.inv_keep = scale, 1.0  # no dropout: inv_keep only rescales 1/l
     return pl
 
@@ -178,7 +178,7 @@ def block_forward(
         rest = () if plan is None else (plan.rows, plan.table, plan.tiles)
         return native._forward(q, k, v, mask, bias, causal, scale, NO_DROPOUT, 1.0, None, *rest)
     pl = _plan(q, k, v, causal, scale, plan)
-    return chunked._forward(pl, q, k, v, chunked._as4d(mask), bias, NO_DROPOUT, None)
+    return _chunked_torch._forward(pl, q, k, v, _chunked_torch._as4d(mask), bias, NO_DROPOUT, None)
 
 
 def block_backward(dout, dlse, q, k, v, out, lse, mask, bias, causal, scale, want_dbias,
@@ -203,8 +203,8 @@ def block_backward(dout, dlse, q, k, v, out, lse, mask, bias, causal, scale, wan
         gb = None
     else:
         pl = _plan(q, k, v, causal, scale, plan)
-        dq, dk, dv, gb = chunked._backward(
-            pl, q, k, v, chunked._as4d(mask), bias, out, lse, dout, dlse, NO_DROPOUT, None,
+        dq, dk, dv, gb = _chunked_torch._backward(
+            pl, q, k, v, _chunked_torch._as4d(mask), bias, out, lse, dout, dlse, NO_DROPOUT, None,
             want_dbias,
         )  # fmt: skip
     if into is None:

@@ -29,6 +29,8 @@ A cached file that fails (truncated by a full disk or a killed copy — `dlopen`
 crashed the process with SIGBUS —, empty, another user's, written by an attnkit that recorded
 no hash) is rebuilt, with one line on stderr saying why; a folder that fails is passed over,
 with one line saying why.
+
+The ownership, mode and hash checks are in `attnkit.functional._kernel_trust`.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ import hashlib
 import os
 import platform
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,7 @@ import torch
 from attnkit._cpu import cpu_flags
 from attnkit._io import atomic_write_bytes
 from attnkit.functional._kernel_prebuilt import candidates
+from attnkit.functional._kernel_trust import Untrusted, hash_path, private_folder, problem
 
 __all__ = ["load", "loaded", "origin"]
 
@@ -66,10 +68,6 @@ _lib: ctypes.CDLL | None = None
 _tried = False
 _looked = False  # load_if_ready has looked for a library it can load without building
 _origin: str | None = None  # where the loaded library came from (see `origin`)
-
-
-class _Untrusted(Exception):
-    """A folder or file that another user could have written (the message says why)."""
 
 
 def _say(line: str) -> None:
@@ -139,94 +137,6 @@ def _flags() -> list[str]:
     ]  # fmt: skip
 
 
-# --------------------------------------------------------------------------- trust
-
-
-def _private_group(gid: int) -> bool:
-    """Whether group `gid` is this user's own (a user private group, as Fedora and RHEL make
-    with umask 002): named after the user, with no other member."""
-    try:
-        import grp
-        import pwd
-
-        group, me = grp.getgrgid(gid), pwd.getpwuid(os.geteuid()).pw_name
-    except (ImportError, KeyError):
-        return False
-    return group.gr_name == me and set(group.gr_mem) <= {me}
-
-
-def _check_ancestor(path: Path, st: os.stat_result, uid: int) -> None:
-    if st.st_uid not in (uid, 0):
-        raise _Untrusted(f"{path} is owned by uid {st.st_uid}, not by you (uid {uid}) or root")
-    others = st.st_mode & stat.S_IWOTH or (
-        st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid)
-    )
-    if others and not st.st_mode & stat.S_ISVTX:
-        raise _Untrusted(f"{path} may be written by others (mode {st.st_mode & 0o7777:o})")
-
-
-def _check_own(path: Path, st: os.stat_result, uid: int, kind: str) -> None:
-    """A folder or file of the cache itself: owned by this user, writable by no one else."""
-    if not (stat.S_ISDIR(st.st_mode) if kind == "folder" else stat.S_ISREG(st.st_mode)):
-        raise _Untrusted(f"{path} is not a {'directory' if kind == 'folder' else 'regular file'}")
-    if st.st_uid != uid:
-        raise _Untrusted(f"{path} is owned by uid {st.st_uid}, not by you (uid {uid})")
-    if st.st_mode & 0o022:
-        raise _Untrusted(
-            f"{path} may be written by group or others (mode {st.st_mode & 0o7777:o}; "
-            f"chmod go-w it, or remove it)"
-        )
-
-
-def _private_folder(folder: Path) -> Path:
-    """`folder` (its missing parts created with mode 0700) as a path free of symlinks, once
-    checked that no other user can write or replace it. _Untrusted says why not; OSError if
-    it cannot be created."""
-    folder = Path(os.path.abspath(folder))
-    missing = [p for p in (folder, *folder.parents) if not os.path.lexists(p)]
-    for part in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(part, 0o700)
-    # Checked and used from here on through the resolved path, so a symlink swapped later
-    # changes nothing; the folders above it are then checked to be unreplaceable.
-    real = Path(os.path.realpath(folder))
-    uid = os.geteuid()
-    _check_own(real, os.lstat(real), uid, "folder")
-    for parent in real.parents:
-        _check_ancestor(parent, os.lstat(parent), uid)
-    return real
-
-
-def _hash_path(library: Path) -> Path:
-    return library.with_name(library.name + ".sha256")
-
-
-def _read_own(path: Path) -> bytes:
-    """A file of the cache, after `_check_own`; never through a symlink."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        _check_own(path, os.fstat(f.fileno()), os.geteuid(), "file")
-        return f.read()
-
-
-def _problem(library: Path) -> str | None:
-    """Why the cached `library` must not be loaded, or None when it is the file this user
-    built (owned, not writable by others, hashing to its record)."""
-    try:
-        data = _read_own(library)
-    except (OSError, _Untrusted) as err:  # OSError: a symlink (O_NOFOLLOW), unreadable
-        return str(err)
-    try:
-        record = _read_own(_hash_path(library)).decode("ascii", "replace").split()
-    except FileNotFoundError:
-        return f"{library} has no recorded sha256 (an interrupted build, or an older attnkit)"
-    except (OSError, _Untrusted) as err:
-        return str(err)
-    if not record or record[0] != hashlib.sha256(data).hexdigest():
-        return f"{library} does not match its recorded sha256 (truncated or changed)"
-    return None
-
-
 # --------------------------------------------------------------------------- building
 
 
@@ -243,7 +153,7 @@ def _build(cxx: str, target: Path) -> None:
         data = built.read_bytes()
     atomic_write_bytes(target, data, mode=0o700)
     record = f"{hashlib.sha256(data).hexdigest()}  {target.name}\n"
-    atomic_write_bytes(_hash_path(target), record.encode("ascii"), mode=0o600)
+    atomic_write_bytes(hash_path(target), record.encode("ascii"), mode=0o600)
 
 
 _FIRST_BUILD = "compiling the CPU attention kernel for this machine (one time)"
@@ -280,13 +190,13 @@ def _turns(folder: Path) -> Iterator[None]:
 
 
 def _load_or_build(cxx: str, path: Path) -> ctypes.CDLL:
-    """The library at `path` in a checked folder: loaded if it passes `_problem`, else built
+    """The library at `path` in a checked folder: loaded if it passes `problem`, else built
     there (again). OSError if the folder cannot be written."""
     with _turns(path.parent):
         if not os.path.lexists(path):
             _build_verbosely(cxx, path)
             return _open_built(path)
-        why = _problem(path)
+        why = problem(path)
         if why is None:
             try:
                 return _open(path)
@@ -396,15 +306,15 @@ def _load() -> ctypes.CDLL | None:
     _origin = f"compiled {name}"
     for folder in (_cache_dir(), _fallback_dir()):
         try:
-            return _load_or_build(cxx, _private_folder(folder) / name)
-        except _Untrusted as err:
+            return _load_or_build(cxx, private_folder(folder) / name)
+        except Untrusted as err:
             _say(f"attnkit: not using {folder} for the compiled kernel: {err}")
         except OSError:  # cannot be created or written (read-only home, full disk): the next
             pass
     with tempfile.TemporaryDirectory(prefix="attnkit-") as tmp:  # mode 0700, unguessable name
         # checked too: in a temp folder others may write without the sticky bit, they could
-        # rename this one away and put theirs in its place (_Untrusted: no kernel, a warning)
-        path = _private_folder(Path(tmp)) / name
+        # rename this one away and put theirs in its place (Untrusted: no kernel, a warning)
+        path = private_folder(Path(tmp)) / name
         doing = "no private cache folder: compiling the CPU attention kernel for this process"
         _build_verbosely(cxx, path, doing, kept=False)
         return _open_built(path)  # the mapping outlives the deleted file

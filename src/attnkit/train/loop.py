@@ -36,18 +36,18 @@ Distributed: launch under `torchrun`; wrap the call in `distributed()` (which
 runs `init_process_group`: gloo on CPU, nccl on GPU). `fit` then wraps the
 model in DistributedDataParallel (gradients averaged over ranks), shards the
 data with a DistributedSampler and splits `batch_size` (global) over ranks.
+
+The loop's helpers: checkpoints in `_checkpoint`, the process group and DDP in `_ddp`,
+the progress bar and epoch lines in `_progress`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import math
-import os
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -67,6 +67,8 @@ from attnkit.train._checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
+from attnkit.train._ddp import agree, distributed, rank_world, wrap_ddp
+from attnkit.train._progress import print_row, progress_bar
 
 __all__ = [
     "FORMAT",
@@ -126,44 +128,6 @@ class FitResult:
 _clock = time.perf_counter  # the time source of `max_time` (a test may replace it)
 
 
-# --------------------------------------------------------------------------- atomic files
-
-
-# --------------------------------------------------------------------------- distributed
-
-
-def _rank_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-@contextlib.contextmanager
-def distributed() -> Iterator[torch.device]:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1); yield the device.
-
-    gloo on CPU, nccl on GPU (one GPU per process: cuda:LOCAL_RANK). A plain
-    `python` launch yields the single device and does nothing else.
-    """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    cuda = torch.cuda.is_available()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(f"cuda:{local}" if cuda else "cpu")
-    if world == 1 or dist.is_initialized():
-        yield device
-        return
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    try:
-        yield device
-        # Leave together: rank 0 evaluates and writes after the last step while the
-        # others are done; tearing gloo down under a peer that still runs can abort it.
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 # --------------------------------------------------------------------------- the loop
 
 
@@ -202,7 +166,7 @@ def fit(
             row (train and eval metrics, after the checkpoint is written); True
             ends training there on every rank, e.g. `lambda r: r["exact_match"] >= 1`.
     """
-    rank, world = _rank_world()
+    rank, world = rank_world()
     if config.max_time is not None and not 0 < config.max_time < math.inf:
         raise ValueError(f"max_time must be a finite number of seconds > 0, got {config.max_time}")
     if config.batch_size % world:
@@ -250,17 +214,17 @@ def fit(
         )
     if out is not None and rank == 0:
         atomic_write_json(out / CONFIG, {"run": run_info, "train": dataclasses.asdict(config)})
-    net = _wrap(model, device, world)
+    net = wrap_ddp(model, device, world)
     show = progress and rank == 0
     started = _clock()
     deadline = None if config.max_time is None else started + config.max_time
 
     def time_up() -> bool:  # rank 0's clock decides for every rank
-        return deadline is not None and _agree(_clock() >= deadline, device)
+        return deadline is not None and agree(_clock() >= deadline, device)
 
     stopped = None
     # One bar over all the run's steps, so that its ETA is the time to the end of training.
-    with _progress_bar(total, done_steps, show) as bar:
+    with progress_bar(total, done_steps, show) as bar:
         # Until the steps asked for are done (every epoch takes at least one), not until
         # `config.epochs`: a run resumed from a checkpoint of other settings (another
         # max_steps or batch size) may need one epoch more than the count says.
@@ -310,8 +274,8 @@ def fit(
                                "world_size": world}  # fmt: skip
                     atomic_write_json(out / METRICS, json_safe(metrics))
                 if show:
-                    _print_row(row, total if timed else None)
-            if stop_when is not None and not partial and _agree(stop, device):
+                    print_row(row, total if timed else None)
+            if stop_when is not None and not partial and agree(stop, device):
                 break
             if out_of_time:
                 stopped = row
@@ -325,15 +289,6 @@ def _train_stats(sums: Tensor) -> dict[str, float]:
     if sums[3] > 0:
         stats["train_acc"] = (sums[2] / sums[1]).item()
     return stats
-
-
-def _progress_bar(total: int, done: int, show: bool):
-    """tqdm on stderr over the run's `total` steps, `done` of them already (a resumed run)."""
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total, initial=done, unit="step", disable=not show, leave=False, file=sys.stderr
-    )
 
 
 def _train_epoch(net, step, batches, optimizer, scheduler, config, device, done, total, bar,
@@ -380,15 +335,6 @@ def _train_epoch(net, step, batches, optimizer, scheduler, config, device, done,
     return sums, done, out_of_time
 
 
-def _agree(flag: bool, device: torch.device | str) -> bool:
-    """Rank 0's `flag` on every rank (a broadcast under DDP)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    t = torch.tensor([float(flag)], device=device)
-    dist.broadcast(t, src=0)
-    return bool(t.item())
-
-
 def _evaluate(model: nn.Module, evaluate) -> dict[str, float]:
     was = model.training
     model.eval()
@@ -397,21 +343,6 @@ def _evaluate(model: nn.Module, evaluate) -> dict[str, float]:
             return dict(evaluate(model))
     finally:
         model.train(was)
-
-
-def _print_row(row: dict, total: int | None = None) -> None:
-    """One line on stderr; `total`: the run's steps, when max_time stopped it at this row."""
-    from tqdm.auto import tqdm
-
-    parts = [f"epoch {row['epoch']}"]
-    if total is not None:
-        parts.insert(0, f"out of time (max_time) at step {row['step']} of {total}:")
-    for key, value in row.items():
-        if key in ("epoch", "step", "epoch_steps"):
-            continue
-        pct = key.endswith("acc")
-        parts.append(f"{key} {value:.2%}" if pct else f"{key} {value:.4g}")
-    tqdm.write("  ".join(parts), file=sys.stderr)
 
 
 def _warmup_cosine(total: int, warmup: float) -> Callable[[int], float]:
@@ -428,15 +359,6 @@ def _warmup_cosine(total: int, warmup: float) -> Callable[[int], float]:
 
 def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
     return (seed * 1_000_003 + epoch * 1_009 + rank) % (2**63)
-
-
-def _wrap(model: nn.Module, device: torch.device | str, world: int) -> nn.Module:
-    if world == 1:
-        return model
-    from torch.nn.parallel import DistributedDataParallel
-
-    ids = [device] if torch.device(device).type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids)  # broadcasts rank 0's weights
 
 
 def _to_device(batch, device):
