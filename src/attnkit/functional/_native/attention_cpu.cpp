@@ -46,12 +46,14 @@
 
 extern "C" {
 
-int attnkit_abi_version() { return 9; }  // 8: runs of keys (Args::rows_k); 9: backward_write
+// 8: runs of keys (Args::rows_k); 9: backward_write; 10: dO's strides (Args::dout_st)
+int attnkit_abi_version() { return 10; }
 
 // Forward: fills out and lse. Work items are (b, h, sequence, query block), over the threads.
 void attnkit_attention_forward(const Args* args) {
     const Args& a = *args;
     const int64_t nqb = ceil_div(a.N, a.bq), items = a.B * a.H * a.groups * nqb;
+    advise_huge_pages(a.out, a.B * a.H * a.groups * a.N * a.Dv);
 #pragma omp parallel num_threads(static_cast<int>(a.nthreads))
     {
         Scratch w(a);
