@@ -25,7 +25,7 @@
 //   score_mods.h      score functions (softcap, ALiBi, relative tables) on a row
 //   masks.h           bias, dense masks, causal, runs and tiles: at, mask_row, KeyBlock,
 //                     mask_row_structured, key_end, stretches, key_blocks
-//   scratch.h         per-thread Scratch, row_of, load_q, ceil_div
+//   scratch.h         per-thread Scratch, row_of, dout_row, load_q, ceil_div, advise_huge_pages
 //   row_path.h        narrow windows a row at a time: row_path, each_row, the prefetch
 //   forward.h         the forward of a query block: forward_block, forward_rows, write_row
 //   backward_block.h  the backward of a query block: backward_block, backward_rows, add_dk_dv

@@ -4,8 +4,9 @@
 //
 // Legend: Scratch one thread's buffers (s scores, dp dP~, qs scaled queries, acc output or dq,
 // m, l running max and sum, blocks the key blocks, lo, hi the rows' runs, work the entries
-// computed); row_of the tensor row of position i of sequence r (Args::groups);
-// load_q qs = scale * q for a block; ceil_div.
+// computed); row_of the tensor row of position i of sequence r (Args::groups); dout_row a
+// row of dO through its strides; load_q qs = scale * q for a block; ceil_div;
+// advise_huge_pages the huge-page hint on a fresh output.
 
 #pragma once
 
