@@ -60,8 +60,8 @@ from attnkit.functional._kernel_trust import Untrusted, hash_path, private_folde
 __all__ = ["load", "loaded", "origin"]
 
 _SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
-_ABI = 9  # attnkit_abi_version() of the sources (7: attnkit_all_finite; 8: runs of keys;
-# 9: attnkit_attention_backward_write)
+_ABI = 10  # attnkit_abi_version() of the sources (7: attnkit_all_finite; 8: runs of keys;
+# 9: attnkit_attention_backward_write; 10: dO's strides, Args::dout_st)
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None

@@ -177,7 +177,8 @@ class _EagerMod(torch.autograd.Function):
         if torch.is_grad_enabled():
             return _differentiable_grads(ctx, dout, dlse)
         q, k, v, vals, out, lse, mask, bias, seed = ctx.saved_tensors
-        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+        if dout is None:  # only lse was used: a zero cotangent, broadcast (B, H, N, Dv)
+            dout = out.new_zeros(out.shape[-1]).expand_as(out)
         dlse = None if dlse is None else dlse.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # written
         dvals = torch.zeros_like(vals) if vals is not None and ctx.needs_input_grad[3] else None
@@ -185,7 +186,8 @@ class _EagerMod(torch.autograd.Function):
         st = (None, None, None) if plan is None else (plan.rows, plan.table, plan.tiles)
         a = _call(q, k, v, mask, bias, *ctx.scalars, seed, st, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K))
         _fill(a, ctx.nm, vals, dvals)
-        a.out, a.lse, a.dout = out.data_ptr(), lse.data_ptr(), dout.data_ptr()
+        a.out, a.lse = out.data_ptr(), lse.data_ptr()
+        native._cotangent(a, dout)
         a.dlse = None if dlse is None else dlse.data_ptr()
         a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
         load().attnkit_attention_backward_write(ctypes.byref(a))

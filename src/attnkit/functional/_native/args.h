@@ -26,7 +26,8 @@ struct Args {
     int64_t bias_st[4];
     float* out;
     float* lse;
-    const float* dout;    // backward only
+    const float* dout;    // backward only: dO (B, H, N, Dv), read through dout_st
+    int64_t dout_st[4];   // dO's strides (elements; 0: broadcast), its token axis q's (N * groups)
     const float* dlse;    // backward only, may be null
     float* dq;
     float* dk;            // zeroed by the caller

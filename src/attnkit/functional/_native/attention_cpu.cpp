@@ -25,7 +25,7 @@
 //   score_mods.h      score functions (softcap, ALiBi, relative tables) on a row
 //   masks.h           bias, dense masks, causal, runs and tiles: at, mask_row, KeyBlock,
 //                     mask_row_structured, key_end, stretches, key_blocks
-//   scratch.h         per-thread Scratch, row_of, load_q, ceil_div
+//   scratch.h         per-thread Scratch, row_of, dout_row, load_q, ceil_div, advise_huge_pages
 //   row_path.h        narrow windows a row at a time: row_path, each_row, the prefetch
 //   forward.h         the forward of a query block: forward_block, forward_rows, write_row
 //   backward_block.h  the backward of a query block: backward_block, backward_rows, add_dk_dv
@@ -46,12 +46,14 @@
 
 extern "C" {
 
-int attnkit_abi_version() { return 9; }  // 8: runs of keys (Args::rows_k); 9: backward_write
+// 8: runs of keys (Args::rows_k); 9: backward_write; 10: dO's strides (Args::dout_st)
+int attnkit_abi_version() { return 10; }
 
 // Forward: fills out and lse. Work items are (b, h, sequence, query block), over the threads.
 void attnkit_attention_forward(const Args* args) {
     const Args& a = *args;
     const int64_t nqb = ceil_div(a.N, a.bq), items = a.B * a.H * a.groups * nqb;
+    advise_huge_pages(a.out, a.B * a.H * a.groups * a.N * a.Dv);
 #pragma omp parallel num_threads(static_cast<int>(a.nthreads))
     {
         Scratch w(a);

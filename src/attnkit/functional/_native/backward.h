@@ -115,6 +115,11 @@ void backward(const Args& a, bool write) {
     const std::vector<Run> runs = backward_runs(a, heads, per_head, P, slot_floats);
     const std::vector<int64_t> order = P > 1 ? heaviest_first(runs) : std::vector<int64_t>{};
     std::vector<float> slots(slot_floats);  // zeroed
+    if (write) {  // fresh dq, dk, dv (accumulating: the caller's tensors, holding sums)
+        advise_huge_pages(a.dq, a.B * a.H * a.groups * a.N * a.D);
+        advise_huge_pages(a.dk, a.B * a.Hkv * a.groups * a.S * a.D);
+        advise_huge_pages(a.dv, a.B * a.Hkv * a.groups * a.S * a.Dv);
+    }
 #pragma omp parallel num_threads(static_cast<int>(a.nthreads))
     {
         Scratch w(a);

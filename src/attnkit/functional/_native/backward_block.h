@@ -3,8 +3,9 @@
 // The block path over key blocks with matrix products, or the row path (row_path.h).
 //
 // Legend: backward_block one query block; backward_rows up to kRowGroup of its rows on the row
-// path, add_dk_dv their dK, dV; prefetch_backward the row path's prefetch. dob dO' = dO *
-// inv_keep, dlt D_i (less dlse), step the rows between a sequence's positions in dk_acc, dv_acc.
+// path, add_dk_dv their dK, dV; prefetch_backward the row path's prefetch; copy_dout_row a
+// row of dO, whatever its strides. dob dO' = dO * inv_keep, dlt D_i (less dlse), step the rows
+// between a sequence's positions in dk_acc, dv_acc.
 
 #pragma once
 
@@ -35,7 +36,7 @@ void prefetch_backward(const Args& a, int64_t head, int64_t sq, int64_t i, int64
     if (i + nq < a.N) {
         const int64_t row = row_of(a, head, a.N, sq, i + nq);
         prefetch_row(a.q + row * a.D, a.D);
-        prefetch_row(a.dout + row * a.Dv, a.Dv);
+        prefetch_row(dout_row(a, row), a.Dv);
         prefetch_row(a.out + row * a.Dv, a.Dv);
         prefetch_row_w(a.dq + row * a.D, a.D);
     }
@@ -122,6 +123,17 @@ void backward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, i
     add_dk_dv(a, n, lo, hi, nk, dp, s, W, qs, dob, dk_acc, dv_acc, step);
 }
 
+// Row `row` of dO into dst (Dv floats), whatever its strides (Args::dout_st).
+inline void copy_dout_row(const Args& a, int64_t row, float* dst) {
+    const float* go = dout_row(a, row);
+    const int64_t step = a.dout_st[3];
+    if (step == 1) {
+        std::copy(go, go + a.Dv, dst);
+    } else {
+        for (int64_t e = 0; e < a.Dv; ++e) dst[e] = go[e * step];
+    }
+}
+
 // One query block of head (b, h), sequence sq; dk, dv (S, D) / (S, Dv) of its kv head are
 // accumulated into dk_acc / dv_acc, whose position j is row j * step. FlashAttention-2
 // Algorithm 2 with dropout: with keep mask K and dO' = dO * inv_keep, dV += (P*K)^T dO',
@@ -137,13 +149,14 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
     load_q(a, b, h, sq, i0, nq, qs);
     for (int64_t r = 0; r < nq; ++r) {
         const int64_t row = row_of(a, b * a.H + h, a.N, sq, i0 + r);
-        const float* go = a.dout + row * Dv;
         const float* o = a.out + row * Dv;
+        float* dr = dob + r * Dv;
+        copy_dout_row(a, row, dr);
         float d = 0.0f;  // D_i = rowsum(dO * O) (Algorithm 2, line 4)
 #pragma omp simd reduction(+ : d)
-        for (int64_t e = 0; e < Dv; ++e) d += go[e] * o[e];
+        for (int64_t e = 0; e < Dv; ++e) d += dr[e] * o[e];
 #pragma omp simd
-        for (int64_t e = 0; e < Dv; ++e) dob[r * Dv + e] = go[e] * a.inv_keep;
+        for (int64_t e = 0; e < Dv; ++e) dr[e] *= a.inv_keep;
         // a gradient on lse adds P_ij * dlse_i to dS_ij, i.e. subtracts dlse_i from D_i
         dlt[r] = a.dlse ? d - a.dlse[row] : d;
         lse[r] = a.lse[row];

@@ -130,7 +130,7 @@ void prefetch_next_sequence(const Args& a, int64_t head, int64_t kvhead, int64_t
         prefetch_row_l2(a.q + row * a.D, a.D);
         prefetch_row_l2(a.out + row * a.Dv, a.Dv);
         if (backward) {
-            prefetch_row_l2(a.dout + row * a.Dv, a.Dv);
+            prefetch_row_l2(dout_row(a, row), a.Dv);
             prefetch_row_l2(a.dq + row * a.D, a.D);
         }
     }
