@@ -32,6 +32,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from attnkit.functional._huge_pages import empty_hinted
 from attnkit.functional._natten_tiles import choose_tile, tile_order
 from attnkit.functional.structured import RowIntervals, StructuredMask, _Function
 from attnkit.functional.structured import window as _window
@@ -257,7 +258,9 @@ def _take(x: Tensor, order: Tensor) -> Tensor:
     b, h, n = x.shape[:3]
     rows = x.view(b * h * n, -1)  # (B·H·N, rest)
     flat = (torch.arange(b * h, device=x.device)[:, None] * n + order).flatten()  # (B·H·N,)
-    return rows.index_select(0, flat).view(x.shape)
+    out = empty_hinted(x)  # fresh: at (1, 8, 16384, 64) its page faults outweigh the gather
+    torch.index_select(rows, 0, flat, out=out.view(rows.shape))
+    return out
 
 
 def group_call(groups: Groups, t: int) -> dict:
