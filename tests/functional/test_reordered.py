@@ -11,7 +11,7 @@ import attnkit
 from attnkit import masks
 from attnkit.functional import native
 from attnkit.functional.chunked import chunked_attention
-from attnkit.functional.reordered import merge_groups, split_groups
+from attnkit.functional.reordered import _take, merge_groups, split_groups
 from attnkit.functional.structured import RowIntervals, window
 
 needs_kernel = pytest.mark.skipif(not native.available(), reason="no compiled kernel")
@@ -319,3 +319,19 @@ def test_calls_on_interleaved_sequences_plan_their_window_once(monkeypatch):
     for _ in range(3):
         attnkit.attention(q, q, q, mask=mask, backend="chunked")
     assert len(planned) == 1
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 97, 5), (1, 1, 7), (1, 4, 1025, 64)])
+def test_the_gather_through_the_flat_view_is_index_select(shape):
+    """`_take` (the reordered path's gathers and scatters): index_select along the token axis,
+    values and gradients, on contiguous tensors and on views that are not."""
+    gen = torch.Generator().manual_seed(len(shape))
+    index = torch.randperm(shape[2], generator=gen)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+    for view in (x, x.transpose(0, 1)):
+        got, want = _take(view, index), view.index_select(2, index)
+        assert torch.equal(got, want)
+        weights = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+        (g_got,) = torch.autograd.grad((got * weights).sum(), x)
+        (g_want,) = torch.autograd.grad((want * weights).sum(), x)
+        assert torch.equal(g_got, g_want)

@@ -225,9 +225,20 @@ def run_reordered(mask: Reordered, q, k, v, attend: Callable) -> tuple[Tensor, T
     if mask.groups is not None:
         return attend(q, k, v, **group_call(mask.groups, q.shape[2] // mask.groups.count))
     order = mask.order.to(q.device)
-    out, lse = attend(*(t.index_select(2, order) for t in (q, k, v)), m=mask.inner)
+    out, lse = attend(*(_take(t, order) for t in (q, k, v)), m=mask.inner)
     back = mask.inverse.to(q.device)
-    return out.index_select(2, back), lse.index_select(2, back)
+    return _take(out, back), _take(lse, back)
+
+
+def _take(x: Tensor, index: Tensor) -> Tensor:
+    """x.index_select(2, index) for x (B, H, N, ...): on a contiguous x through the (B·H, N, ...)
+    view, which torch's CPU index_select copies about twice as fast as the 4-D tensor along
+    dim 2 (measured 0.77 vs 1.56 ms for (1, 8, 4097, 64) float32, a plain copy 0.58 ms: the
+    gathers and scatters were 64-73 % of a strided mask's call where the stride does not
+    divide N, 1 thread, AMD EPYC Zen 4). Same values, and autograd carries it the same way."""
+    if not x.is_contiguous():
+        return x.index_select(2, index)
+    return x.flatten(0, 1).index_select(1, index).unflatten(0, x.shape[:2])  # (B·H, N, ...)
 
 
 def group_call(groups: Groups, t: int) -> dict:
