@@ -514,20 +514,27 @@ for name, m in {"dilated": dil, "strided": frames, "2-D neighbourhood": natten}.
 # | pattern | how the kernel skips it | before | now |
 # | --- | --- | ---: | ---: |
 # | causal, prefix-LM, windows, contiguous documents, their `&`, `\|` of overlapping ones | row intervals: each query block computes its rows' key span only; query blocks of 16–128 rows sized to the spans | causal 1.12, prefix-LM 1.24, window 256 1.66 | 1.10, 1.01, 1.34 |
-# | narrow windows of 9 / 17 keys (`window(n, 5)` / `window(n, 9)`) | row by row: a block whose rows each see at most 64 keys (backward: 32) of a wider span computes each row over its own keys, without matrix products, four rows at a time, fetching the next rows ahead | 4.0–6.6 / 2.3–3.9 | 4.1–4.6 / 2.8–2.9 |
+# | narrow windows of 9 / 17 keys (`window(n, 5)` / `window(n, 9)`) | row by row: a block whose rows each see at most 64 keys (backward: 32) of a wider span computes each row over its own keys, without matrix products, four rows at a time, fetching the next rows ahead | 4.0–6.6 / 2.3–3.9 | 3.9–4.6 / 2.6–2.8 |
 # | `\|` of those with gaps between them: a window `\|` a band 1024 keys away, a causal window of 256 `\|` the first 64 keys, two bands far from the diagonal (half-widths 128) | runs of keys: a row sees up to 16 disjoint runs; a query block computes the stretches of keys its rows' runs cover, each row masked to its own runs | on tiles: 1.70–1.74, 1.42–1.55, 1.75–1.79 | 1.35–1.43, 1.48–1.70, 1.43–1.52 |
 # | predicates, scattered documents, `\|` with a predicate or of more than 16 runs | tiles: empty blocks skipped, full ones unmasked, partial ones masked, on the grid (128 × 256 down to 16 × 32) that computes the fewest entries | window 2048 `\|` first 256 keys 1.21 | 1.07 (now runs) |
 # | `dilated_window` (128 keys, dilation 4) | interleaved sequences, read in place: a window within each | 1.8 | 1.5–1.7 |
-# | `strided` (frames of 64 / 256 tokens) | interleaved sequences, read in place: all of each, the next sequence's rows fetched ahead | 1.7–2.1 / 4.8–5.6 | 1.7–1.8 / 4.1–4.4 |
+# | `strided` (frames of 64 / 256 tokens) | interleaved sequences, read in place: all of each, the next sequence's rows fetched ahead | 1.7–2.1 / 4.8–5.6 | 1.6–1.7 / 4.0–4.1 |
 # | `neighborhood_2d` (15 × 15 on 64 × 64) | reordered in 8 × 8 tiles: tiles (as 15 runs of 15 keys in row-major order it costs 5.8: a query block spans 46 keys of each of its 15 rows of keys). The tile is chosen per kernel from the estimated cost of its blocks: 7 × 7 and 9 × 9 take 4 × 4 tiles (forward 8.5 → 6.4 and 5.4 → 4.2; 7 × 7 forward + backward 12.2 → 6.5), 15 × 7 takes 8 × 4 (4.6 → 3.8) | 4.3 | 3.0–3.2 |
 #
 # What these sparsest masks cost is mostly the cost of touching every row at all. In the same
 # units: reading q, k and v once and writing the output (one fused torch op) takes 0.8–0.9 at 9
-# keys a row, 0.4–0.5 at 17 keys or one key in 256; the call itself 0.4–0.5 at 9 keys; the
+# keys a row, 0.4–0.5 at 17 keys or one key in 256; the call itself 0.4–0.5 at 9 keys (it no
+# longer reads q for the non-finite rule where the lse is finite, which vouches for q: 4–8 % of
+# these forwards; the table's window and strided rows are measured so); the
 # kernel's row path with one key a row 2.8–3.3 (a row's fixed cost: its query, keys and output
 # fetched, its maximum, exponentials, sum and logarithm, ~70 ns); each further key adds about
 # 1.5× what a pair costs in the dense kernel. A window of 9 keys costs 1.2–1.6× that one-key
-# floor: 2× its density is out of reach. A strided mask this
+# floor: 2× its density is out of reach. Peers do no better on the same work
+# (`benchmarks/bench_narrow.py --peers`, same units): SDPA on the tokens cut into independent
+# documents of 8 / 16 (a batch of tiny sequences, no mask) costs 9.5–11.5 / 3.8–4.6 forward
+# and 11.3–11.4 / 4.9–5.8 forward + backward (80 / 32 ns an allowed entry on a quiet run; the
+# window of 9 keys 27 ns), and compiled FlexAttention's forward on the window of 9 keys 56–67
+# (its blocks of 128 × 128 are computed whole, then masked). A strided mask this
 # sparse (one key in 256) reads a sequence's 16 rows 64 KiB apart, beyond the hardware
 # prefetcher: the kernel fetches the next sequence's rows while one computes. Forward + backward
 # against the dense forward + backward, the same runs: windows of 9 / 17 keys 6.4–6.8 / 3.9–4.1

@@ -1,12 +1,18 @@
 """The kernel's finiteness scan (`_finite_scan.finite_check`, _native/finite.h) that rule 1 of
-`attention`'s non-finite contract reads on the short path, against torch.isfinite."""
+`attention`'s non-finite contract reads on the short path, against torch.isfinite; and rule 1
+on chunked calls, where a finite lse stands for q."""
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 import torch
 
+import attnkit
+from attnkit import masks
 from attnkit.functional import _fast_path, _finite_scan, native
+from attnkit.functional.structured import RowIntervals
 
 needs_kernel = pytest.mark.skipif(
     not native.available(),
@@ -115,3 +121,69 @@ def test_finite_check_loads_a_kernel_compiled_before(monkeypatch):
     monkeypatch.setattr(_kernel_cache, "_looked", False)
     assert _finite_scan.finite_check() is not None  # loaded from the cache, not built
     assert _kernel_cache._tried and _kernel_cache._lib is not None
+
+
+# --------------------------------------------------------------------------- chunked calls: lse
+
+
+def _gap(n: int, first: int, end: int) -> RowIntervals:
+    """Rows [first, end) see no key, the others a window of 5."""
+    i = torch.arange(n)
+    none = (i >= first) & (i < end)
+    lo = torch.where(none, 0, (i - 2).clamp(min=0))
+    return RowIntervals(lo, torch.where(none, 0, (i + 3).clamp(max=n)), n, "gap")
+
+
+def _chunked(q, k, v, mask):
+    return attnkit.attention(q, k, v, mask=mask, backend="chunked")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["none", "window", "strided", "document gap"])
+@pytest.mark.parametrize("bad", BAD)
+def test_chunked_rows_whose_q_is_not_finite_are_nan(dtype, kind, bad):
+    """Rule 1 on the chunked backend, whose finite lse stands for q (`_lse_vouches_for_q`):
+    the bad row is NaN in out and lse, whether its scores are NaN, ±inf (some keys positive in
+    entry 0, some negative) or all -inf (every key negative in entry 0, q_0 = +inf: the
+    kernel alone gives that row 0); a row that sees no key at all too. Other rows as before."""
+    n = 97
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=gen, dtype=dtype) for _ in range(3))
+    mask = {
+        "none": None,
+        "window": masks.window(n, 5),  # the row path
+        "strided": masks.strided(n, 8),  # reordered (8 does not divide 97)
+        "document gap": _gap(n, 40, 57),
+    }[kind]
+    want = _chunked(q, k, v, mask)
+    for row, all_minus_inf in ((50, False), (50, True), (45, False)):
+        k2 = k.clone()
+        if all_minus_inf:
+            k2[..., 0] = -k2[..., 0].abs() - 0.1
+        q2 = q.clone()
+        q2[0, 1, row, 0] = float("inf") if all_minus_inf else bad
+        got = _chunked(q2, k2, v, mask)
+        assert got.out[0, 1, row].isnan().all() and got.lse[0, 1, row].isnan()
+        same = torch.ones(1, 2, n, dtype=torch.bool)
+        same[0, 1, row] = False
+        if not all_minus_inf:  # the other rows do not read q's bad row
+            assert torch.equal(got.out[same], want.out[same])
+            assert torch.equal(got.lse[same], want.lse[same])
+
+
+def test_a_finite_lse_spares_the_scan_of_q(monkeypatch):
+    """A chunked call whose lse is finite does not read q for rule 1; one with a row that sees
+    nothing (lse -inf) or with dropout does."""
+    attention_module = importlib.import_module("attnkit.functional.attention")
+    seen = []
+    real = attention_module.surely_finite
+    monkeypatch.setattr(attention_module, "surely_finite", lambda t: seen.append(t) or real(t))
+    q, k, v = (torch.randn(1, 2, 33, 8) for _ in range(3))
+    _chunked(q, k, v, masks.window(33, 3))
+    assert not any(t is q for t in seen) and len(seen) == 1  # the lse only
+    seen.clear()
+    _chunked(q, k, v, _gap(33, 16, 17))
+    assert any(t is q for t in seen)  # a row that sees nothing: lse -inf
+    seen.clear()
+    attnkit.attention(q, k, v, backend="chunked", dropout_p=0.5, training=True)
+    assert any(t is q for t in seen)

@@ -24,7 +24,8 @@ def _vm_flags(address: int) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("shape", "dtype"), [((2, 3, 5, 7), torch.float32), ((0, 4), torch.float64), ((9,), torch.int64)]
+    ("shape", "dtype"),
+    [((2, 3, 5, 7), torch.float32), ((0, 4), torch.float64), ((9,), torch.int64)],
 )
 def test_shape_dtype_and_device_follow_like(shape, dtype):
     like = torch.zeros(shape, dtype=dtype).transpose(0, -1)  # not contiguous: out is

@@ -36,6 +36,14 @@ void write_row(const Args& a, int64_t row, const float* acc, float m, float l) {
     a.lse[row] = l > 0.0f ? m + std::log(l) : (l == 0.0f ? kNegInf : l);
 }
 
+// Whether rows u < n each see at most `most` keys.
+inline bool widest_at_most(const int64_t* lo, const int64_t* hi, int64_t n, int64_t most) {
+    for (int64_t u = 0; u < n; ++u) {
+        if (hi[u] - lo[u] > most) return false;
+    }
+    return true;
+}
+
 // Forward of queries i..i+n-1 (n <= kRowGroup) of a block of nq rows (pre-scaled rows qs,
 // D apart), query i + u over keys [lo[u], hi[u]); kb, vb: the keys and values of its sequence,
 // ldk, ldv apart. Stage by stage over the rows (kRowGroup); s holds kRowGroup rows of
@@ -53,15 +61,34 @@ void forward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, in
         score_mod_row_fwd(a, h, i + u, lo[u], nk, su, nullptr);
         mask_row(a, b, h, i + u, lo[u], nk, su);
     }
-    for (int64_t u = 0; u < n; ++u) m[u] = row_max(s + u * kRowPathKeys, hi[u] - lo[u]);
-    for (int64_t u = 0; u < n; ++u) {
-        float* su = s + u * kRowPathKeys;
-        const int64_t nk = hi[u] - lo[u];
-        const float m_safe = m[u] == kNegInf ? 0.0f : m[u];
-        l[u] = a.keep_t < kNoDropout
-            ? exp_sum_row<true>(su, nk, m_safe, row_key(a, row_of(a, head, a.N, sq, i + u)),
-                                static_cast<uint32_t>(a.keep_t), lo[u])
-            : exp_sum_row<false>(su, nk, m_safe, RowKey{}, 0, lo[u]);
+    if (a.keep_t >= kNoDropout && widest_at_most(lo, hi, n, kLanes)) {
+        // every row one vector (a window of up to kLanes keys): row_max and exp_sum_row<false>
+        // on the vector held in a register, the same operations lane by lane (the same bits:
+        // their sum starts at +0), without a store and a reload between them and no calls.
+        // A window of 9 keys' forward (kernel only, N=4096, H=8, 1 thread, AMD EPYC Zen 4,
+        // fastest of 40-60 interleaved rounds): 7-8 % faster; 1 key 2-3 %.
+        vfloat x[kRowGroup];
+        for (int64_t u = 0; u < n; ++u) {
+            x[u] = load_part(s + u * kRowPathKeys, hi[u] - lo[u], kNegInf);
+            m[u] = hmax(x[u], kNegInf);
+        }
+        for (int64_t u = 0; u < n; ++u) {
+            const float m_safe = m[u] == kNegInf ? 0.0f : m[u];
+            const vfloat p = exp_v(x[u] - splat(m_safe));
+            store_part(s + u * kRowPathKeys, p, hi[u] - lo[u]);
+            l[u] = reduce_add(p);
+        }
+    } else {
+        for (int64_t u = 0; u < n; ++u) m[u] = row_max(s + u * kRowPathKeys, hi[u] - lo[u]);
+        for (int64_t u = 0; u < n; ++u) {
+            float* su = s + u * kRowPathKeys;
+            const int64_t nk = hi[u] - lo[u];
+            const float m_safe = m[u] == kNegInf ? 0.0f : m[u];
+            l[u] = a.keep_t < kNoDropout
+                ? exp_sum_row<true>(su, nk, m_safe, row_key(a, row_of(a, head, a.N, sq, i + u)),
+                                    static_cast<uint32_t>(a.keep_t), lo[u])
+                : exp_sum_row<false>(su, nk, m_safe, RowKey{}, 0, lo[u]);
+        }
     }
     for (int64_t u = 0; u < n; ++u) {
         weighted_sum(s + u * kRowPathKeys, hi[u] - lo[u], vb + lo[u] * ldv, ldv, a.Dv,
