@@ -1,6 +1,7 @@
 """The compiled kernel's backward reads the output's cotangent through its strides
-(`native._cotangent`, ``Args::dout_st``): broadcast, transposed and sliced cotangents give the
-gradients of the same values made contiguous, bit for bit, and the float64 truth's.
+(`_native_args.point_at_cotangent`, ``Args::dout_st``): broadcast, transposed and sliced
+cotangents give the gradients of the same values made contiguous, bit for bit, and the
+float64 truth's.
 
 Legend: B batch, H heads, N queries, S keys, D head width, Dv value width.
 """
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from attnkit import masks, score_mods
-from attnkit.functional import native
+from attnkit.functional import _native_args, native
 from attnkit.functional.attention import attention
 from tests.functional.test_chunked import naive
 
@@ -94,8 +95,8 @@ def test_strided_cotangents_match_the_float64_truth(kind):
 def test_a_broadcast_cotangent_is_read_in_place():
     """The kernel is pointed at the broadcast tensor itself (strides 0), not at a copy."""
     cot = torch.ones(()).expand(B, H, 50, DV)
-    a = native._Args()
-    native._cotangent(a, cot)
+    a = _native_args.Args()
+    _native_args.point_at_cotangent(a, cot)
     assert a.dout == cot.data_ptr() and list(a.dout_st) == [0, 0, 0, 0]
 
 

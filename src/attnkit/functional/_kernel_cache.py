@@ -324,8 +324,8 @@ def _open(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     if lib.attnkit_abi_version() != _ABI:
         raise RuntimeError(f"{path} has ABI {lib.attnkit_abi_version()}, expected {_ABI}")
-    # The argument struct (`native._Args`) is defined in native.py, which imports this module:
-    # its address is passed as a void pointer (`ctypes.byref(args)`).
+    # The argument struct (`_native_args.Args`) is defined with the code that fills it, which
+    # this module must not import: its address is passed as a void pointer (`ctypes.byref`).
     args = ctypes.c_void_p
     for name in (
         "attnkit_attention_forward",

@@ -35,6 +35,7 @@ from attnkit.functional._blocks import (
     FORWARD_BLOCK_Q,
 )
 from attnkit.functional._kernel_cache import load
+from attnkit.functional._native_args import kernel_args, point_at_cotangent
 
 
 @dataclass
@@ -146,7 +147,7 @@ def _fill(a, nm: NativeMod, vals: Tensor | None, grad: Tensor | None) -> None:
 
 
 def _call(q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, plan_parts, blocks):
-    return native._args(
+    return kernel_args(
         q, k, v, mask, bias, causal, scale, keep_t, inv_keep, native._seed(seed), plan_parts,
         blocks,
     )  # fmt: skip
@@ -187,7 +188,7 @@ class _EagerMod(torch.autograd.Function):
         a = _call(q, k, v, mask, bias, *ctx.scalars, seed, st, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K))
         _fill(a, ctx.nm, vals, dvals)
         a.out, a.lse = out.data_ptr(), lse.data_ptr()
-        native._cotangent(a, dout)
+        point_at_cotangent(a, dout)
         a.dlse = None if dlse is None else dlse.data_ptr()
         a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
         load().attnkit_attention_backward_write(ctypes.byref(a))

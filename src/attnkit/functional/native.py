@@ -21,76 +21,22 @@ backend stays on its PyTorch kernel (same results, same dropout bits; slower).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from attnkit.functional._blocks import BACKWARD_BLOCK_K, BACKWARD_BLOCK_Q, forward_blocks
 from attnkit.functional._double_backward import kernel_grads
-from attnkit.functional._grid import query_block
 from attnkit.functional._kernel_cache import load, origin
 from attnkit.functional._mask_plan import dense_with_plan
+from attnkit.functional._native_args import Args, count_work, kernel_args, point_at_cotangent
 from attnkit.functional._trace import tracing
 from attnkit.functional.reordered import merge_groups, split_groups
 
-__all__ = ["available", "load", "native_attention", "origin", "supports"]
+__all__ = ["available", "count_work", "load", "native_attention", "origin", "supports"]
 
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-class _Args(ctypes.Structure):
-    """Mirror of ``struct Args`` in _native/args.h (same order, same types)."""
-
-    _fields_ = [
-        *[(n, ctypes.c_int64) for n in ("B", "H", "Hkv", "N", "S", "D", "Dv", "bq", "bk")],
-        ("causal", ctypes.c_int64),
-        ("keep_t", ctypes.c_int64),
-        ("nthreads", ctypes.c_int64),
-        ("seed", ctypes.c_uint64),
-        ("scale", ctypes.c_float),
-        ("inv_keep", ctypes.c_float),
-        ("q", ctypes.c_void_p),
-        ("k", ctypes.c_void_p),
-        ("v", ctypes.c_void_p),
-        ("mask", ctypes.c_void_p),
-        ("mask_st", ctypes.c_int64 * 4),
-        ("bias", ctypes.c_void_p),
-        ("bias_st", ctypes.c_int64 * 4),
-        ("out", ctypes.c_void_p),
-        ("lse", ctypes.c_void_p),
-        ("dout", ctypes.c_void_p),
-        ("dout_st", ctypes.c_int64 * 4),
-        ("dlse", ctypes.c_void_p),
-        ("dq", ctypes.c_void_p),
-        ("dk", ctypes.c_void_p),
-        ("dv", ctypes.c_void_p),
-        ("rows", ctypes.c_void_p),
-        ("rows_bst", ctypes.c_int64),
-        ("rows_half", ctypes.c_int64),
-        ("rows_k", ctypes.c_int64),
-        ("rows_kst", ctypes.c_int64),
-        ("table", ctypes.c_void_p),
-        ("table_st", ctypes.c_int64 * 2),
-        ("tiles", ctypes.c_void_p),
-        ("work", ctypes.c_void_p),
-        # score functions (`_native_mod`)
-        ("softcap", ctypes.c_float),
-        ("alibi", ctypes.c_void_p),
-        ("alibi_offset", ctypes.c_int64),
-        ("alibi_symmetric", ctypes.c_int64),
-        ("alibi_post", ctypes.c_int64),
-        ("rel", ctypes.c_void_p),
-        ("rel_qpos", ctypes.c_void_p),
-        ("rel_kpos", ctypes.c_void_p),
-        ("rel_zero", ctypes.c_int64),
-        ("rel_len", ctypes.c_int64),
-        ("rel_post", ctypes.c_int64),
-        ("rel_grad", ctypes.c_void_p),
-        ("groups", ctypes.c_int64),
-    ]
 
 
 # A fact about this machine: Dynamo runs it once when tracing (building the kernel if need be)
@@ -113,69 +59,6 @@ def supports(q: Tensor, bias: Tensor | None) -> bool:
     if bias is not None and bias.requires_grad and torch.is_grad_enabled():
         return False
     return available()
-
-
-# --------------------------------------------------------------------------- calling it
-
-
-def _broadcast(t: Tensor, full: tuple[int, int, int, int]) -> tuple[Tensor, list[int]]:
-    """A (…, N|1, S|1) tensor as a (B, H, N, S) view without copying, and its strides."""
-    view = t[(None,) * (4 - t.dim())].expand(full)
-    return view, list(view.stride())
-
-
-def _args(
-    q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, structure, blocks, groups=1
-) -> _Args:
-    """The kernel's arguments. `groups`: the token axis interleaves that many independent
-    sequences (`Args::groups` in _native/args.h), N and S counting one sequence's."""
-    b, h, n, d = q.shape
-    n, s = n // groups, k.shape[2] // groups
-    rows, table, tiles = structure
-    if tiles is not None:  # the tiles fix the grid of both passes
-        blocks = tuple(tiles.shape[1:])
-    else:  # rows alone: query blocks sized to the rows' spans (`_grid.choose_block_q`)
-        blocks = (min(blocks[0], query_block(rows, blocks[0])), blocks[1])
-    a = _Args(
-        B=b, H=h, Hkv=k.shape[1], N=n, S=s, D=d, Dv=v.shape[3], bq=blocks[0], bk=blocks[1],
-        causal=int(causal), keep_t=keep_t, nthreads=torch.get_num_threads(), seed=seed,
-        scale=scale, inv_keep=inv_keep, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(),
-        groups=groups,
-    )  # fmt: skip
-    full = (b, h, n, s)
-    if mask is not None:
-        view, a.mask_st[:] = _broadcast(mask, full)
-        a.mask = view.data_ptr()
-    if bias is not None:
-        view, a.bias_st[:] = _broadcast(bias, full)
-        a.bias = view.data_ptr()
-    if rows is not None:  # (2, K, B|1, N) int64, contiguous
-        a.rows, a.rows_half = rows.data_ptr(), rows[0].numel()
-        a.rows_k, a.rows_kst = rows.shape[1], rows[0, 0].numel()
-        a.rows_bst = n if rows.shape[2] != 1 else 0
-    if table is not None:  # (B|1, H|1, nqb, nkb) int32, contiguous
-        a.table, a.tiles = table.data_ptr(), tiles.data_ptr()
-        a.table_st[:] = [table.stride(i) if table.shape[i] != 1 else 0 for i in (0, 1)]
-    if _work is not None:
-        a.work = _work.data_ptr()
-    return a
-
-
-# Score entries the kernel computes, counted while `count_work` is active (eager calls only).
-_work: Tensor | None = None
-
-
-@contextlib.contextmanager
-def count_work() -> Iterator[Tensor]:
-    """Count the score entries (query, key pairs) the kernel computes inside the block, forward
-    and backward together: a 1-element int64 tensor, filled as calls run. The cost model's
-    count of computed blocks (`attnkit.analysis`) is tested against it."""
-    global _work
-    before, _work = _work, torch.zeros(1, dtype=torch.int64)
-    try:
-        yield _work
-    finally:
-        _work = before
 
 
 # --------------------------------------------------------------------------- the operators
@@ -220,7 +103,7 @@ def _forward(
     lse = q.new_empty(b, h, n)
     args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed), (rows, table, tiles))
     blocks = forward_blocks(n // groups, causal, rows is not None or table is not None)
-    a = _args(q, k, v, *args, blocks, groups)
+    a = kernel_args(q, k, v, *args, blocks, groups)
     a.out, a.lse = out.data_ptr(), lse.data_ptr()
     load().attnkit_attention_forward(ctypes.byref(a))
     return out, lse
@@ -251,16 +134,6 @@ def _backward(
     args = (mask, bias, causal, scale, keep_t, inv_keep, seed, rows, table, tiles, groups)
     _backward_into(dq, dk, dv, dout, dlse, q, k, v, out, lse, *args, accumulate=False)
     return dq, dk, dv
-
-
-def _cotangent(a: _Args, dout: Tensor) -> None:
-    """Point the kernel's `a` at dout (B, H, N, Dv, float32) through its strides
-    (``Args::dout_st``), with no copy: the cotangent of ``out.sum().backward()`` is one value
-    broadcast (strides all 0), and making it contiguous cost a (B, H, N, Dv) tensor and its
-    page faults (32 MiB at N=16384, H=8, D=64) in every backward. The kernel copies each row
-    it reads into its own buffer anyway (dO' = dO / keep)."""
-    a.dout = dout.data_ptr()
-    a.dout_st[:] = list(dout.stride())
 
 
 def _backward_into(
@@ -304,9 +177,9 @@ def _backward_into(
             )
     dlse = None if dlse is None else dlse.contiguous()
     args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed), (rows, table, tiles))
-    a = _args(q, k, v, *args, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K), groups)
+    a = kernel_args(q, k, v, *args, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K), groups)
     a.out, a.lse = out.data_ptr(), lse.data_ptr()
-    _cotangent(a, dout)
+    point_at_cotangent(a, dout)
     a.dlse = None if dlse is None else dlse.data_ptr()
     a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
     lib = load()
@@ -432,7 +305,7 @@ def native_attention(
 def keep_words(seed: int | Tensor, b: int, h: int, n: int, s: int) -> Tensor:
     """The kernel's dropout words for a (B, H, N, S) call as int32 bits (tests only)."""
     lib = load()
-    a = _Args(B=b, H=h, N=n, S=s, seed=int(seed))
+    a = Args(B=b, H=h, N=n, S=s, seed=int(seed))
     out = torch.empty(b * h * n, s, dtype=torch.int32)
     lib.attnkit_keep_words(ctypes.byref(a), 0, b * h * n, 0, s, out.data_ptr())
     return out.view(b, h, n, s)
