@@ -18,6 +18,8 @@ import sys
 import torch
 from torch import Tensor
 
+from attnkit.functional._trace import tracing
+
 __all__ = ["empty_hinted"]
 
 _HUGE = 1 << 21  # bytes in a huge page (x86-64, arm64 with 4 KiB base pages)
@@ -43,7 +45,9 @@ def empty_hinted(like: Tensor) -> Tensor:
     """torch.empty_like(like, contiguous), its whole huge pages hinted where that helps."""
     out = torch.empty(like.shape, dtype=like.dtype, device=like.device)
     nbytes = out.numel() * out.element_size()
-    advise = _madvise() if out.device.type == "cpu" and nbytes >= _WORTH else None
+    # a traced tensor (fake, functional) has no memory to hint
+    hint = out.device.type == "cpu" and nbytes >= _WORTH and not tracing()
+    advise = _madvise() if hint else None
     if advise is not None:
         start = out.data_ptr()
         lo, hi = -(-start // _HUGE) * _HUGE, (start + nbytes) // _HUGE * _HUGE
