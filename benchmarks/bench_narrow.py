@@ -25,8 +25,8 @@ import statistics
 import sys
 
 import torch
+from bench_runs import mask_steps  # benchmarks/ is the script's folder, first on sys.path
 
-import attnkit
 from attnkit import masks
 from attnkit.analysis.bench import time_interleaved
 from attnkit.functional import _kernel_cache
@@ -39,28 +39,6 @@ def _masks(n: int, strided_only: bool) -> dict:
     cases["strided 1/64"] = masks.strided(n, 64)
     cases["strided 1/256"] = masks.strided(n, 256)
     return cases
-
-
-def _steps(n: int, cases: dict) -> dict:
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 8, n, 64, generator=g) for _ in range(3))
-    grads = [t.clone().requires_grad_() for t in (q, k, v)]
-
-    def fwd(m):
-        return lambda: attnkit.attention(q, k, v, mask=m, backend="chunked")
-
-    def fwd_bwd(m):
-        def step():
-            attnkit.attention(*grads, mask=m, backend="chunked").out.sum().backward()
-            for t in grads:
-                t.grad = None
-
-        return step
-
-    steps = {"dense fwd": fwd(None), "dense fwd+bwd": fwd_bwd(None)}
-    for name, m in cases.items():
-        steps[f"{name} fwd"], steps[f"{name} fwd+bwd"] = fwd(m), fwd_bwd(m)
-    return steps
 
 
 def _peers(n: int) -> tuple[dict, dict]:
@@ -130,7 +108,7 @@ def main(argv: list[str]) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     cases = _masks(args.n, args.strided)
-    steps = _steps(args.n, cases)
+    steps = mask_steps(args.n, cases)
     density = {name: m.density for name, m in cases.items()}
     peer_steps = {}
     if args.peers:

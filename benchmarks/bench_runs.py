@@ -55,10 +55,10 @@ def _masks(n: int, natten: bool) -> dict:
     }
 
 
-def main(argv: list[str]) -> None:
-    quick, natten = "--quick" in argv, "--natten" in argv
-    n, rounds = (1024, 2) if quick else (4096, 7)
-    torch.set_num_threads(1)
+def mask_steps(n: int, cases: dict) -> dict:
+    """Forward and forward + backward steps (chunked backend, B=1, H=8, D=64) of the dense
+    kernel and of each mask in `cases`, named "<name> fwd" / "<name> fwd+bwd"; also used by
+    bench_narrow.py."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 8, n, 64, generator=g) for _ in range(3))
     grads = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -74,10 +74,18 @@ def main(argv: list[str]) -> None:
 
         return step
 
-    cases = _masks(n, natten)
     steps = {"dense fwd": fwd(None), "dense fwd+bwd": fwd_bwd(None)}
     for name, m in cases.items():
         steps[f"{name} fwd"], steps[f"{name} fwd+bwd"] = fwd(m), fwd_bwd(m)
+    return steps
+
+
+def main(argv: list[str]) -> None:
+    quick, natten = "--quick" in argv, "--natten" in argv
+    n, rounds = (1024, 2) if quick else (4096, 7)
+    torch.set_num_threads(1)
+    cases = _masks(n, natten)
+    steps = mask_steps(n, cases)
     print(f"timing {len(steps)} steps x {rounds} rounds at N={n} ...", file=sys.stderr)
     ms = time_interleaved(steps, rounds)
     for name, m in cases.items():

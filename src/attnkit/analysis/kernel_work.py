@@ -157,8 +157,8 @@ def _reordered(mask: Reordered, pass_: str, batch: int, heads: int) -> KernelWor
         got = kernel_work(mask.inner, pass_=pass_, batch=batch, heads=heads)
     else:
         g = mask.groups.count
-        call = group_call(mask.groups, mask.n // g)
         n = mask.n // g
+        call = group_call(mask.groups, n)
         got = kernel_work(
             call["m"], n=n, s=n, causal=call["causal"], pass_=pass_, batch=batch * g, heads=heads
         )
