@@ -60,8 +60,8 @@ from attnkit.functional._kernel_trust import Untrusted, hash_path, private_folde
 __all__ = ["load", "loaded", "origin"]
 
 _SOURCE = Path(__file__).with_name("_native") / "attention_cpu.cpp"
-_ABI = 10  # attnkit_abi_version() of the sources (7: attnkit_all_finite; 8: runs of keys;
-# 9: attnkit_attention_backward_write; 10: dO's strides, Args::dout_st)
+_ABI = 11  # attnkit_abi_version() of the sources (7: attnkit_all_finite; 8: runs of keys;
+# 9: attnkit_attention_backward_write; 10: dO's strides, Args::dout_st; 11: Args::qrows)
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None

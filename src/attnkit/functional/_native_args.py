@@ -68,6 +68,7 @@ class Args(ctypes.Structure):
         ("rel_post", ctypes.c_int64),
         ("rel_grad", ctypes.c_void_p),
         ("groups", ctypes.c_int64),
+        ("qrows", ctypes.c_void_p),
     ]
 
 
@@ -78,10 +79,12 @@ def _broadcast(t: Tensor, full: tuple[int, int, int, int]) -> tuple[Tensor, list
 
 
 def kernel_args(
-    q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, structure, blocks, groups=1
-) -> Args:
+    q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, structure, blocks, groups=1,
+    qrows=None,
+) -> Args:  # fmt: skip
     """The kernel's arguments. `groups`: the token axis interleaves that many independent
-    sequences (`Args::groups` in _native/args.h), N and S counting one sequence's."""
+    sequences (`Args::groups` in _native/args.h), N and S counting one sequence's. `qrows`:
+    the query row map (`Args::qrows`), int64 (N,) contiguous, or None."""
     b, h, n, d = q.shape
     n, s = n // groups, k.shape[2] // groups
     rows, table, tiles = structure
@@ -93,7 +96,7 @@ def kernel_args(
         B=b, H=h, Hkv=k.shape[1], N=n, S=s, D=d, Dv=v.shape[3], bq=blocks[0], bk=blocks[1],
         causal=int(causal), keep_t=keep_t, nthreads=torch.get_num_threads(), seed=seed,
         scale=scale, inv_keep=inv_keep, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(),
-        groups=groups,
+        groups=groups, qrows=None if qrows is None else qrows.data_ptr(),
     )  # fmt: skip
     full = (b, h, n, s)
     if mask is not None:

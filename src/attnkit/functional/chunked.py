@@ -114,21 +114,23 @@ def chunked_attention(
             f"gradient: {bias is not None and bias.requires_grad}, kernel built: "
             f"{native.available()})"
         )
-    plain = score_mod is None  # a score function reads the positions: no reordering
-    if plain and reordered_call(mask, q, k, bias, t_keep < NO_DROPOUT, causal):
-        kw = dict(bias=None, scale=scale, dropout_p=0.0, training=False, block_q=block_q,
-                  block_k=block_k, kernel=kernel)  # fmt: skip
-
-        def attend(*qkv, m, causal=False, groups=1):
-            return chunked_attention(*qkv, mask=m, causal=causal, groups=groups, **kw)
-
-        return run_reordered(mask, q, k, v, attend)
     # Dv = 0: the compiled kernel's BLAS (oneMKL) prints an error line per product; the
     # PyTorch kernel gives the same empty out, lse and dropout draws, silently.
     native_fits = v.shape[-1] > 0 and native.supports(q, bias)
     on_native = kernel == "native" or (
         kernel == "auto" and block_q is None and block_k is None and native_fits
     )
+    plain = score_mod is None  # a score function reads the positions: no reordering
+    if plain and reordered_call(mask, q, k, bias, t_keep < NO_DROPOUT, causal):
+        kw = dict(bias=None, scale=scale, dropout_p=0.0, training=False, block_q=block_q,
+                  block_k=block_k, kernel=kernel)  # fmt: skip
+
+        def attend(*qkv, m, causal=False, groups=1, qrows=None):
+            if qrows is not None:  # the compiled kernel, queries in token order
+                return _native_rows(*qkv, m, qrows, scale, block_q, block_k)
+            return chunked_attention(*qkv, mask=m, causal=causal, groups=groups, **kw)
+
+        return run_reordered(mask, q, k, v, attend, rows_in_place=on_native)
     if groups > 1 and not on_native:  # the sequences as rows of the batch
         out, lse = chunked_attention(
             *(split_groups(t, groups) for t in (q, k, v)), mask=mask, bias=None, causal=causal,
@@ -161,3 +163,16 @@ def chunked_attention(
     )
     args = (causal, scale, t_keep, seed, bq, bk, structure)
     return _ChunkedAttention.apply(q, k, v, mask, bias, *args)
+
+
+def _native_rows(q, k, v, m: StructuredMask, qrows: Tensor, scale, block_q, block_k):
+    """(out, lse) of mask `m` on the compiled kernel, its query position i being token
+    qrows[i] of q, out and lse (`native.native_attention`'s ``qrows``): no bias, dropout or
+    causal limit (`reordered.reordered_call`)."""
+    fit = block_q is None and block_k is None  # blocks fit the mask
+    plan = call_plan(m, q.device, block_q, block_k, fit)
+    t_keep, inv_keep = keep_threshold(0.0)
+    return native.native_attention(
+        q, k, v, mask=plan.dense, bias=None, causal=False, scale=scale, keep_t=t_keep,
+        inv_keep=inv_keep, seed=None, plan=plan, qrows=qrows,
+    )  # fmt: skip

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from attnkit.functional._blocks import BACKWARD_BLOCK_K, BACKWARD_BLOCK_Q, forward_blocks
 from attnkit.functional._double_backward import kernel_grads
+from attnkit.functional._dropout import NO_DROPOUT
 from attnkit.functional._kernel_cache import load, origin
 from attnkit.functional._mask_plan import dense_with_plan
 from attnkit.functional._native_args import Args, count_work, kernel_args, point_at_cotangent
@@ -94,16 +95,18 @@ def _forward(
     table: Tensor | None = None,
     tiles: Tensor | None = None,
     groups: int = 1,
+    qrows: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """out (B, H, N, Dv) and lse (B, H, N), float32. rows/table/tiles: a structured mask's
     `attnkit.functional._mask_plan.MaskPlan` parts (None: none). `groups`: the tokens
-    interleave that many independent sequences (see `_args`), the masks being theirs."""
+    interleave that many independent sequences (see `_args`), the masks being theirs.
+    `qrows`: the masks' query position i is row qrows[i] of q, out and lse (`Args::qrows`)."""
     b, h, n, _ = q.shape
     out = q.new_empty(b, h, n, v.shape[3])
     lse = q.new_empty(b, h, n)
     args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed), (rows, table, tiles))
     blocks = forward_blocks(n // groups, causal, rows is not None or table is not None)
-    a = kernel_args(q, k, v, *args, blocks, groups)
+    a = kernel_args(q, k, v, *args, blocks, groups, qrows)
     a.out, a.lse = out.data_ptr(), lse.data_ptr()
     load().attnkit_attention_forward(ctypes.byref(a))
     return out, lse
@@ -128,10 +131,11 @@ def _backward(
     table: Tensor | None = None,
     tiles: Tensor | None = None,
     groups: int = 1,
+    qrows: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (float32) of the forward's out and lse."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    args = (mask, bias, causal, scale, keep_t, inv_keep, seed, rows, table, tiles, groups)
+    args = (mask, bias, causal, scale, keep_t, inv_keep, seed, rows, table, tiles, groups, qrows)
     _backward_into(dq, dk, dv, dout, dlse, q, k, v, out, lse, *args, accumulate=False)
     return dq, dk, dv
 
@@ -158,6 +162,7 @@ def _backward_into(
     table: Tensor | None = None,
     tiles: Tensor | None = None,
     groups: int = 1,
+    qrows: Tensor | None = None,
     *,
     accumulate: bool = True,
 ) -> None:
@@ -177,7 +182,7 @@ def _backward_into(
             )
     dlse = None if dlse is None else dlse.contiguous()
     args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed), (rows, table, tiles))
-    a = kernel_args(q, k, v, *args, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K), groups)
+    a = kernel_args(q, k, v, *args, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K), groups, qrows)
     a.out, a.lse = out.data_ptr(), lse.data_ptr()
     point_at_cotangent(a, dout)
     a.dlse = None if dlse is None else dlse.data_ptr()
@@ -206,34 +211,41 @@ def _(dout, dlse, q, k, v, out, lse, mask, bias, causal, scale, keep_t, inv_keep
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-_OPTIONAL = (None, None, None, 1)  # rows, table, tiles, groups: `_forward`'s defaults
+_OPTIONAL = (None, None, None, 1, None)  # rows, table, tiles, groups, qrows: `_forward`'s
+_INPUTS = 15  # `_forward`'s arguments: 3 gradients, then None for the other 12
 
 
 def _save(ctx, inputs, output) -> None:
     q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, *rest = inputs
-    rows, table, tiles, g = (*rest, *_OPTIONAL[len(rest) :])
-    ctx.save_for_backward(q, k, v, *output, mask, bias, seed, rows, table, tiles)
+    rows, table, tiles, g, qrows = (*rest, *_OPTIONAL[len(rest) :])
+    ctx.save_for_backward(q, k, v, *output, mask, bias, seed, rows, table, tiles, qrows)
     ctx.scalars, ctx.groups = (causal, scale, keep_t, inv_keep), g
 
 
 def _grads(ctx, dout, dlse, backward) -> tuple:
-    q, k, v, out, lse, mask, bias, seed, *plan = ctx.saved_tensors
-    g = ctx.groups
+    q, k, v, out, lse, mask, bias, seed, *plan, qrows = ctx.saved_tensors
+    g, none = ctx.groups, (None,) * (_INPUTS - 3)
     if torch.is_grad_enabled():
         # create_graph=True: this gradient will be differentiated, and the kernel's is opaque to
         # autograd; the same gradient in differentiable torch ops (see `_double_backward`), on
-        # the interleaved sequences side by side
+        # the interleaved sequences side by side, the queries in the masks' order (`qrows`)
         q, k, v, dout, dlse = (
             None if t is None else split_groups(t, g) for t in (q, k, v, dout, dlse)
         )
+        if qrows is not None:
+            q, dout, dlse = (
+                None if t is None else t.index_select(2, qrows) for t in (q, dout, dlse)
+            )
         whole = dense_with_plan(mask, *plan, q.shape[2], k.shape[2])
-        grads = kernel_grads(q, k, v, dout, dlse, whole, bias, *ctx.scalars, seed)[:3]
-        return tuple(merge_groups(t, g) for t in grads) + (None,) * 11
+        dq, dk, dv = kernel_grads(q, k, v, dout, dlse, whole, bias, *ctx.scalars, seed)[:3]
+        if qrows is not None:  # back to token order: row qrows[i] is position i's
+            dq = dq.index_select(2, torch.argsort(qrows))
+        return (*(merge_groups(t, g) for t in (dq, dk, dv)), *none)
     if dout is None:  # only lse was used: a zero cotangent, broadcast (B, H, N, Dv)
         dout = out.new_zeros(out.shape[-1]).expand_as(out)
-    scalars = (*ctx.scalars, seed, *plan, g)
+    scalars = (*ctx.scalars, seed, *plan, g, qrows)
     dq, dk, dv = backward(dout, dlse, q, k, v, out, lse, mask, bias, *scalars)
-    return (dq, dk, dv) + (None,) * 11
+    return (dq, dk, dv, *none)
 
 
 attention_fwd.register_autograd(
@@ -270,6 +282,7 @@ def native_attention(
     seed: Tensor | None,
     plan=None,
     groups: int = 1,
+    qrows: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The chunked backend's contract (see `chunked_attention`) on the compiled kernel.
 
@@ -279,8 +292,14 @@ def native_attention(
     ``plan``: a structured mask's `MaskPlan` (its dense part arrives as ``mask``), or None.
     ``groups``: the token axis interleaves that many independent sequences (token t·g + r is
     position t of sequence r), which ``plan`` and ``causal`` describe (no dense mask or bias).
+    ``qrows``: int64 (N,), a permutation of 0..N-1 (the caller's to vouch for): query position
+    i of ``mask``, ``plan`` and ``causal`` is row qrows[i] of q, out and lse (and of their
+    gradients), so a mask that skips well in another order of the queries needs no gather of
+    them (`reordered.run_reordered`); with ``groups`` = 1 and no dropout.
     Traced code (torch.compile, export) sees the operator `attnkit::attention_fwd`.
     """
+    if qrows is not None:
+        _check_qrows(qrows, q.shape[2], groups, keep_t)
     q32, k32, v32 = (t.to(torch.float32).contiguous() for t in (q, k, v))
     bias32 = None if bias is None else bias.detach().to(torch.float32)
     structure = (None, None, None) if plan is None else (plan.rows, plan.table, plan.tiles)
@@ -297,9 +316,28 @@ def native_attention(
         seed,
         *structure,
         groups,
+        qrows,
     )
     out, lse = attention_fwd(*inputs) if tracing() else _Eager.apply(*inputs)
     return out.to(q.dtype), lse
+
+
+def _check_qrows(qrows: Tensor, n: int, groups: int, keep_t: int) -> None:
+    """qrows fit the call: int64 (N,) on the CPU, contiguous, in 0..N-1 (the kernel reads and
+    writes the rows it names), with one sequence and no dropout, whose bits follow the
+    positions and would not be those of token order."""
+    if qrows.dtype != torch.int64 or qrows.shape != (n,) or not qrows.is_contiguous():
+        raise ValueError(
+            f"native_attention: qrows must be contiguous int64 of shape ({n},), got "
+            f"{qrows.dtype} {tuple(qrows.shape)}"
+        )
+    if groups != 1 or keep_t != NO_DROPOUT:
+        raise ValueError(
+            f"native_attention: qrows takes groups = 1 and no dropout, got groups = {groups}, "
+            f"keep_t = {keep_t}"
+        )
+    if n and not tracing() and not (int(qrows.min()) >= 0 and int(qrows.max()) < n):
+        raise ValueError(f"native_attention: qrows must lie in 0..{n - 1}")
 
 
 def keep_words(seed: int | Tensor, b: int, h: int, n: int, s: int) -> Tensor:

@@ -11,7 +11,9 @@ window a band within each residue class and a strided mask a set of contiguous d
 intervals, skipped exactly), and tiles of the image (8 × 8, 4 × 4 for small kernels) make a 2-D
 neighbourhood a few dense blocks per query block. The chunked backend (eager, no bias, no
 dropout) gathers q, k, v into that order, attends with the reordered mask, and scatters out and
-lse back: the results are those of the mask in token order (autograd carries the gathers).
+lse back: the results are those of the mask in token order (autograd carries the gathers); on
+the compiled kernel only k and v are gathered, the kernel reading and writing the query-side
+rows through the order (`Args::qrows`).
 Where the residue classes are of equal size (the dilation or stride divides N) no gather is
 needed: token t·g + r is position t of class r, so (B, H, N, D) is (B, H, N/g, g, D), and the
 classes are g independent sequences of N/g tokens, each a window (or full, or causal) over its
@@ -217,14 +219,24 @@ def reordered_call(mask, q: Tensor, k: Tensor, bias, dropout: bool, causal: bool
     )
 
 
-def run_reordered(mask: Reordered, q, k, v, attend: Callable) -> tuple[Tensor, Tensor]:
+def run_reordered(
+    mask: Reordered, q, k, v, attend: Callable, rows_in_place: bool = False
+) -> tuple[Tensor, Tensor]:
     """attend(q, k, v, m=inner mask) on the reordered tokens; out and lse put back in order.
     With `groups`, attend(q, k, v, m=window or None, causal=...) once on the interleaved
-    sequences, no gather (`attend` must take the causal and groups keywords)."""
+    sequences, no gather (`attend` must take the causal and groups keywords). With
+    `rows_in_place` (the compiled kernel), attend(q, k', v', m=inner, qrows=order): only k and
+    v are gathered, the kernel reading q and writing out and lse (and in the backward reading
+    dO and writing dq) at row order[a] for position a (`Args::qrows`), which saves three of
+    the five gathers of a forward and two of the backward's four (~13 ms each at N=16384,
+    H=8, D=64 on AMD EPYC Zen 4, against a NATTEN 15 x 15 forward of ~315 ms)."""
     if mask.groups is not None:
         return attend(q, k, v, **group_call(mask.groups, q.shape[2] // mask.groups.count))
     order, back = mask.order.to(q.device), mask.inverse.to(q.device)
-    out, lse = attend(*(permute(t, order, back) for t in (q, k, v)), m=mask.inner)
+    kv = (permute(t, order, back) for t in (k, v))
+    if rows_in_place:
+        return attend(q, *kv, m=mask.inner, qrows=order)
+    out, lse = attend(permute(q, order, back), *kv, m=mask.inner)
     return permute(out, back, order), permute(lse, back, order)
 
 

@@ -46,8 +46,9 @@
 
 extern "C" {
 
-// 8: runs of keys (Args::rows_k); 9: backward_write; 10: dO's strides (Args::dout_st)
-int attnkit_abi_version() { return 10; }
+// 8: runs of keys (Args::rows_k); 9: backward_write; 10: dO's strides (Args::dout_st);
+// 11: the query row map (Args::qrows)
+int attnkit_abi_version() { return 11; }
 
 // Forward: fills out and lse. Work items are (b, h, sequence, query block), over the threads.
 void attnkit_attention_forward(const Args* args) {

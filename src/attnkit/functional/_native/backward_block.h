@@ -34,7 +34,7 @@ void prefetch_backward(const Args& a, int64_t head, int64_t sq, int64_t i, int64
                        const float* kb, int64_t ldk, const float* vb, int64_t ldv, int64_t hi,
                        float* dk_acc, float* dv_acc, int64_t step) {
     if (i + nq < a.N) {
-        const int64_t row = row_of(a, head, a.N, sq, i + nq);
+        const int64_t row = qrow(a, head, sq, i + nq);
         prefetch_row(a.q + row * a.D, a.D);
         prefetch_row(dout_row(a, row), a.Dv);
         prefetch_row(a.out + row * a.Dv, a.Dv);
@@ -148,7 +148,7 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
     float *dob = w.dob.data(), *dlt = w.dlt.data(), *lse = w.l.data();
     load_q(a, b, h, sq, i0, nq, qs);
     for (int64_t r = 0; r < nq; ++r) {
-        const int64_t row = row_of(a, b * a.H + h, a.N, sq, i0 + r);
+        const int64_t row = qrow(a, b * a.H + h, sq, i0 + r);
         const float* o = a.out + row * Dv;
         float* dr = dob + r * Dv;
         copy_dout_row(a, row, dr);
@@ -214,7 +214,7 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
         mm_tn(nk, D, nq, dp, nk, qs, D, 1.0f, dk_acc + j0 * ldk_acc, ldk_acc);  // dK += dS^T (sq)
     }
     for (int64_t r = 0; r < nq; ++r) {
-        float* dq_out = a.dq + row_of(a, b * a.H + h, a.N, sq, i0 + r) * D;
+        float* dq_out = a.dq + qrow(a, b * a.H + h, sq, i0 + r) * D;
 #pragma omp simd
         for (int64_t e = 0; e < D; ++e) dq_out[e] = dq[r * D + e] * a.scale;
     }

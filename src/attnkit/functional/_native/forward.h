@@ -95,7 +95,7 @@ void forward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, in
                      acc + u * a.Dv);
     }
     for (int64_t u = 0; u < n; ++u) {
-        write_row(a, row_of(a, head, a.N, sq, i + u), acc + u * a.Dv, m[u], l[u]);
+        write_row(a, qrow(a, head, sq, i + u), acc + u * a.Dv, m[u], l[u]);
     }
 }
 
@@ -155,7 +155,7 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
         mm_nn(nq, Dv, nk, s, nk, vb + j0 * ldv, ldv, 1.0f, acc, Dv);  // acc += P~ v
     }
     for (int64_t r = 0; r < nq; ++r) {
-        write_row(a, row_of(a, b * a.H + h, a.N, sq, i0 + r), acc + r * Dv, w.m[r], w.l[r]);
+        write_row(a, qrow(a, b * a.H + h, sq, i0 + r), acc + r * Dv, w.m[r], w.l[r]);
     }
 }
 

@@ -112,8 +112,8 @@ constexpr int64_t kAhead = 8;
 // key and value hi - 1 + kAhead.
 void prefetch_forward(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t nq,
                       const float* kb, int64_t ldk, const float* vb, int64_t ldv, int64_t hi) {
-    if (i + nq < a.N) prefetch_row_l2(a.q + row_of(a, head, a.N, sq, i + nq) * a.D, a.D);
-    if (i + kAhead < a.N) prefetch_row_w(a.out + row_of(a, head, a.N, sq, i + kAhead) * a.Dv, a.Dv);
+    if (i + nq < a.N) prefetch_row_l2(a.q + qrow(a, head, sq, i + nq) * a.D, a.D);
+    if (i + kAhead < a.N) prefetch_row_w(a.out + qrow(a, head, sq, i + kAhead) * a.Dv, a.Dv);
     if (hi > 0 && hi - 1 + kAhead < a.S) {
         prefetch_row_l2(kb + (hi - 1 + kAhead) * ldk, a.D);
         prefetch_row_l2(vb + (hi - 1 + kAhead) * ldv, a.Dv);

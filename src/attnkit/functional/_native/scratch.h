@@ -4,7 +4,8 @@
 //
 // Legend: Scratch one thread's buffers (s scores, dp dP~, qs scaled queries, acc output or dq,
 // m, l running max and sum, blocks the key blocks, lo, hi the rows' runs, work the entries
-// computed); row_of the tensor row of position i of sequence r (Args::groups); dout_row a
+// computed); row_of the tensor row of position i of sequence r (Args::groups), qrow a
+// query's (Args::qrows); dout_row a
 // row of dO through its strides; load_q qs = scale * q for a block; ceil_div;
 // advise_huge_pages the huge-page hint on a fresh output.
 
@@ -40,6 +41,12 @@ inline int64_t row_of(const Args& a, int64_t head, int64_t n, int64_t r, int64_t
     return (head * n + i) * a.groups + r;
 }
 
+// The tensor row of query position i of sequence r in head `head` (b * H + h) of q, out,
+// lse, dO, dlse and dq: row_of's, or through the row map Args::qrows.
+inline int64_t qrow(const Args& a, int64_t head, int64_t r, int64_t i) {
+    return a.qrows ? head * a.N + a.qrows[i] : row_of(a, head, a.N, r, i);
+}
+
 // Row `row` of dO in row_of's numbering of q's rows ((b * H + h) * N * groups + token), its
 // entries dout_st[3] apart (Args::dout_st): a broadcast cotangent, such as the ones that
 // out.sum().backward() sends, is read in place instead of being copied first.
@@ -52,7 +59,7 @@ inline const float* dout_row(const Args& a, int64_t row) {
 // Rows i0..i1 of head (b, h), sequence r, pre-scaled: qs (nq, D) = scale * q.
 void load_q(const Args& a, int64_t b, int64_t h, int64_t r, int64_t i0, int64_t nq, float* qs) {
     for (int64_t row = 0; row < nq; ++row) {
-        const float* src = a.q + row_of(a, b * a.H + h, a.N, r, i0 + row) * a.D;
+        const float* src = a.q + qrow(a, b * a.H + h, r, i0 + row) * a.D;
         float* dst = qs + row * a.D;
 #pragma omp simd
         for (int64_t e = 0; e < a.D; ++e) dst[e] = src[e] * a.scale;
