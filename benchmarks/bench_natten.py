@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
-"""NATTEN (`masks.neighborhood_2d`) against the dense kernel, as time ÷ (density × dense time
-per entry), as main had it before this branch (8 x 8 tiles for every kernel, gathers by
-`index_select` along the token axis) and now (the tile chosen per kernel,
-`_natten_tiles.choose_tile`; gathers by `reordered.permute`), interleaved in one process
-(issue 36.2).
+"""NATTEN (`masks.neighborhood_2d`) and strided masks whose stride does not divide N against
+the dense kernel, as time ÷ (density × dense time per entry), with the queries gathered into
+the mask's order as main had it before the query row map (`Args::qrows`) and read in place
+now, interleaved in one process (issue 36.2).
 
     PYTHONPATH=src python benchmarks/bench_natten.py                 # 15x15, 64² and 128²
-    PYTHONPATH=src python benchmarks/bench_natten.py --sides 64 --kernel 7 --rounds 9
+    PYTHONPATH=src python benchmarks/bench_natten.py --sides 128 --kernel 7 --rounds 7
+    PYTHONPATH=src python benchmarks/bench_natten.py --sides --strided 16383 256
 
 B=1, H=8, D=64, float32, one thread, the compiled kernel (backend="chunked"), forward and
 forward + backward, medians of interleaved rounds (`attnkit.analysis.bench.time_interleaved`).
-Also prints the score entries the kernel computes per allowed entry (`kernel_work`), which
-timing noise does not touch. Compare ratios within one run: absolute times drift up to 2x on
-shared machines.
+The dense kernel is timed at N=4096 (`--dense-n`): its time per entry, scaled to N², is the
+unit (dense at N=16384 costs ~40 s a forward + backward on one thread). Also prints the score
+entries the kernel computes per allowed entry (`kernel_work`), which timing noise does not
+touch. Compare ratios within one run: absolute times drift up to 2x on shared machines.
 """
 
 from __future__ import annotations
@@ -26,19 +27,21 @@ import attnkit
 from attnkit import masks
 from attnkit.analysis import kernel_work
 from attnkit.analysis.bench import time_interleaved
-from attnkit.functional import reordered
-from attnkit.functional._natten_tiles import tile_order
+from attnkit.functional import chunked
 
-_NEW = reordered.permute
-
-
-def _old(x, order, inverse):  # main's gathers before this change
-    return x.index_select(2, order)
+_RUN = chunked.run_reordered
 
 
-def _step(q, k, v, mask, grad: bool, permute):
-    def run():
-        reordered.permute = permute
+def _gathered(mask, q, k, v, attend, rows_in_place=False):  # q, out, lse gathered: main's
+    return _RUN(mask, q, k, v, attend, False)
+
+
+def _step(n, mask, grad: bool, run=_RUN):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, n, 64, generator=g) for _ in range(3))
+
+    def step():
+        chunked.run_reordered = run
         try:
             if grad:
                 qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
@@ -47,42 +50,48 @@ def _step(q, k, v, mask, grad: bool, permute):
                 with torch.no_grad():
                     attnkit.attention(q, k, v, mask=mask, backend="chunked")
         finally:
-            reordered.permute = _NEW
+            chunked.run_reordered = _RUN
 
-    return run
+    return step
 
 
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sides", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--sides", type=int, nargs="*", default=[64, 128])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--kernel", type=int, default=15)
+    p.add_argument("--strided", type=int, nargs=2, metavar=("N", "STRIDE"))
+    p.add_argument("--dense-n", type=int, default=4096)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    for side in args.sides:
-        n = side * side
-        g = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(1, 8, n, 64, generator=g) for _ in range(3))
-        mask = masks.neighborhood_2d(side, side, args.kernel)
-        main = reordered.Reordered(mask.fn, n, tile_order(side, side, 8, 8), None, mask.name)
-        steps = {}
+    cases = {
+        f"natten {s}x{s} {args.kernel}x{args.kernel}": masks.neighborhood_2d(s, s, args.kernel)
+        for s in args.sides
+    }
+    if args.strided:
+        n, stride = args.strided
+        cases[f"strided({stride}) N={n}"] = masks.strided(n, stride)
+    steps = {}
+    for p_ in ("fwd", "fwd+bwd"):
+        grad = p_ == "fwd+bwd"
+        steps[f"dense {p_}"] = _step(args.dense_n, None, grad)
+        for name, m in cases.items():
+            steps[f"{name} gathered {p_}"] = _step(m.n, m, grad, _gathered)
+            steps[f"{name} in place {p_}"] = _step(m.n, m, grad)
+    print(f"timing {len(steps)} steps x {args.rounds} rounds ...", file=sys.stderr)
+    ms = time_interleaved(steps, args.rounds)
+    for name, m in cases.items():
+        work = kernel_work(m, heads=8)
+        waste = work.computed / work.allowed
+        print(f"{name}: density {m.density:.5f}, computed/allowed {waste:.2f}")
         for p_ in ("fwd", "fwd+bwd"):
-            grad = p_ == "fwd+bwd"
-            steps[f"dense {p_}"] = _step(q, k, v, None, grad, _NEW)
-            steps[f"before {p_}"] = _step(q, k, v, main, grad, _old)
-            steps[f"after {p_}"] = _step(q, k, v, mask, grad, _NEW)
-        print(f"timing {len(steps)} steps x {args.rounds} rounds at N={n} ...", file=sys.stderr)
-        ms = time_interleaved(steps, args.rounds)
-        was, now = (kernel_work(m, heads=8) for m in (main, mask))
-        print(
-            f"N={n} ({side}x{side}, {args.kernel}x{args.kernel}): density {mask.density:.4f}, "
-            f"computed/allowed {was.computed / was.allowed:.2f} -> {now.computed / now.allowed:.2f}"
-        )
-        for name, t in ms.items():
-            p_ = name.split()[-1]
-            d = 1.0 if name.startswith("dense") else mask.density
-            print(f"  {name:16s} {t:9.1f} ms  ratio {t / (d * ms[f'dense {p_}']):5.2f}")
-    print(f"timed NATTEN {args.kernel}x{args.kernel} at sides {args.sides} (printed above)")
+            unit = m.density * ms[f"dense {p_}"] * (m.n / args.dense_n) ** 2
+            was, now = ms[f"{name} gathered {p_}"], ms[f"{name} in place {p_}"]
+            print(
+                f"  {p_:8s} gathered {was:8.1f} ms ratio {was / unit:5.2f}   in place {now:8.1f} "
+                f"ms ratio {now / unit:5.2f}   ({now / was:.2f}x the time)"
+            )
+    print(f"timed {len(cases)} masks, queries gathered and in place (printed above)")
 
 
 if __name__ == "__main__":
