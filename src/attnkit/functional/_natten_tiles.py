@@ -12,7 +12,9 @@ from 4 × 4.
 Each candidate's non-empty blocks are counted on `_grid.FINE_GRID` from the neighbourhoods
 themselves (N · kh · kw pairs, on a canvas of at most `_PROXY` a side: the choice follows the
 kernel more than the canvas) and priced by `_grid.tile_grid_cost`, the estimate that then
-chooses the grid; 8 × 8 stays unless another tile is `_MARGIN` cheaper. Measured (AMD EPYC
+chooses the grid; 8 × 8 stays unless another tile is `_MARGIN` cheaper. The kernel computes
+a query tile's adjacent key blocks (3 runs of 3 tiles for 15 × 15) as one product each
+(`kMergeKeys`, _native/masks.h): 0.86-0.92x the time of one product a block. Measured (AMD EPYC
 Zen 4, 1 thread, H=8, D=64, 64 × 64, forward, fastest of 9-11 interleaved runs, time ÷
 (density × dense time per entry)), 8 × 8 → 4 × 4 tiles: 7 × 7 8.5 → 6.4 and 9 × 9 5.4 → 4.2
 (estimated 12 % and 8 % cheaper: 4 × 4 taken), 5 × 5 12.1 → 16.2 (2 %: kept 8 × 8),

@@ -123,10 +123,10 @@ void backward(const Args& a, bool write) {
 #pragma omp parallel num_threads(static_cast<int>(a.nthreads))
     {
         Scratch w(a);
-        w.dp.resize(a.bq * a.bk);
+        w.dp.resize(block_floats(a));
         w.dob.resize(a.bq * a.Dv);
         w.dlt.resize(a.bq);
-        if (a.softcap > 0.0f) w.g.resize(a.bq * a.bk);
+        if (a.softcap > 0.0f) w.g.resize(block_floats(a));
         if (a.rel && a.rel_grad) w.dtab.assign(a.H * a.rel_len, 0.0f);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < static_cast<int64_t>(runs.size()); ++t) {

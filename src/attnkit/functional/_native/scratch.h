@@ -24,6 +24,12 @@
 
 namespace {
 
+// Floats of one block of scores: bq x bk, or up to bq x kMergeKeys where key_blocks merges a
+// table's blocks.
+inline int64_t block_floats(const Args& a) {
+    return a.bq * (a.table && !a.rows ? std::max(a.bk, kMergeKeys) : a.bk);
+}
+
 struct Scratch {
     std::vector<float> s, dp, qs, acc, dob, m, l, dlt, dk, dv;
     std::vector<float> g, dtab;  // score functions: the cap's derivative, this thread's d rel
@@ -31,7 +37,7 @@ struct Scratch {
     std::vector<int64_t> lo, hi;  // each row's runs of keys, run k of row r at k * bq + r
     int64_t work = 0;             // score entries computed by this thread
     explicit Scratch(const Args& a)
-        : s(a.bq * a.bk), qs(a.bq * a.D), acc(a.bq * std::max(a.Dv, a.D)), m(a.bq), l(a.bq),
+        : s(block_floats(a)), qs(a.bq * a.D), acc(a.bq * std::max(a.Dv, a.D)), m(a.bq), l(a.bq),
           lo(a.bq * std::max<int64_t>(a.rows_k, 1)), hi(a.bq * std::max<int64_t>(a.rows_k, 1)) {}
 };
 
