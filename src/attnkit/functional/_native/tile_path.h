@@ -1,0 +1,276 @@
+// The tile path: a query block whose rows each see a short span of keys (narrow windows, the
+// short interleaved sequences of a strided mask) is computed kTileRows rows at a time, the
+// tile's scores S (rows x the union of their keys) as a small matrix product held in
+// registers: one query row a vector lane (q transposed once), one key at a time broadcast
+// against every row, no horizontal sums. forward.h's forward_tile takes it from there.
+//
+// Legend: kTileRows rows of a tile (the lanes of tvec), kTileKeys the widest span a tile takes,
+// kDimBlock the dimensions packed together; tile_keys a tile's span [jlo, jhi); tile_path
+// whether a block takes the path; transpose_q qT (D' x kTileRows, D' = D rounded up to
+// kDimBlock); pack_keys the span's keys in kDimBlock-dimension slices; tile_scores the score
+// tile sT (key-major: span x kTileRows), masked to each row's [lo, hi), and the rows' maxima.
+
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "args.h"
+#include "row_path.h"
+#include "scratch.h"
+#include "simd.h"
+#include "softmax_row.h"
+
+namespace {
+
+using namespace attnkit_simd;
+
+// Rows a tile: 8 lanes of 32-byte vectors on every ISA (ymm on AVX-512 and AVX2, two xmm
+// elsewhere), not simd.h's kLanes: AMD Zen 4 runs a 512-bit FMA as two 256-bit halves, so 16
+// rows a zmm do the same FMAs a cycle as 8 a ymm, while a tile of 16 rows spans 8 keys more
+// (a window of 9 keys: 24 keys x 16 rows against 16 x 8, 2.67 against 1.78 computed entries
+// an allowed one), and the count of computed entries stays the same on every ISA.
+constexpr int64_t kTileRows = 8;
+// The widest span a tile takes: 64 keys = kRowPathKeys, the score rows forward_rows keeps.
+constexpr int64_t kTileKeys = 32;
+constexpr int64_t kDimBlock = 16;
+// The tile path's prefetch distance (prefetch_forward), in rows: TILE_AHEAD_PLACEHOLDER
+constexpr int64_t kTileAhead = 24;
+
+typedef float tvec __attribute__((vector_size(kTileRows * 4)));
+typedef int32_t tint __attribute__((vector_size(kTileRows * 4)));
+
+#if defined(__AVX__)
+inline tvec tsplat(float x) { return _mm256_set1_ps(x); }
+inline tvec tmax(tvec a, tvec b) { return _mm256_max_ps(a, b); }  // NaN in a: b (maxps)
+inline tvec tmin(tvec a, tvec b) { return _mm256_min_ps(a, b); }
+#else
+inline tvec tsplat(float x) { return tvec{} + x; }
+inline tvec tmax(tvec a, tvec b) { return a > b ? a : b; }
+inline tvec tmin(tvec a, tvec b) { return a < b ? a : b; }
+#endif
+
+inline tvec tload(const float* p) {
+    tvec v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+inline void tstore(float* p, tvec v) { std::memcpy(p, &v, sizeof v); }
+
+// exp lane by lane: exp_v's body (simd.h, exp_clamped) on a tile vector.
+inline tvec texp(tvec x) {
+    return exp_clamped<tvec, tint>(tmin(tsplat(88.0f), tmax(tsplat(kExpLo), x)));
+}
+
+// The keys [jlo, jhi) of a tile's rows u < n: the union of their keys (rows that see nothing
+// add nothing; [0, 0) when none sees any).
+inline void tile_keys(const int64_t* lo, const int64_t* hi, int64_t n, int64_t& jlo,
+                      int64_t& jhi) {
+    jlo = INT64_MAX, jhi = 0;
+    for (int64_t u = 0; u < n; ++u) {
+        if (lo[u] < hi[u]) jlo = std::min(jlo, lo[u]), jhi = std::max(jhi, hi[u]);
+    }
+    if (jlo >= jhi) jlo = jhi = 0;
+}
+
+// Calls tile(r, n, lo, hi) for tiles of rows r..r+n-1 (n <= kTileRows) of rows i0..i1.
+template <typename F>
+void each_tile(const Args& a, const Scratch& w, int64_t i0, int64_t i1, F&& tile) {
+    int64_t first, end;
+    blocks_span(w, first, end);
+    for (int64_t r = 0; r < i1 - i0; r += kTileRows) {
+        const int64_t n = std::min(kTileRows, i1 - i0 - r);
+        int64_t lo[kTileRows], hi[kTileRows];
+        for (int64_t u = 0; u < n; ++u) row_span(a, w, r + u, i0 + r + u, first, end, lo[u], hi[u]);
+        tile(r, n, lo, hi);
+    }
+}
+
+// Whether rows i0..i1 take the tile path: each row one run of keys (no tiles of a table), and
+// every tile's span at most kTileKeys.
+bool tile_path(const Args& a, const Scratch& w, int64_t i0, int64_t i1) {
+    if (a.table || a.rows_k > 1) return false;
+    bool fits = true;
+    each_tile(a, w, i0, i1, [&](int64_t, int64_t n, const int64_t* lo, const int64_t* hi) {
+        int64_t jlo, jhi;
+        tile_keys(lo, hi, n, jlo, jhi);
+        fits = fits && jhi - jlo <= kTileKeys;
+    });
+    return fits;
+}
+
+// The thread's buffers for the tile path: qT, the packed keys, the score tile, the row
+// path's score rows (forward_tile without plain scores) and kTileRows rows of output.
+inline void tile_buffers(const Args& a, Scratch& w) {
+    const size_t dims = static_cast<size_t>(ceil_div(a.D, kDimBlock) * kDimBlock);
+    auto at_least = [](std::vector<float>& buf, size_t n) {
+        if (buf.size() < n) buf.resize(n);
+    };
+    at_least(w.tq, dims * kTileRows);
+    at_least(w.tk, dims * kTileKeys);
+    at_least(w.ts, kTileKeys * kTileRows);
+    at_least(w.tv, kTileKeys * a.Dv);
+    at_least(w.s, kRowGroup * kRowPathKeys);
+    at_least(w.acc, kTileRows * std::max(a.Dv, a.D));
+}
+
+// qT[d * kTileRows + u] = qs[u * D + d] for rows u < n, 0 in the other lanes and in the
+// dimensions D..D' (D' = dblocks * kDimBlock). With AVX, 8 x 8 blocks transposed in registers
+// (unpack, shuffle, cross-lane permute: 24 shuffles a block): the scalar copy it replaces was
+// ~20% of a window of 9 keys' forward (perf, in cache, H=1: 512 single-float stores a tile).
+inline void transpose_q(const float* qs, int64_t n, int64_t D, int64_t dblocks, float* qT) {
+    int64_t d0 = 0;
+#if defined(__AVX__)
+    static_assert(kTileRows == 8, "an 8 x 8 transpose");
+    for (; d0 + 8 <= D; d0 += 8) {
+        __m256 r[8];
+        for (int64_t u = 0; u < 8; ++u) r[u] = u < n ? _mm256_loadu_ps(qs + u * D + d0) : __m256{};
+        __m256 t[8], x[8];
+        for (int u = 0; u < 8; u += 2) {
+            t[u] = _mm256_unpacklo_ps(r[u], r[u + 1]);  // rows u, u+1 interleaved: dims 0, 1, 4, 5
+            t[u + 1] = _mm256_unpackhi_ps(r[u], r[u + 1]);  // dims 2, 3, 6, 7
+        }
+        for (int u = 0; u < 8; u += 4) {
+            x[u] = _mm256_shuffle_ps(t[u], t[u + 2], 0x44);      // dims 0 and 4 of rows u..u+3
+            x[u + 1] = _mm256_shuffle_ps(t[u], t[u + 2], 0xEE);  // 1 and 5
+            x[u + 2] = _mm256_shuffle_ps(t[u + 1], t[u + 3], 0x44);  // 2 and 6
+            x[u + 3] = _mm256_shuffle_ps(t[u + 1], t[u + 3], 0xEE);  // 3 and 7
+        }
+        for (int j = 0; j < 4; ++j) {
+            _mm256_storeu_ps(qT + (d0 + j) * 8, _mm256_permute2f128_ps(x[j], x[j + 4], 0x20));
+            _mm256_storeu_ps(qT + (d0 + j + 4) * 8, _mm256_permute2f128_ps(x[j], x[j + 4], 0x31));
+        }
+    }
+#endif
+    std::fill(qT + d0 * kTileRows, qT + dblocks * kDimBlock * kTileRows, 0.0f);
+    for (int64_t u = 0; u < n; ++u) {
+        for (int64_t d = d0; d < D; ++d) qT[d * kTileRows + u] = qs[u * D + d];
+    }
+}
+
+// Keys c < nk of k (rows ldk apart) into kp, dimension slices of kDimBlock: key c's dimensions
+// [g * kDimBlock, (g + 1) * kDimBlock) at kp + (g * np + c) * kDimBlock, np >= nk keys a slice
+// (keys nk..np and dimensions past D zero), so that the score loop reads every key of a slice
+// at a fixed offset from one pointer.
+inline void pack_keys(const float* k, int64_t ldk, int64_t nk, int64_t np, int64_t D,
+                      int64_t dblocks, float* kp) {
+    for (int64_t g = 0; g < dblocks; ++g) {
+        float* slice = kp + g * np * kDimBlock;
+        const int64_t d0 = g * kDimBlock, m = std::min(kDimBlock, D - d0);
+        for (int64_t c = 0; c < nk; ++c) {
+            const float* src = k + c * ldk + d0;
+            float* dst = slice + c * kDimBlock;
+            for (int64_t e = 0; e < kDimBlock; e += kLanes) {
+                store(dst + e, e + kLanes <= m ? load(src + e)
+                                               : load_part(src + e, std::max<int64_t>(m - e, 0), 0.0f));
+            }
+        }
+        std::fill(slice + nk * kDimBlock, slice + np * kDimBlock, 0.0f);
+    }
+}
+
+// Scores of keys c0..c0+C of the packed span (np keys a slice) against the tile's rows: for
+// each dimension, one vector of the rows' query components and C keys' components broadcast,
+// C accumulators in registers (C independent FMA chains). Masked to each lane's [vlo, vhi)
+// (key numbers relative to the span's first) into sT (key-major), their maximum into m.
+template <int C>
+inline void tile_scores(const float* qT, const float* kp, int64_t np, int64_t dblocks,
+                        int64_t c0, tint vlo, tint vhi, float* sT, tvec& m) {
+    tvec acc[C];
+#pragma GCC unroll 32
+    for (int c = 0; c < C; ++c) acc[c] = tvec{};
+    for (int64_t g = 0; g < dblocks; ++g) {
+        const float* kd = kp + (g * np + c0) * kDimBlock;
+        const float* qd = qT + g * kDimBlock * kTileRows;
+#pragma GCC unroll 16
+        for (int dd = 0; dd < kDimBlock; ++dd) {
+            const tvec qv = tload(qd + dd * kTileRows);
+#pragma GCC unroll 32
+            for (int c = 0; c < C; ++c) acc[c] += tsplat(kd[c * kDimBlock + dd]) * qv;
+        }
+    }
+    const tvec ninf = tsplat(kNegInf);
+#pragma GCC unroll 32
+    for (int c = 0; c < C; ++c) {
+        const tint j = tint{} + static_cast<int32_t>(c0 + c);
+        const tvec s = (vlo <= j) & (j < vhi) ? acc[c] : ninf;
+        m = tmax(s, m);  // a NaN score passed over (the exponentials carry it on)
+        tstore(sT + (c0 + c) * kTileRows, s);
+    }
+}
+
+// The score chunks' widths: kTileChunk keys (accumulators, with the query vector and a
+// broadcast, within the 32 vector registers of AVX-512 or the 16 of AVX2), then 16 and 8.
+#if defined(__AVX512F__)
+constexpr int kTileChunk = 24;
+#else
+constexpr int kTileChunk = 8;
+#endif
+
+// The whole score tile: np (a multiple of 8) packed keys in chunks.
+inline void tile_scores_all(const float* qT, const float* kp, int64_t np, int64_t dblocks,
+                            tint vlo, tint vhi, float* sT, tvec& m) {
+    int64_t c = 0;
+    for (; np - c >= kTileChunk; c += kTileChunk) {
+        tile_scores<kTileChunk>(qT, kp, np, dblocks, c, vlo, vhi, sT, m);
+    }
+#if defined(__AVX512F__)
+    if (np - c >= 16) {
+        tile_scores<16>(qT, kp, np, dblocks, c, vlo, vhi, sT, m);
+        c += 16;
+    }
+#endif
+    for (; c < np; c += 8) tile_scores<8>(qT, kp, np, dblocks, c, vlo, vhi, sT, m);
+}
+
+// The score tile of rows u < n (pre-scaled queries qs, D apart) over keys [jlo, jlo + span)
+// (at k, rows ldk apart), each row masked to its own [lo[u], hi[u]), into w.ts (key-major);
+// returns the rows' maxima (-inf where a row sees nothing). The packed keys are kept for the
+// next tile when it spans the same keys (the tiles of a short sequence: a strided mask).
+inline tvec tile_scores_masked(const Args& a, Scratch& w, const float* qs, int64_t n,
+                               const float* k, int64_t ldk, int64_t jlo, int64_t span,
+                               const int64_t* lo, const int64_t* hi) {
+    tvec m = tsplat(kNegInf);
+    if (span == 0) return m;
+    const int64_t dblocks = ceil_div(a.D, kDimBlock), np = ceil_div(span, 8) * 8;
+    tint vlo{}, vhi{};  // each lane's keys, numbered from jlo; lanes past n see none
+    for (int64_t u = 0; u < n; ++u) {
+        vlo[u] = static_cast<int32_t>(lo[u] - jlo);
+        vhi[u] = static_cast<int32_t>(hi[u] - jlo);
+    }
+    transpose_q(qs, n, a.D, dblocks, w.tq.data());
+    if (w.packed_k != k || w.packed_k_n != span) {
+        pack_keys(k, ldk, span, np, a.D, dblocks, w.tk.data());
+        w.packed_k = k, w.packed_k_n = span;
+    }
+    tile_scores_all(w.tq.data(), w.tk.data(), np, dblocks, vlo, vhi, w.ts.data(), m);
+    return m;
+}
+
+// The forward's softmax numerators on the key-major tile sT (span keys), in place: exp(s - m)
+// lane by lane, a row a lane; returns their sums (rows that see nothing: m = -inf, sum 0).
+inline tvec tile_softmax(float* sT, int64_t span, tvec m) {
+    const tvec m_safe = m == tsplat(kNegInf) ? tvec{} : m;  // nothing seen: exp -> 0
+    tvec l{};
+    for (int64_t c = 0; c < span; ++c) {
+        const tvec p = texp(tload(sT + c * kTileRows) - m_safe);
+        l += p;
+        tstore(sT + c * kTileRows, p);
+    }
+    return l;
+}
+
+// Value rows c < nk of v (rows ldv apart) copied to w.tv, Dv apart (kept for the next tile
+// when it reads the same rows).
+inline const float* packed_values(Scratch& w, const float* v, int64_t ldv, int64_t nk,
+                                  int64_t Dv) {
+    if (w.packed_v != v || w.packed_v_n != nk) {
+        for (int64_t c = 0; c < nk; ++c) std::copy(v + c * ldv, v + c * ldv + Dv, w.tv.data() + c * Dv);
+        w.packed_v = v, w.packed_v_n = nk;
+    }
+    return w.tv.data();
+}
+
+}  // namespace
