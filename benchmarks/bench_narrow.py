@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The sparsest masks (issue 36.2): narrow windows (9, 17 and 33 keys), documents of 16
-tokens and strided masks (1/64, 1/256), timed against the dense unmasked kernel in one process, as time / (density x dense
-time per entry); 1.0 = time follows the density.
+tokens and strided masks (1/64, 1/256), timed against the dense unmasked kernel in one
+process, as time / (density x dense time per entry); 1.0 = time follows the density.
 
     PYTHONPATH=src python benchmarks/bench_narrow.py                 # N=4096, 9 rounds
     PYTHONPATH=src python benchmarks/bench_narrow.py --n 16384 --strided
