@@ -35,7 +35,10 @@ constexpr int64_t kTileRows = 8;
 // The widest span a tile takes: 64 keys = kRowPathKeys, the score rows forward_rows keeps.
 constexpr int64_t kTileKeys = 32;
 constexpr int64_t kDimBlock = 16;
-// The tile path's prefetch distance (prefetch_forward), in rows: TILE_AHEAD_PLACEHOLDER
+// The tile path's prefetch distance (prefetch_forward, called a row at a time as each row's
+// weighted sum starts), in rows: 3 tiles. Measured (documents of 16 tokens, N=4096, H=8,
+// forward, fastest of 15 interleaved rounds): prefetching instead the next tile's whole key
+// span at once, into L2 or L1, was 7-10% slower.
 constexpr int64_t kTileAhead = 24;
 
 typedef float tvec __attribute__((vector_size(kTileRows * 4)));
