@@ -137,7 +137,7 @@ void forward_tile(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, in
         for (int64_t r = 0; r < n; r += kRowGroup) {
             const int64_t g = std::min(kRowGroup, n - r);
             for (int64_t u = r; u < r + g; ++u) {
-                prefetch_forward(a, head, sq, i + u, nq, kb, ldk, vb, ldv, hi[u], kTileAhead);
+                prefetch_tile_row(a, head, sq, i + u, nq, kb, ldk, vb, ldv);
                 float* su = s + (u - r) * kRowPathKeys;
                 const int64_t nk = hi[u] - lo[u];
                 for (int64_t c = 0; c < nk; ++c) su[c] = sT[(lo[u] - jlo + c) * kTileRows + u];
@@ -158,7 +158,7 @@ void forward_tile(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, in
         ldt = Dv;
     }
     for (int64_t u = 0; u < n; ++u) {
-        prefetch_forward(a, head, sq, i + u, nq, kb, ldk, vb, ldv, hi[u], kTileAhead);
+        prefetch_tile_row(a, head, sq, i + u, nq, kb, ldk, vb, ldv);
         float* au = acc + u * Dv;
         const int64_t nk = hi[u] - lo[u];
         if (nk == 0) {

@@ -108,16 +108,15 @@ void each_row(const Args& a, Scratch& w, int64_t i0, int64_t i1, F&& rows) {
 constexpr int64_t kAhead = 8;
 
 // The forward's, at query i of a block of nq rows: the query i + nq (the next block's, same
-// head and sequence: load_q reads a block's queries at once), out of query i + ahead, the
-// key and value hi - 1 + ahead (kAhead on the row path, kTileAhead on the tile path).
+// head and sequence: load_q reads a block's queries at once), out of query i + kAhead, the
+// key and value hi - 1 + kAhead.
 void prefetch_forward(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t nq,
-                      const float* kb, int64_t ldk, const float* vb, int64_t ldv, int64_t hi,
-                      int64_t ahead = kAhead) {
+                      const float* kb, int64_t ldk, const float* vb, int64_t ldv, int64_t hi) {
     if (i + nq < a.N) prefetch_row_l2(a.q + row_of(a, head, a.N, sq, i + nq) * a.D, a.D);
-    if (i + ahead < a.N) prefetch_row_w(a.out + row_of(a, head, a.N, sq, i + ahead) * a.Dv, a.Dv);
-    if (hi > 0 && hi - 1 + ahead < a.S) {
-        prefetch_row_l2(kb + (hi - 1 + ahead) * ldk, a.D);
-        prefetch_row_l2(vb + (hi - 1 + ahead) * ldv, a.Dv);
+    if (i + kAhead < a.N) prefetch_row_w(a.out + row_of(a, head, a.N, sq, i + kAhead) * a.Dv, a.Dv);
+    if (hi > 0 && hi - 1 + kAhead < a.S) {
+        prefetch_row_l2(kb + (hi - 1 + kAhead) * ldk, a.D);
+        prefetch_row_l2(vb + (hi - 1 + kAhead) * ldv, a.Dv);
     }
 }
 
