@@ -59,35 +59,41 @@ def _check(q, k, v, mask=None, causal=False, atol=2e-6, **kw):
 
 def _takes_tiles(mask, n, s, causal=False):
     """Whether the forward (as `kernel_work` walks it) puts some query block on the tile path
-    and none on the block path."""
+    (a last block of fewer than TILE_ROWS rows goes the block path)."""
     taken = []
 
-    def tile_path(keys):
-        taken.append(real(keys))
+    def path(*args):
+        taken.append(real(*args))
         return taken[-1]
 
-    real = kernel_work_module._tile_path
-    with mock.patch.object(kernel_work_module, "_tile_path", tile_path):
-        blocks = kernel_work(mask, n=n, s=s, causal=causal, pass_="forward").blocks
-    return blocks == 0 and any(t is not None for t in taken)
+    real = kernel_work_module._path
+    with mock.patch.object(kernel_work_module, "_path", path):
+        kernel_work(mask, n=n, s=s, causal=causal, pass_="forward")
+    return any(t is not None and t[0] == "tiles" for t in taken)
 
 
 @pytest.mark.parametrize("d", [8, 40, 64, 80])
-@pytest.mark.parametrize("length", [1, 2, 9, 16, 32])
+@pytest.mark.parametrize("length", [1, 2, 8, 9, 16, 32])
 def test_documents_against_float64(length, d):
+    """Documents of 8, 16, 32 tokens: tiles of whole documents; of 9: tiles where a block's
+    tiles compute at most 5/4 of its entries, the row path elsewhere; of 1 and 2: the row path;
+    the last block, one row, the block path."""
     n = 97  # the last document and the last tile shorter
     mask = _documents(n, length)
-    assert _takes_tiles(mask, n, n)
+    assert _takes_tiles(mask, n, n) == (length >= 8)
     _check(*_inputs(n, n, d=d, dv=d + 4), mask=mask)
 
 
-@pytest.mark.parametrize("n, s", [(1, 1), (7, 7), (17, 17), (32, 32), (5, 29), (29, 5)], ids=str)
+SHORT = [(1, 1), (7, 7), (8, 8), (17, 17), (32, 32), (5, 29), (8, 29), (29, 5)]
+
+
+@pytest.mark.parametrize("n, s", SHORT, ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["", "causal"])
 def test_short_calls_and_narrow_windows(n, s, causal):
-    """Calls of at most 32 keys, unmasked, causal (bottom-right: with N > S the first rows see
-    nothing) and windows of 1, 2, 9 and 17 keys whose block spans no more than its widest
-    row."""
-    assert _takes_tiles(None, n, s, causal)
+    """Calls of at most 32 keys and 8 queries or more (fewer: the block path), unmasked, causal
+    (bottom-right: with N > S the first rows see nothing) and windows of 1, 2, 9 and 17 keys
+    whose block spans no more than its widest row."""
+    assert _takes_tiles(None, n, s, causal) == (n >= TILE_ROWS)
     _check(*_inputs(n, s), causal=causal)
     for w in (1, 2, 5, 9):  # two-sided: 1, 3, 9, 17 keys
         _check(*_inputs(n, s, seed=w), mask=masks.window(n, w, s), causal=causal)
@@ -190,7 +196,5 @@ def test_the_model_counts_the_tiles(n):
         want = kernel_work(mask, n=m, s=m, causal=causal, batch=2, heads=4).computed
         assert counted.item() == want, name
     docs = kernel_work(_documents(n, 16), batch=1, heads=1)
-    assert docs.blocks == 0 and docs.computed == sum(
-        min(TILE_ROWS, n - i) * (min(16 * (i // 16 + 1), n) - 16 * (i // 16))
-        for i in range(0, n, TILE_ROWS)
-    )
+    tiles = range(0, n - n % 16, TILE_ROWS)  # the last block, one row: the block path
+    assert docs.blocks == 1 and docs.computed == TILE_ROWS * 16 * len(tiles) + (n % 16) ** 2

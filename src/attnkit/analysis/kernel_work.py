@@ -136,12 +136,9 @@ def kernel_work(
         for i0 in range(0, n, bq):
             i1 = min(i0 + bq, n)
             spans = [(j0, j1) for j0, j1, _, _ in key_blocks(one, i0, i1, n, s, bq, bk, causal)]
-            keys = _row_keys(one, i0, i1, n, s, causal, spans)
-            rows = _row_path(keys, spans, ROW_PATH_KEYS[pass_])
-            if rows is None and pass_ == "forward":
-                rows = _tile_path(keys)
-            if rows is not None:  # each row or tile over its own keys, no blocks
-                computed += rows
+            path = _path(_row_keys(one, i0, i1, n, s, causal, spans), spans, pass_)
+            if path is not None:  # each row or tile over its own keys, no blocks
+                computed += path[1]
                 continue
             computed += sum((i1 - i0) * (j1 - j0) for j0, j1 in spans)
             blocks += len(spans)
@@ -229,10 +226,10 @@ def _row_path(keys: tuple | None, spans, limit) -> int | None:
 
 def _tile_path(keys: tuple | None) -> int | None:
     """The entries rows compute on the forward's tile path (_native/tile_path.h's
-    `tile_path`): TILE_ROWS rows at a time, each tile over the union of its rows' keys (rows
-    that see nothing add nothing), every tile's span at most TILE_KEYS; None where a span is
-    wider (or `keys` is None)."""
-    if keys is None:
+    `tile_path`): at least TILE_ROWS rows, TILE_ROWS at a time, each tile over the union of
+    its rows' keys (rows that see nothing add nothing), every tile's span at most TILE_KEYS;
+    None where a span is wider, the rows fewer (or `keys` is None)."""
+    if keys is None or len(keys[0]) < TILE_ROWS:
         return None
     computed = 0
     for t in range(0, len(keys[0]), TILE_ROWS):
@@ -243,6 +240,18 @@ def _tile_path(keys: tuple | None) -> int | None:
             return None
         computed += len(lo) * span
     return computed
+
+
+def _path(keys: tuple | None, spans, pass_: str) -> tuple[str, int] | None:
+    """("tiles", entries) or ("rows", entries) where a query block takes the forward's tile
+    path or the row path, None for the blocks: tiles where they fit and compute at most 5/4 of
+    the row path's entries (or the row path does not take the block; _native/tile_path.h's
+    `tile_path`)."""
+    rows = _row_path(keys, spans, ROW_PATH_KEYS[pass_])
+    tiles = _tile_path(keys) if pass_ == "forward" else None
+    if tiles is not None and (rows is None or 4 * tiles <= 5 * rows):
+        return "tiles", tiles
+    return None if rows is None else ("rows", rows)
 
 
 def _walks(plan: MaskPlan | None) -> list[MaskPlan | None]:

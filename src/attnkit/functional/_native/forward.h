@@ -185,19 +185,20 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
         blocks_span(w, first, end);
         prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
     }
-    if (row_path(a, w, i0, i1, kRowPathKeys)) {
-        if (w.s.size() < kRowGroup * kRowPathKeys) w.s.resize(kRowGroup * kRowPathKeys);
-        each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
-            forward_rows(a, b, h, sq, i0 + r, n, nq, qs + r * D, kb, ldk, vb, ldv, lo, hi,
-                         w.s.data(), acc);
-        });
-        return;
-    }
-    if (tile_path(a, w, i0, i1)) {
+    const bool rows = row_path(a, w, i0, i1, kRowPathKeys);
+    if (tile_path(a, w, i0, i1, rows)) {
         tile_buffers(a, w);
         each_tile(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
             forward_tile(a, b, h, sq, i0 + r, n, nq, qs + r * D, kb, ldk, vb, ldv, lo, hi, w,
                          w.acc.data());
+        });
+        return;
+    }
+    if (rows) {
+        if (w.s.size() < kRowGroup * kRowPathKeys) w.s.resize(kRowGroup * kRowPathKeys);
+        each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
+            forward_rows(a, b, h, sq, i0 + r, n, nq, qs + r * D, kb, ldk, vb, ldv, lo, hi,
+                         w.s.data(), acc);
         });
         return;
     }
