@@ -224,11 +224,12 @@ def _row_path(keys: tuple | None, spans, limit) -> int | None:
     return int(width.sum()) if widest <= limit and end - first > widest else None
 
 
-def _tile_path(keys: tuple | None) -> int | None:
+def _tile_path(keys: tuple | None, rows: int | None) -> int | None:
     """The entries rows compute on the forward's tile path (_native/tile_path.h's
     `tile_path`): at least TILE_ROWS rows, TILE_ROWS at a time, each tile over the union of
-    its rows' keys (rows that see nothing add nothing), every tile's span at most TILE_KEYS;
-    None where a span is wider, the rows fewer (or `keys` is None)."""
+    its rows' keys (rows that see nothing add nothing); None where a tile spans more than
+    TILE_KEYS keys, the rows are fewer (or `keys` is None), or, where the row path takes them
+    too (`rows` not None), a tile computes over 5/4 of the entries its rows see."""
     if keys is None or len(keys[0]) < TILE_ROWS:
         return None
     computed = 0
@@ -236,20 +237,19 @@ def _tile_path(keys: tuple | None) -> int | None:
         lo, hi = keys[0][t : t + TILE_ROWS], keys[1][t : t + TILE_ROWS]
         seen = lo < hi
         span = int(hi[seen].max() - lo[seen].min()) if bool(seen.any()) else 0
-        if span > TILE_KEYS:
+        entries = len(lo) * span
+        if span > TILE_KEYS or (rows is not None and 4 * entries > 5 * int((hi - lo).sum())):
             return None
-        computed += len(lo) * span
+        computed += entries
     return computed
 
 
 def _path(keys: tuple | None, spans, pass_: str) -> tuple[str, int] | None:
     """("tiles", entries) or ("rows", entries) where a query block takes the forward's tile
-    path or the row path, None for the blocks: tiles where they fit and compute at most 5/4 of
-    the row path's entries (or the row path does not take the block; _native/tile_path.h's
-    `tile_path`)."""
+    path or the row path, None for the blocks (_native/forward.h's `forward_block`)."""
     rows = _row_path(keys, spans, ROW_PATH_KEYS[pass_])
-    tiles = _tile_path(keys) if pass_ == "forward" else None
-    if tiles is not None and (rows is None or 4 * tiles <= 5 * rows):
+    tiles = _tile_path(keys, rows) if pass_ == "forward" else None
+    if tiles is not None:
         return "tiles", tiles
     return None if rows is None else ("rows", rows)
 

@@ -47,7 +47,8 @@ inline bool widest_at_most(const int64_t* lo, const int64_t* hi, int64_t n, int6
 
 // Softmax, weighted sum of values and output of queries i..i+n-1 (n <= kRowGroup) of head
 // `head`, sequence sq, query i + u over keys [lo[u], hi[u]), whose final scores (score
-// functions and masks applied) are s + u * kRowPathKeys; acc holds n rows of Dv.
+// functions and masks applied) are s + u * kRowPathKeys; acc holds n rows of Dv. (Forced
+// inline into both callers, a window of 9 keys' forward took ~5% longer in cache.)
 void finish_rows(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t n, const float* vb,
                  int64_t ldv, const int64_t* lo, const int64_t* hi, float* s, float* acc) {
     float m[kRowGroup], l[kRowGroup];
