@@ -1,8 +1,11 @@
 // The forward pass of one query block (FlashAttention-2 Algorithm 1): the block path, over
-// key blocks with matrix products and an online softmax, or the row path (row_path.h).
+// key blocks with matrix products and an online softmax, the row path (row_path.h) or the tile
+// path (tile_path.h).
 //
 // Legend: forward_block one query block (rows i0..i1 of head (b, h), sequence sq);
-// forward_rows up to kRowGroup of its rows on the row path; write_row a row's out and lse from
+// forward_rows up to kRowGroup of its rows on the row path, finish_rows their softmax, values
+// and output; forward_tile a tile of up to kTileRows rows; plain_scores whether a call needs
+// nothing between the product and the softmax; write_row a row's out and lse from
 // its running max m, sum l and unnormalised output acc. kb, vb the keys and values of the
 // sequence, ldk, ldv apart (Args::groups interleaving).
 
