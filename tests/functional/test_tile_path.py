@@ -72,7 +72,7 @@ def _takes_tiles(mask, n, s, causal=False):
     return any(t is not None and t[0] == "tiles" for t in taken)
 
 
-@pytest.mark.parametrize("d", [8, 40, 64, 80])
+@pytest.mark.parametrize("d", [8, 40, 64, 80, 128])
 @pytest.mark.parametrize("length", [1, 2, 8, 9, 16, 32])
 def test_documents_against_float64(length, d):
     """Documents of 8, 16, 32 tokens: tiles of whole documents; of 9: tiles where a block's
