@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The sparsest masks (issue 36.2): narrow windows (9 and 17 keys) and strided masks (1/64,
-1/256), timed against the dense unmasked kernel in one process, as time / (density x dense
-time per entry); 1.0 = time follows the density.
+"""The sparsest masks (issue 36.2): narrow windows (9, 17 and 33 keys), documents of 16
+tokens and strided masks (1/64, 1/256), timed against the dense unmasked kernel in one
+process, as time / (density x dense time per entry); 1.0 = time follows the density.
 
     PYTHONPATH=src python benchmarks/bench_narrow.py                 # N=4096, 9 rounds
     PYTHONPATH=src python benchmarks/bench_narrow.py --n 16384 --strided
@@ -33,9 +33,11 @@ from attnkit.functional import _kernel_cache
 
 
 def _masks(n: int, strided_only: bool) -> dict:
-    cases = (
-        {} if strided_only else {"window 9": masks.window(n, 5), "window 17": masks.window(n, 9)}
-    )
+    cases = {}
+    if not strided_only:
+        cases = {f"window {2 * w - 1}": masks.window(n, w) for w in (5, 9, 17)}
+        # documents of 16 tokens: rows of 16 x 16 blocks (the tile path's whole tiles)
+        cases["documents of 16"] = masks.document(torch.arange(n) // 16)
     cases["strided 1/64"] = masks.strided(n, 64)
     cases["strided 1/256"] = masks.strided(n, 256)
     return cases

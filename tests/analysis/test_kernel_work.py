@@ -8,7 +8,7 @@ import torch
 import attnkit
 from attnkit import masks
 from attnkit.analysis import kernel_work, mha_cost
-from attnkit.analysis.kernel_work import PASSES
+from attnkit.analysis.kernel_work import PASSES, TILE_KEYS, TILE_ROWS
 from attnkit.functional import native
 from attnkit.functional._grid import _TILE_GRIDS
 
@@ -110,9 +110,14 @@ def test_one_head_of_one_row_and_the_block_counts():
     # w + bq - 1 keys, fewer at the start; in steps of 512 keys
     bq = fwd.block_q
     assert bq in (16, 32, 64, 128) and fwd.block_k == 512
-    starts = range(0, n, bq)
+    # except a first block of at most TILE_KEYS rows: its tiles of TILE_ROWS rows (row i sees
+    # keys 0..i) span at most TILE_KEYS keys, the tile path: each tile over its rows' keys
+    first = bq if bq <= TILE_KEYS else 0
+    tiles = sum(TILE_ROWS * (t + TILE_ROWS) for t in range(0, first, TILE_ROWS))
+    starts = range(first, n, bq)
     spans = [min(i0 + bq, n) - max(i0 - 255, 0) for i0 in starts]
-    assert fwd.computed == sum(min(bq, n - i0) * w for i0, w in zip(starts, spans, strict=True))
+    blocks = sum(min(bq, n - i0) * w for i0, w in zip(starts, spans, strict=True))
+    assert fwd.computed == tiles + blocks
     assert fwd.blocks == sum(-(-w // 512) for w in spans)
     assert fwd.allowed == sum(min(i + 1, 256) for i in range(n)) < fwd.computed < fwd.dense
 

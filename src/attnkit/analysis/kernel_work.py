@@ -18,7 +18,10 @@ intervals. A causal window of w keys over blocks of bq rows spans w + bq - 1 key
 so the kernel computes about N·(w + bq - 1) entries for the N·w the mask allows; a query block
 that straddles two documents spans both. Except where every row of a block sees at most
 `ROW_PATH_KEYS[pass_]` keys of a wider span (a narrow window): the kernel then computes each
-row over its own keys alone (_native/row_path.h), N·w entries for a window of w.
+row over its own keys alone (_native/row_path.h), N·w entries for a window of w; and, in the
+forward, where every tile of `TILE_ROWS` rows of a block spans at most `TILE_KEYS` keys (short
+documents, a strided mask's short sequences): each tile over the union of its rows' keys
+(_native/tile_path.h).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ PASSES = {
 
 # _native/row_path.h's kRowPathKeys / kRowPathKeysBackward: the widest row of a row-path block
 ROW_PATH_KEYS = {"forward": 64, "backward": 32}
+# _native/tile_path.h's kTileRows, kTileKeys: the forward's tiles of rows and their widest span
+TILE_ROWS, TILE_KEYS = 8, 32
 
 
 @dataclass(frozen=True)
@@ -131,9 +136,9 @@ def kernel_work(
         for i0 in range(0, n, bq):
             i1 = min(i0 + bq, n)
             spans = [(j0, j1) for j0, j1, _, _ in key_blocks(one, i0, i1, n, s, bq, bk, causal)]
-            rows = _row_path(one, i0, i1, n, s, causal, spans, ROW_PATH_KEYS[pass_])
-            if rows is not None:  # each row over its own keys, no blocks
-                computed += rows
+            path = _path(_row_keys(one, i0, i1, n, s, causal, spans), spans, pass_)
+            if path is not None:  # each row or tile over its own keys, no blocks
+                computed += path[1]
                 continue
             computed += sum((i1 - i0) * (j1 - j0) for j0, j1 in spans)
             blocks += len(spans)
@@ -188,15 +193,14 @@ def _sizes(mask: StructuredMask | None, n: int | None, s: int | None) -> tuple[i
     return n, s
 
 
-def _row_path(plan: MaskPlan | None, i0, i1, n, s, causal, spans, limit) -> int | None:
-    """The entries rows i0:i1 compute on the row path (_native/row_path.h's
-    `row_path`, `row_span`: each row's interval within the blocks' span, cut by the causal
-    limit), or None where they take the block path (tiles, a row wider than `limit`, or no
-    row narrower than the span)."""
+def _row_keys(plan: MaskPlan | None, i0, i1, n, s, causal, spans) -> tuple | None:
+    """Rows i0:i1's keys [lo, hi) within the blocks' span, cut by the causal limit
+    (_native/row_path.h's `row_span`), or None where neither the row nor the tile path can
+    take them (tiles, or rows with several runs)."""
     if plan is not None and (
         plan.table is not None or (plan.rows is not None and plan.rows.shape[1] > 1)
     ):
-        return None  # tiles, or rows with several runs: the block path
+        return None
     first, end = (spans[0][0], spans[-1][1]) if spans else (0, 0)
     i = torch.arange(i0, i1)
     lo, hi = torch.full_like(i, first), torch.full_like(i, end)
@@ -205,9 +209,49 @@ def _row_path(plan: MaskPlan | None, i0, i1, n, s, causal, spans, limit) -> int 
         hi = plan.rows[1, 0, 0, i0:i1].clamp(max=end)
     if causal:
         hi = torch.minimum(hi, i + s - n + 1)
-    width = (hi - lo).clamp(min=0)
+    return lo, torch.maximum(hi, lo)
+
+
+def _row_path(keys: tuple | None, spans, limit) -> int | None:
+    """The entries rows compute on the row path (_native/row_path.h's `row_path`: every row
+    at most `limit` keys, the blocks' span wider than the widest), from their `_row_keys`, or
+    None where they do not take it."""
+    if keys is None:
+        return None
+    first, end = (spans[0][0], spans[-1][1]) if spans else (0, 0)
+    width = keys[1] - keys[0]
     widest = int(width.max())
     return int(width.sum()) if widest <= limit and end - first > widest else None
+
+
+def _tile_path(keys: tuple | None, rows: int | None) -> int | None:
+    """The entries rows compute on the forward's tile path (_native/tile_path.h's
+    `tile_path`): at least TILE_ROWS rows, TILE_ROWS at a time, each tile over the union of
+    its rows' keys (rows that see nothing add nothing); None where a tile spans more than
+    TILE_KEYS keys, the rows are fewer (or `keys` is None), or, where the row path takes them
+    too (`rows` not None), a tile computes over 5/4 of the entries its rows see."""
+    if keys is None or len(keys[0]) < TILE_ROWS:
+        return None
+    computed = 0
+    for t in range(0, len(keys[0]), TILE_ROWS):
+        lo, hi = keys[0][t : t + TILE_ROWS], keys[1][t : t + TILE_ROWS]
+        seen = lo < hi
+        span = int(hi[seen].max() - lo[seen].min()) if bool(seen.any()) else 0
+        entries = len(lo) * span
+        if span > TILE_KEYS or (rows is not None and 4 * entries > 5 * int((hi - lo).sum())):
+            return None
+        computed += entries
+    return computed
+
+
+def _path(keys: tuple | None, spans, pass_: str) -> tuple[str, int] | None:
+    """("tiles", entries) or ("rows", entries) where a query block takes the forward's tile
+    path or the row path, None for the blocks (_native/forward.h's `forward_block`)."""
+    rows = _row_path(keys, spans, ROW_PATH_KEYS[pass_])
+    tiles = _tile_path(keys, rows) if pass_ == "forward" else None
+    if tiles is not None:
+        return "tiles", tiles
+    return None if rows is None else ("rows", rows)
 
 
 def _walks(plan: MaskPlan | None) -> list[MaskPlan | None]:

@@ -27,7 +27,10 @@
 //                     mask_row_structured, key_end, stretches, key_blocks
 //   scratch.h         per-thread Scratch, row_of, dout_row, load_q, ceil_div, advise_huge_pages
 //   row_path.h        narrow windows a row at a time: row_path, each_row, the prefetch
-//   forward.h         the forward of a query block: forward_block, forward_rows, write_row
+//   tile_path.h       short documents and sequences 8 rows at a time (forward): tile_path,
+//                     tile_product (the scores in registers), tile_softmax
+//   forward.h         the forward of a query block: forward_block, forward_rows,
+//                     forward_tile, write_row
 //   backward_block.h  the backward of a query block: backward_block, backward_rows, add_dk_dv
 //   partition.h       how the backward's work is cut into runs among threads
 //   backward.h        the backward over a call: backward, backward_runs, add_slots

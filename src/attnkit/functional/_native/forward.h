@@ -1,8 +1,11 @@
 // The forward pass of one query block (FlashAttention-2 Algorithm 1): the block path, over
-// key blocks with matrix products and an online softmax, or the row path (row_path.h).
+// key blocks with matrix products and an online softmax, the row path (row_path.h) or the tile
+// path (tile_path.h).
 //
 // Legend: forward_block one query block (rows i0..i1 of head (b, h), sequence sq);
-// forward_rows up to kRowGroup of its rows on the row path; write_row a row's out and lse from
+// forward_rows up to kRowGroup of its rows on the row path, finish_rows their softmax, values
+// and output; forward_tile a tile of up to kTileRows rows; plain_scores whether a call needs
+// nothing between the product and the softmax; write_row a row's out and lse from
 // its running max m, sum l and unnormalised output acc. kb, vb the keys and values of the
 // sequence, ldk, ldv apart (Args::groups interleaving).
 
@@ -21,6 +24,7 @@
 #include "score_mods.h"
 #include "simd.h"
 #include "softmax_row.h"
+#include "tile_path.h"
 
 namespace {
 
@@ -44,23 +48,13 @@ inline bool widest_at_most(const int64_t* lo, const int64_t* hi, int64_t n, int6
     return true;
 }
 
-// Forward of queries i..i+n-1 (n <= kRowGroup) of a block of nq rows (pre-scaled rows qs,
-// D apart), query i + u over keys [lo[u], hi[u]); kb, vb: the keys and values of its sequence,
-// ldk, ldv apart. Stage by stage over the rows (kRowGroup); s holds kRowGroup rows of
-// kRowPathKeys scores, acc n rows of Dv.
-void forward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, int64_t n,
-                  int64_t nq, const float* qs, const float* kb, int64_t ldk, const float* vb,
-                  int64_t ldv, const int64_t* lo, const int64_t* hi, float* s, float* acc) {
-    const int64_t head = b * a.H + h;
+// Softmax, weighted sum of values and output of queries i..i+n-1 (n <= kRowGroup) of head
+// `head`, sequence sq, query i + u over keys [lo[u], hi[u]), whose final scores (score
+// functions and masks applied) are s + u * kRowPathKeys; acc holds n rows of Dv. (Forced
+// inline into both callers, a window of 9 keys' forward took ~5% longer in cache.)
+void finish_rows(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t n, const float* vb,
+                 int64_t ldv, const int64_t* lo, const int64_t* hi, float* s, float* acc) {
     float m[kRowGroup], l[kRowGroup];
-    for (int64_t u = 0; u < n; ++u) {
-        float* su = s + u * kRowPathKeys;
-        const int64_t nk = hi[u] - lo[u];
-        prefetch_forward(a, head, sq, i + u, nq, kb, ldk, vb, ldv, hi[u]);
-        dots(qs + u * a.D, kb + lo[u] * ldk, ldk, a.D, nk, su);
-        score_mod_row_fwd(a, h, i + u, lo[u], nk, su, nullptr);
-        mask_row(a, b, h, i + u, lo[u], nk, su);
-    }
     if (a.keep_t >= kNoDropout && widest_at_most(lo, hi, n, kLanes)) {
         // every row one vector (a window of up to kLanes keys): row_max and exp_sum_row<false>
         // on the vector held in a register, the same operations lane by lane (the same bits:
@@ -99,6 +93,88 @@ void forward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, in
     }
 }
 
+// Forward of queries i..i+n-1 (n <= kRowGroup) of a block of nq rows (pre-scaled rows qs,
+// D apart), query i + u over keys [lo[u], hi[u]); kb, vb: the keys and values of its sequence,
+// ldk, ldv apart. Stage by stage over the rows (kRowGroup); s holds kRowGroup rows of
+// kRowPathKeys scores, acc n rows of Dv.
+void forward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, int64_t n,
+                  int64_t nq, const float* qs, const float* kb, int64_t ldk, const float* vb,
+                  int64_t ldv, const int64_t* lo, const int64_t* hi, float* s, float* acc) {
+    const int64_t head = b * a.H + h;
+    for (int64_t u = 0; u < n; ++u) {
+        float* su = s + u * kRowPathKeys;
+        const int64_t nk = hi[u] - lo[u];
+        prefetch_forward(a, head, sq, i + u, nq, kb, ldk, vb, ldv, hi[u]);
+        dots(qs + u * a.D, kb + lo[u] * ldk, ldk, a.D, nk, su);
+        score_mod_row_fwd(a, h, i + u, lo[u], nk, su, nullptr);
+        mask_row(a, b, h, i + u, lo[u], nk, su);
+    }
+    finish_rows(a, head, sq, i, n, vb, ldv, lo, hi, s, acc);
+}
+
+// Whether a call's scores need nothing between the product and the softmax: no score
+// functions, dense mask, bias or dropout (the tile's lane-by-lane softmax).
+inline bool plain_scores(const Args& a) {
+    return !a.mask && !a.bias && !has_score_mod(a) && a.keep_t >= kNoDropout;
+}
+
+// Forward of the tile of queries i..i+n-1 (n <= kTileRows) of a block of nq rows (pre-scaled
+// rows qs, D apart), query i + u over keys [lo[u], hi[u]): the rows' scores over the union of
+// their keys as one register-blocked product (tile_path.h), each masked to its own keys. On
+// plain_scores, the softmax on the key-major tile a row a lane (one max, exp and sum a
+// vector for 8 rows, no horizontal reductions) and each row's weighted sum over its own keys
+// (a key's value row is never read by a row that does not see it: an inf there stays out of
+// the other rows); else each row's scores are copied to a row of their own and go the row
+// path's way (score functions, masks, finish_rows). acc: kTileRows rows of Dv.
+void forward_tile(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, int64_t n,
+                  int64_t nq, const float* qs, const float* kb, int64_t ldk, const float* vb,
+                  int64_t ldv, const int64_t* lo, const int64_t* hi, Scratch& w, float* acc) {
+    const int64_t head = b * a.H + h, Dv = a.Dv;
+    int64_t jlo, jhi;
+    tile_keys(lo, hi, n, jlo, jhi);
+    const int64_t span = jhi - jlo;
+    w.work += n * span;
+    float* sT = w.ts.data();
+    const tvec m = tile_scores_masked(a, w, qs, n, kb + jlo * ldk, ldk, jlo, span, lo, hi);
+    if (!plain_scores(a)) {
+        float* s = w.s.data();
+        for (int64_t r = 0; r < n; r += kRowGroup) {
+            const int64_t g = std::min(kRowGroup, n - r);
+            for (int64_t u = r; u < r + g; ++u) {
+                prefetch_tile_row(a, head, sq, i + u, nq, kb, ldk, vb, ldv);
+                float* su = s + (u - r) * kRowPathKeys;
+                const int64_t nk = hi[u] - lo[u];
+                for (int64_t c = 0; c < nk; ++c) su[c] = sT[(lo[u] - jlo + c) * kTileRows + u];
+                score_mod_row_fwd(a, h, i + u, lo[u], nk, su, nullptr);
+                mask_row(a, b, h, i + u, lo[u], nk, su);
+            }
+            finish_rows(a, head, sq, i + r, g, vb, ldv, lo + r, hi + r, s, acc);
+        }
+        return;
+    }
+    const tvec l = tile_softmax(sT, span, m);
+    // value rows [jlo, jhi) at vt, ldt apart: a copy where the sequence's rows interleave with
+    // others' (Args::groups: D * groups floats apart, rows that share a first-level cache set)
+    const float* vt = vb + jlo * ldv;
+    int64_t ldt = ldv;
+    if (ldv != Dv && span > 0) {
+        vt = packed_values(w, vb + jlo * ldv, ldv, span, Dv);
+        ldt = Dv;
+    }
+    for (int64_t u = 0; u < n; ++u) {
+        prefetch_tile_row(a, head, sq, i + u, nq, kb, ldk, vb, ldv);
+        float* au = acc + u * Dv;
+        const int64_t nk = hi[u] - lo[u];
+        if (nk == 0) {
+            std::fill(au, au + Dv, 0.0f);
+        } else {
+            weighted_sum(sT + (lo[u] - jlo) * kTileRows + u, nk, vt + (lo[u] - jlo) * ldt, ldt,
+                         Dv, au, kTileRows);
+        }
+        write_row(a, qrow(a, head, sq, i + u), au, m[u], l[u]);
+    }
+}
+
 void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t i1,
                    Scratch& w) {
     const int64_t nq = i1 - i0, D = a.D, Dv = a.Dv, kvh = h / (a.H / a.Hkv);
@@ -113,7 +189,16 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
         blocks_span(w, first, end);
         prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
     }
-    if (row_path(a, w, i0, i1, kRowPathKeys)) {
+    const bool rows = row_path(a, w, i0, i1, kRowPathKeys);
+    if (tile_path(a, w, i0, i1, rows)) {
+        tile_buffers(a, w);
+        each_tile(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
+            forward_tile(a, b, h, sq, i0 + r, n, nq, qs + r * D, kb, ldk, vb, ldv, lo, hi, w,
+                         w.acc.data());
+        });
+        return;
+    }
+    if (rows) {
         if (w.s.size() < kRowGroup * kRowPathKeys) w.s.resize(kRowGroup * kRowPathKeys);
         each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
             forward_rows(a, b, h, sq, i0 + r, n, nq, qs + r * D, kb, ldk, vb, ldv, lo, hi,

@@ -33,6 +33,10 @@ inline int64_t block_floats(const Args& a) {
 struct Scratch {
     std::vector<float> s, dp, qs, acc, dob, m, l, dlt, dk, dv;
     std::vector<float> g, dtab;  // score functions: the cap's derivative, this thread's d rel
+    std::vector<float> tq, tk, ts, tv;  // the tile path's qT, packed keys, scores and values
+    const float* packed_k = nullptr;     // the keys in tk (their first row, and how many)
+    const float* packed_v = nullptr;     // the values in tv
+    int64_t packed_k_n = 0, packed_v_n = 0;
     std::vector<KeyBlock> blocks;
     std::vector<int64_t> lo, hi;  // each row's runs of keys, run k of row r at k * bq + r
     int64_t work = 0;             // score entries computed by this thread

@@ -305,12 +305,12 @@ inline void dots(const float* x, const float* y, int64_t ld, int64_t n, int64_t 
     for (; c < nk; ++c) s[c] = dot(x, y + c * ld, n);
 }
 
-// out (n) = [out +] sum over u < m of w[u] * row(u) (each row n wide): n in chunks of four
+// out (n) = [out +] sum over u < m of w[u * ws] * row(u) (each row n wide): n in chunks of four
 // vectors, so that four independent chains of multiply-adds run at once, the sum held in
 // registers across the rows (accumulating in memory would chain every row's update to the
 // previous one's store: one load and one store of out per vector, not one per row).
 template <bool kAccumulate, typename Row>
-inline void combine_rows(float* out, int64_t n, const float* w, int64_t m, Row row) {
+inline void combine_rows(float* out, int64_t n, const float* w, int64_t ws, int64_t m, Row row) {
     int64_t e = 0;
     for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
         vfloat a0{}, a1{}, a2{}, a3{};
@@ -319,7 +319,7 @@ inline void combine_rows(float* out, int64_t n, const float* w, int64_t m, Row r
             a2 = load(out + e + 2 * kLanes), a3 = load(out + e + 3 * kLanes);
         }
         for (int64_t u = 0; u < m; ++u) {
-            const vfloat wu = splat(w[u]);
+            const vfloat wu = splat(w[u * ws]);
             const float* xu = row(u) + e;
             a0 += wu * load(xu);
             a1 += wu * load(xu + kLanes);
@@ -335,22 +335,23 @@ inline void combine_rows(float* out, int64_t n, const float* w, int64_t m, Row r
         const int64_t r = std::min<int64_t>(kLanes, n - e);
         vfloat acc{};
         if (kAccumulate) acc = load_part(out + e, r, 0.0f);
-        for (int64_t u = 0; u < m; ++u) acc += splat(w[u]) * load_part(row(u) + e, r, 0.0f);
+        for (int64_t u = 0; u < m; ++u) acc += splat(w[u * ws]) * load_part(row(u) + e, r, 0.0f);
         store_part(out + e, acc, r);
     }
 }
 
-// out (n) = sum over c < nk of p[c] * row c of x (rows ld apart): a row's weighted sum of values.
+// out (n) = sum over c < nk of p[c * ps] * row c of x (rows ld apart): a row's weighted sum of
+// values (ps: the tile path's probabilities lie a tile's rows apart).
 inline void weighted_sum(const float* p, int64_t nk, const float* x, int64_t ld, int64_t n,
-                         float* out) {
-    combine_rows<false>(out, n, p, nk, [x, ld](int64_t c) { return x + c * ld; });
+                         float* out, int64_t ps = 1) {
+    combine_rows<false>(out, n, p, ps, nk, [x, ld](int64_t c) { return x + c * ld; });
 }
 
 // out (n) += sum over u < m of c[u] * x[u]: a key's dK or dV row updated once for the m query
 // rows of the row path that see it.
 inline void add_weighted_rows(float* out, int64_t n, const float* const* x, const float* c,
                               int64_t m) {
-    combine_rows<true>(out, n, c, m, [x](int64_t u) { return x[u]; });
+    combine_rows<true>(out, n, c, 1, m, [x](int64_t u) { return x[u]; });
 }
 
 }  // namespace attnkit_simd
