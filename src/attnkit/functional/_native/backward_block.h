@@ -23,6 +23,7 @@
 #include "score_mods.h"
 #include "simd.h"
 #include "softmax_row.h"
+#include "transposed.h"
 
 namespace {
 
@@ -187,8 +188,8 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
     for (const KeyBlock& blk : w.blocks) {
         const int64_t j0 = blk.j0, nk = blk.nk;
         w.work += nq * nk;
-        mm_nt(nq, nk, D, qs, D, kb + j0 * ldk, ldk, 0.0f, s, nk);         // S
-        mm_nt(nq, nk, Dv, dob, Dv, vb + j0 * ldv, ldv, 0.0f, dp, nk);  // dP~ = dO' v^T
+        times_transposed(a, w.kt, kb, ldk, D, nq, qs, D, j0, nk, s, nk);      // S
+        times_transposed(a, w.vt, vb, ldv, Dv, nq, dob, Dv, j0, nk, dp, nk);  // dP~ = dO' v^T
         for (int64_t r = 0; r < nq; ++r) {
             float *sr = s + r * nk, *dr = dp + r * nk;
             const int64_t i = i0 + r;

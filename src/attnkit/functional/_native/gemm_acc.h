@@ -39,64 +39,85 @@ constexpr bool kUseTiles = false;
 constexpr int kTileRows = 1, kTileVectors = 1;
 #endif
 
-template <int MR, int NV>
+// MR rows x NV vectors of C (Set: C = A B, else C += A B); the last vector holds `last`
+// columns (Part: fewer than kLanes, read and written through masks).
+template <int MR, int NV, bool Set, bool Part>
 inline void tile(int64_t K, const float* a, int64_t sam, int64_t sak, const float* b, int64_t ldb,
-                 float* c, int64_t ldc) {
+                 float* c, int64_t ldc, int64_t last) {
+    using namespace attnkit_simd;
+    auto ld = [&](const float* p, int v) { return Part && v == NV - 1 ? load_part(p, last, 0.0f) : load(p); };
     vfloat acc[MR][NV];
     for (int m = 0; m < MR; ++m) {
-        for (int v = 0; v < NV; ++v) acc[m][v] = attnkit_simd::load(c + m * ldc + v * kLanes);
+        for (int v = 0; v < NV; ++v) acc[m][v] = Set ? vfloat{} : ld(c + m * ldc + v * kLanes, v);
     }
     for (int64_t k = 0; k < K; ++k) {
         vfloat bv[NV];
-        for (int v = 0; v < NV; ++v) bv[v] = attnkit_simd::load(b + k * ldb + v * kLanes);
+        for (int v = 0; v < NV; ++v) bv[v] = ld(b + k * ldb + v * kLanes, v);
         const float* ak = a + k * sak;
         for (int m = 0; m < MR; ++m) {
-            const vfloat am = attnkit_simd::splat(ak[m * sam]);
+            const vfloat am = splat(ak[m * sam]);
             for (int v = 0; v < NV; ++v) acc[m][v] += am * bv[v];
         }
     }
     for (int m = 0; m < MR; ++m) {
-        for (int v = 0; v < NV; ++v) attnkit_simd::store(c + m * ldc + v * kLanes, acc[m][v]);
+        for (int v = 0; v < NV; ++v) {
+            float* p = c + m * ldc + v * kLanes;
+            if (Part && v == NV - 1) {
+                store_part(p, acc[m][v], last);
+            } else {
+                store(p, acc[m][v]);
+            }
+        }
     }
 }
 
-// Rows [m0, M) in tiles of MR, then the rest in one smaller tile.
-template <int MR, int NV>
+// Rows [m0, M) of one panel in tiles of MR, then the rest in one smaller tile.
+template <int MR, int NV, bool Set, bool Part>
 inline void rows(int64_t m0, int64_t M, int64_t K, const float* a, int64_t sam, int64_t sak,
-                 const float* b, int64_t ldb, float* c, int64_t ldc) {
+                 const float* b, int64_t ldb, float* c, int64_t ldc, int64_t last) {
     if constexpr (MR > 0) {
         int64_t m = m0;
-        for (; m + MR <= M; m += MR) tile<MR, NV>(K, a + m * sam, sam, sak, b, ldb, c + m * ldc, ldc);
-        if (m < M) rows<MR - 1, NV>(m, M, K, a, sam, sak, b, ldb, c, ldc);
+        for (; m + MR <= M; m += MR) {
+            tile<MR, NV, Set, Part>(K, a + m * sam, sam, sak, b, ldb, c + m * ldc, ldc, last);
+        }
+        if (m < M) rows<MR - 1, NV, Set, Part>(m, M, K, a, sam, sak, b, ldb, c, ldc, last);
     }
 }
 
-template <int NV>
-inline void panel(int64_t M, int64_t K, const float* a, int64_t sam, int64_t sak, const float* b,
-                  int64_t ldb, float* c, int64_t ldc) {
-    rows<kTileRows, NV>(0, M, K, a, sam, sak, b, ldb, c, ldc);
+// The last panel: nv vectors, the last of them `last` columns.
+template <int NV, bool Set>
+inline void last_panel(int64_t nv, int64_t last, int64_t M, int64_t K, const float* a,
+                       int64_t sam, int64_t sak, const float* b, int64_t ldb, float* c,
+                       int64_t ldc) {
+    if constexpr (NV > 0) {
+        if (nv < NV) return last_panel<NV - 1, Set>(nv, last, M, K, a, sam, sak, b, ldb, c, ldc);
+        if (last < kLanes) {
+            rows<kTileRows, NV, Set, true>(0, M, K, a, sam, sak, b, ldb, c, ldc, last);
+        } else {
+            rows<kTileRows, NV, Set, false>(0, M, K, a, sam, sak, b, ldb, c, ldc, last);
+        }
+    }
 }
 
-// C (M x N) += A (M x K) . B (K x N), N a multiple of kLanes: panels of kTileVectors vectors,
-// the last one narrower.
-inline void gemm_acc(int64_t M, int64_t N, int64_t K, const float* a, int64_t sam, int64_t sak,
-                     const float* b, int64_t ldb, float* c, int64_t ldc) {
+// C (M x N) [+]= A (M x K) . B (K x N): panels of kTileVectors vectors, the last one narrower.
+template <bool Set>
+inline void gemm_tiles(int64_t M, int64_t N, int64_t K, const float* a, int64_t sam, int64_t sak,
+                       const float* b, int64_t ldb, float* c, int64_t ldc) {
     constexpr int64_t W = kTileVectors * kLanes;
     int64_t n = 0;
-    for (; n + W <= N; n += W) panel<kTileVectors>(M, K, a, sam, sak, b + n, ldb, c + n, ldc);
-    switch ((N - n) / kLanes) {
-        case 3: panel<kTileVectors >= 4 ? 3 : 1>(M, K, a, sam, sak, b + n, ldb, c + n, ldc); break;
-        case 2: panel<kTileVectors >= 3 ? 2 : 1>(M, K, a, sam, sak, b + n, ldb, c + n, ldc); break;
-        case 1: panel<1>(M, K, a, sam, sak, b + n, ldb, c + n, ldc); break;
-        default: break;
+    for (; n + W <= N; n += W) {
+        rows<kTileRows, kTileVectors, Set, false>(0, M, K, a, sam, sak, b + n, ldb, c + n, ldc, kLanes);
     }
+    if (n == N) return;
+    const int64_t nv = (N - n + kLanes - 1) / kLanes, last = N - n - (nv - 1) * kLanes;
+    last_panel<kTileVectors, Set>(nv, last, M, K, a, sam, sak, b + n, ldb, c + n, ldc);
 }
 
 // C (r x c) += A (r x k) . B (k x c), row-major (blas.h's mm_nn with beta = 1).
 inline void acc_nn(int r, int c, int k, const float* A, int lda, const float* B, int ldb, float* C,
                    int ldc) {
-    if (kUseTiles && c % kLanes == 0) {
-        gemm_acc(r, c, k, A, lda, 1, B, ldb, C, ldc);
+    if (kUseTiles) {
+        gemm_tiles<false>(r, c, k, A, lda, 1, B, ldb, C, ldc);
     } else {
         mm_nn(r, c, k, A, lda, B, ldb, 1.0f, C, ldc);
     }
@@ -105,8 +126,8 @@ inline void acc_nn(int r, int c, int k, const float* A, int lda, const float* B,
 // C (r x c) += A (k x r)^T . B (k x c), row-major (blas.h's mm_tn with beta = 1).
 inline void acc_tn(int r, int c, int k, const float* A, int lda, const float* B, int ldb, float* C,
                    int ldc) {
-    if (kUseTiles && c % kLanes == 0) {
-        gemm_acc(r, c, k, A, 1, lda, B, ldb, C, ldc);
+    if (kUseTiles) {
+        gemm_tiles<false>(r, c, k, A, 1, lda, B, ldb, C, ldc);
     } else {
         mm_tn(r, c, k, A, lda, B, ldb, 1.0f, C, ldc);
     }

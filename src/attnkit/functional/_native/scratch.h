@@ -23,9 +23,18 @@
 
 namespace {
 
+// One sequence's keys (or values) transposed block by block (transposed.h): block jb holds
+// keys jb * bk .. as `width` rows of bk floats from t + jb * bk * width.
+struct Transposed {
+    std::vector<float> t;
+    std::vector<uint8_t> ready;  // block jb transposed
+    const float* src = nullptr;  // the keys they are (null: none yet)
+};
+
 struct Scratch {
     std::vector<float> s, dp, qs, acc, dob, m, l, dlt, dk, dv;
     std::vector<float> g, dtab;  // score functions: the cap's derivative, this thread's d rel
+    Transposed kt, vt;           // the backward's keys and values, transposed (transposed.h)
     std::vector<KeyBlock> blocks;
     std::vector<int64_t> lo, hi;  // each row's runs of keys, run k of row r at k * bq + r
     int64_t work = 0;             // score entries computed by this thread
