@@ -1,7 +1,7 @@
 """The compiled backward's register tiles (_native/gemm_acc.h) and each thread's transposed
 keys (_native/transposed.h) pinned to a float64 truth where their edge cases are: key blocks
-that start off the 256-key grid of the transposed cache (a window's blocks start where the
-window does), head widths that leave a partial vector, query heads that share a kv head (and
+that start off the 256-key grid on which the transposed caches are filled (a window's blocks
+start where the window does), head widths that leave a partial vector, query heads that share a kv head (and
 its cache), and batch rows and kv heads (a cache each).
 
 Legend: B batch, H heads, Hkv kv heads, N = S tokens, D head width, Dv value width.
@@ -31,8 +31,10 @@ def _grads(fn, inputs, cot):
 @needs_kernel
 @pytest.mark.parametrize(("d", "dv"), [(48, 40), (64, 64), (7, 20), (80, 96)])
 def test_windows_off_the_key_grid_match_float64(d, dv):
-    b, h, hkv, n = 2, 4, 2, 700  # blocks [i0 - 150, i0 + 277) cross the keys' 256 grid
-    mask = masks.window(n, 150)
+    # query blocks of 128 see keys [i0 - 560, i0 + 688): off the 256 grid, and more than the
+    # 1024 keys from which the caches are used (transposed.h, kCacheFromKeys)
+    b, h, hkv, n = 2, 4, 2, 1400
+    mask = masks.window(n, 560)
     allowed = mask.dense()
     g = torch.Generator().manual_seed(d)
     q64 = torch.randn(b, h, n, d, generator=g, dtype=torch.float64)

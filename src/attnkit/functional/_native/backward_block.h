@@ -185,11 +185,12 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
         });
         w.blocks.clear();  // computed: no blocks left
     }
+    const bool cache = transposing(a, w.blocks, D, Dv);
     for (const KeyBlock& blk : w.blocks) {
         const int64_t j0 = blk.j0, nk = blk.nk;
         w.work += nq * nk;
-        times_transposed(a, w.kt, kb, ldk, D, nq, qs, D, j0, nk, s, nk);      // S
-        times_transposed(a, w.vt, vb, ldv, Dv, nq, dob, Dv, j0, nk, dp, nk);  // dP~ = dO' v^T
+        times_keys(a, cache, w.kt, kb, ldk, D, nq, qs, D, j0, nk, s, nk);      // S
+        times_keys(a, cache, w.vt, vb, ldv, Dv, nq, dob, Dv, j0, nk, dp, nk);  // dP~ = dO' v^T
         for (int64_t r = 0; r < nq; ++r) {
             float *sr = s + r * nk, *dr = dp + r * nk;
             const int64_t i = i0 + r;

@@ -23,11 +23,11 @@
 
 namespace {
 
-// One sequence's keys (or values) transposed block by block (transposed.h): block jb holds
-// keys jb * bk .. as `width` rows of bk floats from t + jb * bk * width.
+// One sequence's keys (or values) transposed (transposed.h): row d of t holds the d-th floats
+// of all its keys, filled bk keys at a time.
 struct Transposed {
     std::vector<float> t;
-    std::vector<uint8_t> ready;  // block jb transposed
+    std::vector<uint8_t> ready;  // keys jb * bk .. filled
     const float* src = nullptr;  // the keys they are (null: none yet)
 };
 
