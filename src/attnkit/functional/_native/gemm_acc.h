@@ -1,5 +1,6 @@
-// The backward's three accumulating products (dV += P^T dO', dQ += dS k, dK += dS^T q) as
-// register-tiled loops that read their operands in place, instead of MKL's sgemm_.
+// The backward's matrix products as register-tiled loops that read their operands in place,
+// instead of MKL's sgemm_: dV += P^T dO', dQ += dS k, dK += dS^T q here (acc_nn, acc_tn), and
+// S, dP~ over transposed keys (transposed.h).
 //
 // Why: at the backward's block shapes MKL copies (packs) both operands on every call, and P and
 // dS are fresh for every call: perf of a causal N=4096 backward (1 thread, AMD EPYC Zen 4) had
@@ -14,10 +15,11 @@
 // 94 -> 101. Built for AVX2 the same loops ran at 45-104 GFLOP/s against MKL's 83-97 depending
 // on the tile (2 x 6 best, noisy): AVX2 builds keep sgemm_ (kUseTiles).
 //
-// Legend: tile MR rows x NV vectors of C; rows all rows of one panel of NV vectors; gemm_acc
-// C (M x N) += A (M x K) . B (K x N), with A(m, k) = a[m * sam + k * sak] (so A or A^T of a
-// row-major matrix), B's row k at b + k * ldb, C's row m at c + m * ldc; acc_nn, acc_tn the
-// kernel's C += A B and C += A^T B, on the tiles where they apply, else blas.h's sgemm_.
+// Legend: tile MR rows x NV vectors of C; rows all rows of one panel of NV vectors; last_panel
+// the narrower panel at C's right edge; gemm_tiles C (M x N) = or += A (M x K) . B (K x N),
+// with A(m, k) = a[m * sam + k * sak] (so A or A^T of a row-major matrix), B's row k at
+// b + k * ldb, C's row m at c + m * ldc; acc_nn, acc_tn the kernel's C += A B and C += A^T B,
+// on the tiles where the build has them (kUseTiles), else blas.h's sgemm_.
 
 #pragma once
 
