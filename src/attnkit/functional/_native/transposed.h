@@ -39,7 +39,7 @@ constexpr int64_t kMaxTransposed = int64_t{1} << 21;
 inline int64_t transposed_ld(const Args& a) { return ceil_div(a.S, kLanes) * kLanes + kLanes; }
 
 inline bool transposable(const Args& a, int64_t width) {
-    return kUseTiles && transposed_ld(a) * width <= kMaxTransposed;
+    return kGemmTiles && transposed_ld(a) * width <= kMaxTransposed;
 }
 
 #if defined(__AVX__)
