@@ -16,12 +16,14 @@
 #include "args.h"
 #include "blas.h"
 #include "dropout.h"
+#include "gemm_acc.h"
 #include "masks.h"
 #include "row_path.h"
 #include "scratch.h"
 #include "score_mods.h"
 #include "simd.h"
 #include "softmax_row.h"
+#include "transposed.h"
 
 namespace {
 
@@ -183,11 +185,12 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
         });
         w.blocks.clear();  // computed: no blocks left
     }
+    const bool cache = transposing(a, w.blocks, D, Dv);
     for (const KeyBlock& blk : w.blocks) {
         const int64_t j0 = blk.j0, nk = blk.nk;
         w.work += nq * nk;
-        mm_nt(nq, nk, D, qs, D, kb + j0 * ldk, ldk, 0.0f, s, nk);         // S
-        mm_nt(nq, nk, Dv, dob, Dv, vb + j0 * ldv, ldv, 0.0f, dp, nk);  // dP~ = dO' v^T
+        times_keys(a, cache, w.kt, kb, ldk, D, nq, qs, D, j0, nk, s, nk);      // S
+        times_keys(a, cache, w.vt, vb, ldv, Dv, nq, dob, Dv, j0, nk, dp, nk);  // dP~ = dO' v^T
         for (int64_t r = 0; r < nq; ++r) {
             float *sr = s + r * nk, *dr = dp + r * nk;
             const int64_t i = i0 + r;
@@ -209,9 +212,9 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
             score_mod_row_bwd(a, h, i, j0, nk, dr, gr, w.dtab.empty() ? nullptr : w.dtab.data());
         }
         const int64_t ldv_acc = Dv * step, ldk_acc = D * step;
-        mm_tn(nk, Dv, nq, s, nk, dob, Dv, 1.0f, dv_acc + j0 * ldv_acc, ldv_acc);  // dV += (PK)^T dO'
-        mm_nn(nq, D, nk, dp, nk, kb + j0 * ldk, ldk, 1.0f, dq, D);  // dQ += dS k
-        mm_tn(nk, D, nq, dp, nk, qs, D, 1.0f, dk_acc + j0 * ldk_acc, ldk_acc);  // dK += dS^T (sq)
+        acc_tn(nk, Dv, nq, s, nk, dob, Dv, dv_acc + j0 * ldv_acc, ldv_acc);  // dV += (PK)^T dO'
+        acc_nn(nq, D, nk, dp, nk, kb + j0 * ldk, ldk, dq, D);                 // dQ += dS k
+        acc_tn(nk, D, nq, dp, nk, qs, D, dk_acc + j0 * ldk_acc, ldk_acc);     // dK += dS^T (sq)
     }
     for (int64_t r = 0; r < nq; ++r) {
         float* dq_out = a.dq + qrow(a, b * a.H + h, sq, i0 + r) * D;

@@ -30,6 +30,14 @@ inline int64_t block_floats(const Args& a) {
     return a.bq * (a.table && !a.rows ? std::max(a.bk, kMergeKeys) : a.bk);
 }
 
+// One sequence's keys (or values) transposed (transposed.h): row d of t holds the d-th floats
+// of all its keys, filled bk keys at a time.
+struct Transposed {
+    std::vector<float> t;
+    std::vector<uint8_t> ready;  // keys jb * bk .. filled
+    const float* src = nullptr;  // the keys they are (null: none yet)
+};
+
 struct Scratch {
     std::vector<float> s, dp, qs, acc, dob, m, l, dlt, dk, dv;
     std::vector<float> g, dtab;  // score functions: the cap's derivative, this thread's d rel
@@ -37,6 +45,7 @@ struct Scratch {
     const float* packed_k = nullptr;     // the keys in tk (their first row, and how many)
     const float* packed_v = nullptr;     // the values in tv
     int64_t packed_k_n = 0, packed_v_n = 0;
+    Transposed kt, vt;           // the backward's keys and values, transposed (transposed.h)
     std::vector<KeyBlock> blocks;
     std::vector<int64_t> lo, hi;  // each row's runs of keys, run k of row r at k * bq + r
     int64_t work = 0;             // score entries computed by this thread

@@ -1,0 +1,137 @@
+// The backward's S = (scale q) k^T and dP~ = dO' v^T as gemm_acc.h's register tiles, which
+// read B's rows contiguously: each thread keeps its sequence's keys and values transposed
+// (Scratch::kt, vt: row d holds the d-th floats of every key), filled bk keys at a time on
+// first use and read by every later query block (and the G query heads sharing them). A key
+// block anywhere (a window's, starting where the window does) is one column range of a cache.
+//
+// Why: MKL's sgemm_ packs the key block and the query block on every call and zeroes S first
+// (mscale). Measured alone (128 x 256 blocks over 16-64 key blocks, 1 thread, AMD EPYC Zen 4,
+// AVX-512, best of 9): sgemm_ 88-98 GFLOP/s, the tiles over transposed keys 97-103 (with a
+// zero fill, which the kernel does not need); transposing each key block for each query block
+// instead: 67-73.
+//
+// Legend: transposed_ld a cache's row length; transposable whether a sequence's keys of `width`
+// floats fit one; transpose8, transpose_keys the transposition; make_ready fills what a key
+// block needs; transposing whether a query block uses the caches; times_keys
+// C = A X[j0 .. j0 + nk)^T.
+
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "args.h"
+#include "blas.h"
+#include "gemm_acc.h"
+#include "masks.h"
+#include "scratch.h"
+#include "simd.h"
+
+namespace {
+
+// Floats one cache may hold (8 MiB: up to S = 32752 keys of 64 floats); longer sequences
+// keep sgemm_.
+constexpr int64_t kMaxTransposed = int64_t{1} << 21;
+
+// The row length of a cache: S rounded up to whole vectors, plus one vector so that rows are
+// not a power of two apart (S = 16384: 64 rows 64 KiB apart share L1 sets).
+inline int64_t transposed_ld(const Args& a) { return ceil_div(a.S, kLanes) * kLanes + kLanes; }
+
+inline bool transposable(const Args& a, int64_t width) {
+    return kGemmTiles && transposed_ld(a) * width <= kMaxTransposed;
+}
+
+#if defined(__AVX__)
+// dst (8 x 8, rows ldd apart) = the 8 x 8 floats at src (rows lds apart) transposed.
+inline void transpose8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; ++i) {
+        _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+#endif
+
+// dst (width x n, rows ldd apart) = the n keys at x (rows ldx apart, `width` floats each)
+// transposed, in 8 x 8 squares in registers. Element by element it took ~1 ns a float (a
+// 256 x 64 block ~15 us, a third of a product's time), and with one AVX-512 gather per 16
+// floats it still took 5% of a window-256 backward (perf, N=16384), whose key blocks serve
+// ~3 query blocks each.
+inline void transpose_keys(const float* x, int64_t ldx, int64_t n, int64_t width, float* dst,
+                           int64_t ldd) {
+    int64_t j = 0;
+#if defined(__AVX__)
+    for (; j + 8 <= n; j += 8) {
+        int64_t d = 0;
+        for (; d + 8 <= width; d += 8) transpose8(x + j * ldx + d, ldx, dst + d * ldd + j, ldd);
+        for (; d < width; ++d) {
+            for (int64_t u = 0; u < 8; ++u) dst[d * ldd + j + u] = x[(j + u) * ldx + d];
+        }
+    }
+#endif
+    for (; j < n; ++j) {
+        for (int64_t d = 0; d < width; ++d) dst[d * ldd + j] = x[j * ldx + d];
+    }
+}
+
+// Makes keys [j0, j0 + nk) of x (rows ldx apart, `width` floats each) ready in the cache c:
+// row d of c.t holds the d-th floats of the sequence's keys, filled bk keys at a time.
+void make_ready(const Args& a, Transposed& c, const float* x, int64_t ldx, int64_t width,
+                int64_t j0, int64_t nk) {
+    const int64_t ld = transposed_ld(a);
+    if (c.src != x) {  // another sequence: nothing cached
+        c.src = x;
+        c.t.resize(width * ld);
+        c.ready.assign(ceil_div(a.S, a.bk), 0);
+    }
+    for (int64_t jb = j0 / a.bk; jb * a.bk < j0 + nk; ++jb) {
+        if (c.ready[jb]) continue;
+        const int64_t first = jb * a.bk, n = std::min(a.bk, a.S - first);
+        transpose_keys(x + first * ldx, ldx, n, width, c.t.data() + first, ld);
+        c.ready[jb] = 1;
+    }
+}
+
+// Whether a query block with these key blocks reads its keys through the caches: where the
+// sequence's keys fit them and the block sees at least kCacheFromKeys keys. A key is
+// transposed once and then saves ~7% of two products for each query row that sees it, about
+// as many rows as a query block sees keys in a band-like mask: break-even near 500 (perf: 88 ns
+// to transpose a key's k and v rows of 64, 2.6 ns of products a row). Measured (backward,
+// N=16384, 1 thread, AMD EPYC Zen 4): a causal window of 256 (383 keys a block) 3% slower
+// through the caches than through sgemm_; causal N=4096 (2100 a block on average) 5% faster.
+constexpr int64_t kCacheFromKeys = 1024;
+
+inline bool transposing(const Args& a, const std::vector<KeyBlock>& blocks, int64_t D,
+                        int64_t Dv) {
+    if (!transposable(a, std::max(D, Dv))) return false;
+    int64_t keys = 0;
+    for (const KeyBlock& blk : blocks) keys += blk.nk;
+    return keys >= kCacheFromKeys;
+}
+
+// C (nq x nk) = A (nq x width) . X[j0 .. j0 + nk)^T, X's rows ldx apart: through the cache c
+// (made ready first) or sgemm_.
+void times_keys(const Args& a, bool cache, Transposed& c, const float* x, int64_t ldx,
+                int64_t width, int64_t nq, const float* A, int64_t lda, int64_t j0, int64_t nk,
+                float* C, int64_t ldc) {
+    if (!cache) {
+        mm_nt(nq, nk, width, A, lda, x + j0 * ldx, ldx, 0.0f, C, ldc);
+        return;
+    }
+    make_ready(a, c, x, ldx, width, j0, nk);
+    gemm_tiles<true>(nq, nk, width, A, lda, 1, c.t.data() + j0, transposed_ld(a), C, ldc);
+}
+
+}  // namespace
