@@ -476,9 +476,11 @@ print("same as its dense mask:", torch.allclose(
 # and a strided mask a set of contiguous documents; in tiles of the image (8 × 8, and 4 × 4 for
 # 7 × 7 and 9 × 9 neighbourhoods, where that computes about half the entries), a
 # neighbourhood touches a few blocks per query block. These constructors carry that order: the
-# chunked backend gathers q, k and v into it, attends, and puts the outputs back (the same
-# numbers and gradients; with a bias, dropout or `causal=True`, which follow the token
-# positions, the mask runs in token order: exact, without the speed-up). Where the dilation or
+# chunked backend gathers k and v into it and attends, the compiled kernel reading each query
+# and writing its output where the token lies (the PyTorch kernel gathers q too and puts the
+# outputs back; the same numbers and gradients either way; with a bias, dropout or
+# `causal=True`, which follow the token positions, the mask runs in token order: exact, without
+# the speed-up). Where the dilation or
 # stride divides N nothing is gathered: token t·g + r is position t of residue class r, so the
 # classes are g interleaved sequences of N/g tokens, attended in one call that the compiled
 # kernel reads in place (a window within each sequence, or all of it).
@@ -518,8 +520,9 @@ for name, m in {"dilated": dil, "strided": frames, "2-D neighbourhood": natten}.
 # | `\|` of those with gaps between them: a window `\|` a band 1024 keys away, a causal window of 256 `\|` the first 64 keys, two bands far from the diagonal (half-widths 128) | runs of keys: a row sees up to 16 disjoint runs; a query block computes the stretches of keys its rows' runs cover, each row masked to its own runs | on tiles: 1.70–1.74, 1.42–1.55, 1.75–1.79 | 1.35–1.43, 1.48–1.70, 1.43–1.52 |
 # | predicates, scattered documents, `\|` with a predicate or of more than 16 runs | tiles: empty blocks skipped, full ones unmasked, partial ones masked, on the grid (128 × 256 down to 16 × 32) that computes the fewest entries | window 2048 `\|` first 256 keys 1.21 | 1.07 (now runs) |
 # | `dilated_window` (128 keys, dilation 4) | interleaved sequences, read in place: a window within each | 1.8 | 1.5–1.7 |
-# | `strided` (frames of 64 / 256 tokens) | interleaved sequences, read in place: all of each, the next sequence's rows fetched ahead | 1.7–2.1 / 4.8–5.6 | 1.6–1.7 / 4.0–4.1 |
-# | `neighborhood_2d` (15 × 15 on 64 × 64) | reordered in 8 × 8 tiles: tiles (as 15 runs of 15 keys in row-major order it costs 5.8: a query block spans 46 keys of each of its 15 rows of keys). The tile is chosen per kernel from the estimated cost of its blocks: 7 × 7 and 9 × 9 take 4 × 4 tiles (forward 8.5 → 6.4 and 5.4 → 4.2; 7 × 7 forward + backward 12.2 → 6.5), 15 × 7 takes 8 × 4 (4.6 → 3.8) | 4.3 | 3.0–3.2 |
+# | `strided` (frames of 64 / 256 tokens) | interleaved sequences, read in place: all of each, the next sequence's rows fetched ahead; sequences of at most 32 tokens as tiles (next row) | 1.7–2.1 / 4.8–5.6 | 1.6–1.7 / 2.8–3.0 |
+# | documents of 8–32 tokens, frames of at most 32 tokens (`strided` 1/256) | tiles of 8 rows (forward): where each 8 rows of a block span at most 32 keys, their scores are one small product held in registers (a row a vector lane) and their softmax is taken lane by lane; the backward keeps the row path and the blocks | documents of 16: 4.7–4.8 | 2.4–2.5 |
+# | `neighborhood_2d` (15 × 15 on 64 × 64) | reordered in 8 × 8 tiles: tiles (as 15 runs of 15 keys in row-major order it costs 5.8: a query block spans 46 keys of each of its 15 rows of keys). The tile is chosen per kernel from the estimated cost of its blocks: 7 × 7 and 9 × 9 take 4 × 4 tiles (forward 8.5 → 6.4 and 5.4 → 4.2; 7 × 7 forward + backward 12.2 → 6.5), 15 × 7 takes 8 × 4 (4.6 → 3.8). Only k and v are gathered (the kernel reads the queries where they lie), and a query tile's adjacent key tiles are one matrix product (three of them instead of 7.6): against the previous version in the same runs 3.0–3.2 → 2.5–2.65 (forward + backward 2.7 → 2.4–2.5) | 4.3 | 2.5–2.65 |
 #
 # What these sparsest masks cost is mostly the cost of touching every row at all. In the same
 # units: reading q, k and v once and writing the output (one fused torch op) takes 0.8–0.9 at 9
