@@ -18,6 +18,7 @@
 #include "args.h"
 #include "blas.h"
 #include "dropout.h"
+#include "gemm_acc.h"
 #include "masks.h"
 #include "row_path.h"
 #include "scratch.h"
@@ -25,6 +26,7 @@
 #include "simd.h"
 #include "softmax_row.h"
 #include "tile_path.h"
+#include "transposed.h"
 
 namespace {
 
@@ -209,10 +211,14 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     std::fill(w.m.begin(), w.m.begin() + nq, kNegInf);  // running row max
     std::fill(w.l.begin(), w.l.begin() + nq, 0.0f);     // running sum of exp (before dropout)
     std::fill(acc, acc + nq * Dv, 0.0f);                // unnormalised output
+    // S over the thread's transposed keys and acc += P~ v on gemm_acc.h's tiles (AVX-512), as
+    // in the backward: MKL's sgemm_ packs both operands on every call. Kernel-only forward,
+    // B=1, H=8, D=64, 1 thread, AMD EPYC Zen 4: see CHANGELOG (s23-fwdtiles) for the ratios.
+    const bool cache = transposing(a, w.blocks, D, D);
     for (const KeyBlock& blk : w.blocks) {
         const int64_t j0 = blk.j0, nk = blk.nk;
         w.work += nq * nk;
-        mm_nt(nq, nk, D, qs, D, kb + j0 * ldk, ldk, 0.0f, s, nk);  // S = (scale q) k^T
+        times_keys(a, cache, w.kt, kb, ldk, D, nq, qs, D, j0, nk, s, nk);  // S = (scale q) k^T
         for (int64_t r = 0; r < nq; ++r) {
             float* sr = s + r * nk;
             const int64_t i = i0 + r;
@@ -237,7 +243,7 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
                 for (int64_t e = 0; e < Dv; ++e) ar[e] *= alpha;
             }
         }
-        mm_nn(nq, Dv, nk, s, nk, vb + j0 * ldv, ldv, 1.0f, acc, Dv);  // acc += P~ v
+        acc_nn(nq, Dv, nk, s, nk, vb + j0 * ldv, ldv, acc, Dv);  // acc += P~ v
     }
     for (int64_t r = 0; r < nq; ++r) {
         write_row(a, row_of(a, b * a.H + h, a.N, sq, i0 + r), acc + r * Dv, w.m[r], w.l[r]);
