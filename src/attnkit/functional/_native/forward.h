@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "args.h"
 #include "blas.h"
@@ -177,6 +178,19 @@ void forward_tile(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, in
     }
 }
 
+// Whether the block path's S reads the thread's transposed keys (transposed.h): where the
+// backward would (a query block sees >= kCacheFromKeys keys) and one thread serves enough of
+// the key head's rows for a key's transposition (~44 ns, k only) to pay for itself (~0.09 ns
+// saved a row: break-even near 500 rows). The backward gives a thread whole runs of a head;
+// the forward's query blocks go to threads one at a time (schedule(dynamic, 1)), so a thread
+// serves about N * G / nthreads of a head's rows (G heads share a cache when sequences do not
+// interleave: with Args::groups they alternate and each refills it). Reasoned, not measured:
+// this machine has 2 shared cores.
+inline bool forward_transposing(const Args& a, const std::vector<KeyBlock>& blocks) {
+    const int64_t sharing = a.groups > 1 ? 1 : a.H / a.Hkv;
+    return a.N * sharing >= kCacheFromKeys * a.nthreads && transposing(a, blocks, a.D, a.D);
+}
+
 void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t i1,
                    Scratch& w) {
     const int64_t nq = i1 - i0, D = a.D, Dv = a.Dv, kvh = h / (a.H / a.Hkv);
@@ -212,9 +226,12 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     std::fill(w.l.begin(), w.l.begin() + nq, 0.0f);     // running sum of exp (before dropout)
     std::fill(acc, acc + nq * Dv, 0.0f);                // unnormalised output
     // S over the thread's transposed keys and acc += P~ v on gemm_acc.h's tiles (AVX-512), as
-    // in the backward: MKL's sgemm_ packs both operands on every call. Kernel-only forward,
-    // B=1, H=8, D=64, 1 thread, AMD EPYC Zen 4: see CHANGELOG (s23-fwdtiles) for the ratios.
-    const bool cache = transposing(a, w.blocks, D, D);
+    // in the backward: MKL's sgemm_ packs both operands on every call (perf, causal N=4096
+    // forward: 10% of it in mkl_blas_def_sgemm_scopy_*, 1.7% in mscale). Forward, B=1, H=8,
+    // D=64, 1 thread, AMD EPYC Zen 4, loaded machine, interleaved with main's kernel, median CPU
+    // time: dense N=4096 0.97-0.98x, causal 0.97-1.00x, window 256 N=16384 0.98x, prefix-LM
+    // N=16384 0.96x; D=128 causal N=4096 1.01x (noise level: ~2%).
+    const bool cache = forward_transposing(a, w.blocks);
     for (const KeyBlock& blk : w.blocks) {
         const int64_t j0 = blk.j0, nk = blk.nk;
         w.work += nq * nk;
