@@ -229,9 +229,10 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     // in the backward: MKL's sgemm_ packs both operands on every call (perf, causal N=4096
     // forward: 10% of it in mkl_blas_def_sgemm_scopy_*, 1.7% in mscale). Forward, B=1, H=8,
     // D=64, 1 thread, AMD EPYC Zen 4, loaded machine, interleaved with main's kernel, median CPU
-    // time: dense N=4096 0.94-0.98x, causal 0.96-1.00x, window 256 N=16384 0.98x, prefix-LM
-    // N=16384 0.96x; D=128 causal N=4096 1.01x (noise: ~2%). The gain is S's: P v on the
-    // tiles alone measured 0.99-1.00x at the forward's 512-key blocks (MKL packs v once a call).
+    // time: dense N=4096 0.94-0.98x, N=16384 0.94x, causal 0.96-1.00x, N=16384 0.97x, window
+    // 256 N=16384 0.98x, prefix-LM N=16384 0.96x; D=128 causal N=4096 1.01x (noise: ~2%).
+    // The gain is S's: P v on the tiles alone measured 0.99-1.00x at the forward's 512-key
+    // blocks (MKL packs v once a call).
     const bool cache = forward_transposing(a, w.blocks);
     for (const KeyBlock& blk : w.blocks) {
         const int64_t j0 = blk.j0, nk = blk.nk;
