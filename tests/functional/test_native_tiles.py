@@ -3,6 +3,8 @@ keys (_native/transposed.h) pinned to a float64 truth where their edge cases are
 that start off the 256-key grid on which the transposed caches are filled (a window's blocks
 start where the window does), head widths that leave a partial vector, query heads that share
 a kv head (and its cache), batch rows and kv heads (a cache each), interleaved sequences.
+The forward's block path reads the same key caches for S and adds P v on the same tiles
+(_native/forward.h, at 1 thread: N * G >= 1024 * threads), so `out` here checks it too.
 
 Legend: B batch, H heads, Hkv kv heads, N = S tokens, D head width, Dv value width.
 """

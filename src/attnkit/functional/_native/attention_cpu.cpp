@@ -9,9 +9,9 @@
 // element strides, so any broadcast view of (B, H, N, S) works without being materialised.
 //
 // The matrix products call the BLAS sgemm_ that libtorch_cpu exports (MKL in the CPU wheels),
-// except the backward's on AVX-512 builds (gemm_acc.h, transposed.h);
-// they run inside the kernel's OpenMP regions on torch's own libgomp, so MKL stays sequential
-// per thread. Everything between two products is one loop over the block.
+// except the backward's and the forward block path's on AVX-512 builds (gemm_acc.h,
+// transposed.h); they run inside the kernel's OpenMP regions on torch's own libgomp, so MKL
+// stays sequential per thread. Everything between two products is one loop over the block.
 //
 // Dropout bits are a counter-based hash of each entry's position (dropout.h), so the backward
 // regenerates them and nothing N x S is stored.
@@ -21,8 +21,8 @@
 //   args.h            Args, the call's arguments (mirrored by attnkit/functional/native.py)
 //   simd.h            explicit vectors: exp_v, keep_words, the row path's dots / weighted_sum
 //   blas.h            the row-major matrix products gemm, mm_nt, mm_nn, mm_tn (sgemm_)
-//   gemm_acc.h        the backward's products as register tiles (AVX-512): acc_nn, acc_tn
-//   transposed.h      each thread's transposed keys and values for S and dP~: times_keys
+//   gemm_acc.h        products as register tiles (AVX-512): acc_nn, acc_tn
+//   transposed.h      each thread's transposed keys (and values) for S (and dP~): times_keys
 //   dropout.h         the dropout hash: mix64, row_key, keep_word
 //   softmax_row.h     one row's softmax: row_max, exp_sum_row (forward), grad_row (backward)
 //   score_mods.h      score functions (softcap, ALiBi, relative tables) on a row
