@@ -19,7 +19,6 @@
 #include "args.h"
 #include "blas.h"
 #include "dropout.h"
-#include "gemm_acc.h"
 #include "masks.h"
 #include "row_path.h"
 #include "scratch.h"
@@ -225,14 +224,16 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     std::fill(w.m.begin(), w.m.begin() + nq, kNegInf);  // running row max
     std::fill(w.l.begin(), w.l.begin() + nq, 0.0f);     // running sum of exp (before dropout)
     std::fill(acc, acc + nq * Dv, 0.0f);                // unnormalised output
-    // S over the thread's transposed keys and acc += P~ v on gemm_acc.h's tiles (AVX-512), as
-    // in the backward: MKL's sgemm_ packs both operands on every call (perf, causal N=4096
-    // forward: 10% of it in mkl_blas_def_sgemm_scopy_*, 1.7% in mscale). Forward, B=1, H=8,
-    // D=64, 1 thread, AMD EPYC Zen 4, loaded machine, interleaved with main's kernel, median CPU
-    // time: dense N=4096 0.94-0.98x, N=16384 0.94x, causal 0.96-1.00x, N=16384 0.97x, window
-    // 256 N=16384 0.98x, prefix-LM N=16384 0.96x; D=128 causal N=4096 1.01x (noise: ~2%).
-    // The gain is S's: P v on the tiles alone measured 0.99-1.00x at the forward's 512-key
-    // blocks (MKL packs v once a call).
+    // S over the thread's transposed keys (AVX-512), as in the backward: MKL's sgemm_ packs
+    // both operands on every call (perf, causal N=4096 forward: 10% of it in
+    // mkl_blas_def_sgemm_scopy_*, 1.7% in mscale). Forward, B=1, H=8, D=64, 1 thread, AMD EPYC
+    // Zen 4, loaded machine, interleaved with the previous kernel, median CPU time: dense
+    // N=4096 0.94-0.98x, N=16384 0.94x, causal 0.96-1.00x, N=16384 0.97x, window 256 N=16384
+    // 0.98x, prefix-LM N=16384 0.96x; D=128 causal N=4096 1.01x (noise: ~2%). acc += P~ v
+    // stays on sgemm_: on gemm_acc.h's tiles it measured 0.99-1.00x alone (MKL packs v once
+    // per 512-key call), and their one running sum per output over a block's up to 512 keys
+    // took a causal N=257, S=1025 output to 3.7x the naive float32 error (5.9e-6 against
+    // 1.6e-6; tests/functional/test_backward_partition.py), where sgemm_ stays within 2x.
     const bool cache = forward_transposing(a, w.blocks);
     for (const KeyBlock& blk : w.blocks) {
         const int64_t j0 = blk.j0, nk = blk.nk;
@@ -262,7 +263,7 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
                 for (int64_t e = 0; e < Dv; ++e) ar[e] *= alpha;
             }
         }
-        acc_nn(nq, Dv, nk, s, nk, vb + j0 * ldv, ldv, acc, Dv);  // acc += P~ v
+        mm_nn(nq, Dv, nk, s, nk, vb + j0 * ldv, ldv, 1.0f, acc, Dv);  // acc += P~ v
     }
     for (int64_t r = 0; r < nq; ++r) {
         write_row(a, qrow(a, b * a.H + h, sq, i0 + r), acc + r * Dv, w.m[r], w.l[r]);
