@@ -152,31 +152,13 @@ inline void tile_buffers(const Args& a, Scratch& w) {
 
 // qT[d * kTileRows + u] = qs[u * D + d] for rows u < n, 0 in the other lanes and in the
 // dimensions D..D' (D' = dblocks * kDimBlock). With AVX, 8 x 8 blocks transposed in registers
-// (unpack, shuffle, cross-lane permute: 24 shuffles a block): the scalar copy it replaces was
+// (simd.h's transpose8): the scalar copy it replaces was
 // ~20% of a window of 9 keys' forward (perf, in cache, H=1: 512 single-float stores a tile).
 inline void transpose_q(const float* qs, int64_t n, int64_t D, int64_t dblocks, float* qT) {
     int64_t d0 = 0;
 #if defined(__AVX__)
     static_assert(kTileRows == 8, "an 8 x 8 transpose");
-    for (; d0 + 8 <= D; d0 += 8) {
-        __m256 r[8];
-        for (int64_t u = 0; u < 8; ++u) r[u] = u < n ? _mm256_loadu_ps(qs + u * D + d0) : __m256{};
-        __m256 t[8], x[8];
-        for (int u = 0; u < 8; u += 2) {
-            t[u] = _mm256_unpacklo_ps(r[u], r[u + 1]);  // rows u, u+1 interleaved: dims 0, 1, 4, 5
-            t[u + 1] = _mm256_unpackhi_ps(r[u], r[u + 1]);  // dims 2, 3, 6, 7
-        }
-        for (int u = 0; u < 8; u += 4) {
-            x[u] = _mm256_shuffle_ps(t[u], t[u + 2], 0x44);      // dims 0 and 4 of rows u..u+3
-            x[u + 1] = _mm256_shuffle_ps(t[u], t[u + 2], 0xEE);  // 1 and 5
-            x[u + 2] = _mm256_shuffle_ps(t[u + 1], t[u + 3], 0x44);  // 2 and 6
-            x[u + 3] = _mm256_shuffle_ps(t[u + 1], t[u + 3], 0xEE);  // 3 and 7
-        }
-        for (int j = 0; j < 4; ++j) {
-            _mm256_storeu_ps(qT + (d0 + j) * 8, _mm256_permute2f128_ps(x[j], x[j + 4], 0x20));
-            _mm256_storeu_ps(qT + (d0 + j + 4) * 8, _mm256_permute2f128_ps(x[j], x[j + 4], 0x31));
-        }
-    }
+    for (; d0 + 8 <= D; d0 += 8) transpose8(qs + d0, D, qT + d0 * kTileRows, kTileRows, n);
 #endif
     std::fill(qT + d0 * kTileRows, qT + dblocks * kDimBlock * kTileRows, 0.0f);
     for (int64_t u = 0; u < n; ++u) {

@@ -11,8 +11,8 @@
 // instead: 67-73.
 //
 // Legend: transposed_ld a cache's row length; transposable whether a sequence's keys of `width`
-// floats fit one; transpose8, transpose_keys the transposition; make_ready fills what a key
-// block needs; transposing whether a query block uses the caches; times_keys
+// floats fit one; transpose_keys the transposition (simd.h's transpose8); make_ready fills
+// what a key block needs; transposing whether a query block uses the caches; times_keys
 // C = A X[j0 .. j0 + nk)^T.
 
 #pragma once
@@ -42,28 +42,6 @@ inline bool transposable(const Args& a, int64_t width) {
     return kGemmTiles && transposed_ld(a) * width <= kMaxTransposed;
 }
 
-#if defined(__AVX__)
-// dst (8 x 8, rows ldd apart) = the 8 x 8 floats at src (rows lds apart) transposed.
-inline void transpose8(const float* src, int64_t lds, float* dst, int64_t ldd) {
-    __m256 r[8], t[8];
-    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int i = 0; i < 4; ++i) {
-        _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-        _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-    }
-}
-#endif
-
 // dst (width x n, rows ldd apart) = the n keys at x (rows ldx apart, `width` floats each)
 // transposed, in 8 x 8 squares in registers. Element by element it took ~1 ns a float (a
 // 256 x 64 block ~15 us, a third of a product's time), and with one AVX-512 gather per 16
@@ -75,7 +53,9 @@ inline void transpose_keys(const float* x, int64_t ldx, int64_t n, int64_t width
 #if defined(__AVX__)
     for (; j + 8 <= n; j += 8) {
         int64_t d = 0;
-        for (; d + 8 <= width; d += 8) transpose8(x + j * ldx + d, ldx, dst + d * ldd + j, ldd);
+        for (; d + 8 <= width; d += 8) {
+            attnkit_simd::transpose8(x + j * ldx + d, ldx, dst + d * ldd + j, ldd);
+        }
         for (; d < width; ++d) {
             for (int64_t u = 0; u < 8; ++u) dst[d * ldd + j + u] = x[(j + u) * ldx + d];
         }
