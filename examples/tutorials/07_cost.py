@@ -591,7 +591,7 @@ print(f"K = {K:,} per head; 4NC² + 2·K·C = {4 * N * C**2 + 2 * K * C:,}")
 # %% [markdown]
 # ```text
 # forward  computed 9,108,480 entries in 1016 blocks of 32×512; allowed 8,127,488 of 134,217,728
-# backward computed 9,111,552 entries in 1984 blocks of 32×256; allowed 8,127,488 of 134,217,728
+# backward computed 9,108,480 entries in 1976 blocks of 32×256; allowed 8,127,488 of 134,217,728
 # K = 1,138,560 per head; 4NC² + 2·K·C = 5,460,852,736
 # ```
 #
