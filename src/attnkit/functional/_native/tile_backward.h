@@ -40,21 +40,6 @@ namespace {
 
 using namespace attnkit_simd;
 
-// The small products' register tiles: MR rows x NV vectors of C (16 accumulators of AVX-512's
-// 32 zmm; 8 of AVX2's 16 ymm, with the B row's vectors and a broadcast).
-#if ATTNKIT_VBYTES == 64
-constexpr int kTileGemmRows = 4, kTileGemmVectors = 4;
-#else
-constexpr int kTileGemmRows = 4, kTileGemmVectors = 2;
-#endif
-
-// C (M x N) [+]= A (M x K) . B (K x N), A(m, k) = a[m * sam + k * sak], B's rows ldb apart.
-template <bool Set>
-inline void tile_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t sam, int64_t sak,
-                      const float* b, int64_t ldb, float* c, int64_t ldc) {
-    gemm_tiles<Set, kTileGemmRows, kTileGemmVectors>(M, N, K, a, sam, sak, b, ldb, c, ldc);
-}
-
 // P and dS of a tile (key-major, span keys x kTileRows lanes, in place: sT holds S and becomes
 // P, dT holds dP~ and becomes dS) lane by lane: P = exp(S - lse), dS = P (dP~ - D_i) where the
 // lane sees the key (vlo <= c < vhi), 0 elsewhere (a key's dP~ is computed for every lane of

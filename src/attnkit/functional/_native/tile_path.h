@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "args.h"
+#include "gemm_acc.h"
 #include "row_path.h"
 #include "scratch.h"
 #include "simd.h"
@@ -79,6 +80,21 @@ inline void tstore(float* p, tvec v) { std::memcpy(p, &v, sizeof v); }
 // exp lane by lane: exp_v's body (simd.h, exp_clamped) on a tile vector.
 inline tvec texp(tvec x) {
     return exp_clamped<tvec, tint>(tmin(tsplat(88.0f), tmax(tsplat(kExpLo), x)));
+}
+
+// The small products' register tiles: MR rows x NV vectors of C (16 accumulators of AVX-512's
+// 32 zmm; 8 of AVX2's 16 ymm, with the B row's vectors and a broadcast).
+#if ATTNKIT_VBYTES == 64
+constexpr int kTileGemmRows = 4, kTileGemmVectors = 4;
+#else
+constexpr int kTileGemmRows = 4, kTileGemmVectors = 2;
+#endif
+
+// C (M x N) [+]= A (M x K) . B (K x N), A(m, k) = a[m * sam + k * sak], B's rows ldb apart.
+template <bool Set>
+inline void tile_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t sam, int64_t sak,
+                      const float* b, int64_t ldb, float* c, int64_t ldc) {
+    gemm_tiles<Set, kTileGemmRows, kTileGemmVectors>(M, N, K, a, sam, sak, b, ldb, c, ldc);
 }
 
 // The keys [jlo, jhi) of a tile's rows u < n: the union of their keys (rows that see nothing
