@@ -570,9 +570,9 @@ print(f"computed (blocks)     = {cost.computed_macs:>14,}")
 # end of the span is computed and thrown away (the partial blocks). Smaller blocks waste less,
 # but each block is a call with a fixed cost, so the kernel sizes its query blocks to the mask
 # (16, 32, 64 or 128 rows, whichever its cost estimate finds cheapest): for this window, 32 rows,
-# so the first 8 blocks span 32, 64, …, 256 keys and the other 120 span $w + 31$. (The forward
-# takes the first block, whose rows see at most 32 keys, as four tiles of 8 rows spanning 8, 16,
-# 24 and 32 keys: 640 entries instead of 1,024; the backward computes it whole.) `kernel_work`
+# so the first 8 blocks span 32, 64, …, 256 keys and the other 120 span $w + 31$. (Both passes
+# take the first block, whose rows see at most 32 keys, as four tiles of 8 rows spanning 8, 16,
+# 24 and 32 keys: 640 entries instead of 1,024.) `kernel_work`
 # walks the blocks exactly as the kernel does, with the kernel's own block sizes:
 
 # %%

@@ -12,12 +12,22 @@
 // the block path, whose products (sgemm_ for S and dP~, packing both operands on every call)
 // cost more than their 16 x 16 x 64 entries. A first backward of tiles (S and dP~ as tiles,
 // the row path's stages and dK, dV a key row at a time after them; tile_product's note) was
-// slower on strided masks. Measured: see `backward_tiles`.
+// slower on strided masks. Measured (backward kernel alone, `_backward_into`, N=4096, H=8,
+// D=64, 1 thread, AMD EPYC Zen 4 shared with other jobs, CPU time, fastest of 30 interleaved
+// with the previous build): documents of 16 tokens 14.6 -> 11.6 ms, strided 1/256 11.8 ->
+// 10.5 ms; in cache (N=1024, H=1) documents of 16 273 -> 231-250 ns a row. Where the rest
+// goes (perf): at N=4096 mostly waiting for rows (the keys' and values' first reads, out for
+// D_i, the prefetches themselves), in cache the five products (~90 ns a row at this CPU's
+// peak) and each tile's transposes, packing and exponentials. Tried and no faster: the next
+// block's rows fetched two blocks ahead (1-2 %), zeroing dk, dv lazily instead of
+// backward.h's pass first (an upper bound, the pass skipped: no change), 8 x 2, 2 x 4 and
+// 6 x 4 register tiles (within 5 %).
 //
 // Legend: backward_tiles one query block on the path (false: not on it); backward_tile one
 // tile; tile_grads P and dS of a tile lane by lane; tile_grads_rows the same through the row
-// path's stages (score functions, dense masks, bias, dropout); tile_gemm the small products;
-// add_key_rows the block's dK, dV buffer into dk_acc, dv_acc.
+// path's stages (score functions, dense masks, bias, dropout); ready_key_rows the block's
+// buffer rows a tile adds to; add_key_rows the buffer into dk_acc, dv_acc;
+// prefetch_next_block the next block's rows.
 
 #pragma once
 
