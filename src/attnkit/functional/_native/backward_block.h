@@ -18,6 +18,7 @@
 #include "dropout.h"
 #include "gemm_acc.h"
 #include "masks.h"
+#include "offset_backward.h"
 #include "row_path.h"
 #include "scratch.h"
 #include "score_mods.h"
@@ -92,7 +93,7 @@ void backward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, i
                    const float* di, const float* kb, int64_t ldk, const float* vb, int64_t ldv,
                    const int64_t* lo, const int64_t* hi, Scratch& w, float* dq, float* dk_acc,
                    float* dv_acc, int64_t step) {
-    constexpr int64_t W = kRowPathKeysBackward;  // scores a row
+    constexpr int64_t W = kRowStrideBackward;  // scores a row
     const int64_t D = a.D, Dv = a.Dv, head = b * a.H + h;
     float *s = w.s.data(), *dp = w.dp.data(), *g = w.g.empty() ? nullptr : w.g.data();
     float* dtab = w.dtab.empty() ? nullptr : w.dtab.data();
@@ -123,6 +124,53 @@ void backward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, i
         if (nk[u] > 0) weighted_sum(dp + u * W, nk[u], kb + lo[u] * ldk, ldk, D, dq + u * D);
     }
     add_dk_dv(a, n, lo, hi, nk, dp, s, W, qs, dob, dk_acc, dv_acc, step);
+}
+
+// The rows of the offset path's blocks: each tile of kTileRows rows whose offsets are the
+// block's (those of its first tile that shares them) on the offset path (offset_backward.h),
+// the others on the row path, kRowGroup rows at a time; then the key lanes' dK, dV. Arguments
+// as backward_rows' for the whole block (rows i0..i1, lse and D_i of each).
+void offset_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t i1,
+                 const float* qs, const float* dob, const float* lse, const float* di,
+                 const float* kb, int64_t ldk, const float* vb, int64_t ldv, Scratch& w,
+                 float* dq, float* dk_acc, float* dv_acc, int64_t step) {
+    const int64_t nq = i1 - i0, D = a.D, Dv = a.Dv;
+    int64_t first, end, lo[kTileRows], hi[kTileRows], dlo = 0, dhi = 0, tlo, thi;
+    blocks_span(w, first, end);
+    auto spans = [&](int64_t t, int64_t n) {
+        for (int64_t u = 0; u < n; ++u) row_span(a, w, t + u, i0 + t + u, first, end, lo[u], hi[u]);
+    };
+    bool any = false;  // the block's offsets: its first tile that shares them
+    for (int64_t t = 0; t + kTileRows <= nq && !any; t += kTileRows) {
+        spans(t, kTileRows);
+        any = shared_offsets(lo, hi, i0 + t, kTileRows, lse + t, dlo, dhi);
+    }
+    OffsetBlock& ob = offset_block();
+    const int64_t ldt = transposed_ld(a);
+    if (any) {
+        offset_start(a, ob, nq, dlo, dhi - dlo, qs, dob);
+        make_ready(a, w.kt, kb, ldk, D, first, end - first);
+        make_ready(a, w.vt, vb, ldv, Dv, first, end - first);
+    }
+    for (int64_t t = 0; t < nq; t += kTileRows) {
+        const int64_t n = std::min(kTileRows, nq - t);
+        spans(t, n);
+        if (any && shared_offsets(lo, hi, i0 + t, n, lse + t, tlo, thi) && tlo == dlo &&
+            thi == dhi) {
+            w.work += n * (dhi - dlo);
+            offset_tile(a, ob, i0, t, w.kt.t.data(), w.vt.t.data(), ldt, lse + t, di + t,
+                        dq + t * D);
+            continue;
+        }
+        if (any) offset_skip(a, ob, t, n);
+        for (int64_t g = 0; g < n; g += kRowGroup) {
+            const int64_t m = std::min(kRowGroup, n - g), r = t + g;
+            for (int64_t u = g; u < g + m; ++u) w.work += hi[u] - lo[u];
+            backward_rows(a, b, h, sq, i0 + r, m, nq, qs + r * D, dob + r * Dv, lse + r, di + r,
+                          kb, ldk, vb, ldv, lo + g, hi + g, w, dq + r * D, dk_acc, dv_acc, step);
+        }
+    }
+    if (any) offset_keys(a, ob, i0, first, end, dk_acc, dv_acc, step);
 }
 
 // Row `row` of dO into dst (Dv floats), whatever its strides (Args::dout_st).
@@ -173,16 +221,23 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
                                true, true);
     }
     const uint32_t t = static_cast<uint32_t>(a.keep_t < kNoDropout ? a.keep_t : 0);
-    if (row_path(a, w, i0, i1, kRowPathKeysBackward)) {
-        const size_t need = kRowGroup * kRowPathKeysBackward;
+    const bool offsets = offsets_fit(a);
+    if (row_path(a, w, i0, i1, offsets ? kOffsetKeys : kRowPathKeysBackward)) {
+        const size_t need = kRowGroup * kRowStrideBackward;
         for (std::vector<float>* buf : {&w.s, &w.dp}) {
             if (buf->size() < need) buf->resize(need);
         }
         if (!w.g.empty() && w.g.size() < need) w.g.resize(need);
-        each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
-            backward_rows(a, b, h, sq, i0 + r, n, nq, qs + r * D, dob + r * Dv, lse + r, dlt + r,
-                          kb, ldk, vb, ldv, lo, hi, w, dq + r * D, dk_acc, dv_acc, step);
-        });
+        if (offsets) {
+            offset_rows(a, b, h, sq, i0, i1, qs, dob, lse, dlt, kb, ldk, vb, ldv, w, dq, dk_acc,
+                        dv_acc, step);
+        } else {
+            each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
+                backward_rows(a, b, h, sq, i0 + r, n, nq, qs + r * D, dob + r * Dv, lse + r,
+                              dlt + r, kb, ldk, vb, ldv, lo, hi, w, dq + r * D, dk_acc, dv_acc,
+                              step);
+            });
+        }
         w.blocks.clear();  // computed: no blocks left
     }
     const bool cache = transposing(a, w.blocks, D, Dv);

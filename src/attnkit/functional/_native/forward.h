@@ -114,12 +114,6 @@ void forward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, in
     finish_rows(a, head, sq, i, n, vb, ldv, lo, hi, s, acc);
 }
 
-// Whether a call's scores need nothing between the product and the softmax: no score
-// functions, dense mask, bias or dropout (the tile's lane-by-lane softmax).
-inline bool plain_scores(const Args& a) {
-    return !a.mask && !a.bias && !has_score_mod(a) && a.keep_t >= kNoDropout;
-}
-
 // Forward of the tile of queries i..i+n-1 (n <= kTileRows) of a block of nq rows (pre-scaled
 // rows qs, D apart), query i + u over keys [lo[u], hi[u]): the rows' scores over the union of
 // their keys as one register-blocked product (tile_path.h), each masked to its own keys. On
