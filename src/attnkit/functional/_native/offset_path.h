@@ -1,0 +1,269 @@
+// The offset path: a tile of kTileRows consecutive query positions i..i+7 of a sequence, one a
+// lane of a 32-byte vector (tile_path.h's tvec), whose keys are addressed by their offset
+// delta = j - i from the lane's own query. A band (a window, a causal window, a dilated
+// window's interleaved sequences) gives every lane the same offsets, so each FMA of the
+// product computes kTileRows allowed entries and nothing is masked:
+//     sT[c][u] = sum_d qT[d][u] * kT[d][i + u + delta_c]   (an unaligned 8-float load)
+// from the keys transposed once per sequence (transposed.h's caches, padded here so that a
+// lane's offsets never read outside them). Lanes whose keys differ (a window clipped at the
+// sequence's ends, a 2-D neighbourhood's border tiles) compute the union of their offsets,
+// each lane masked (-inf) to its own. Rows with several runs of keys (Args::rows_k) have one
+// range of offsets a run. The softmax is tile_path.h's, lane by lane; each row's weighted sum
+// of values reads only its own keys' value rows (forward.h's forward_offsets).
+//
+// Legend: kOffsetRunKeys the widest union of offsets of one run a tile takes, kOffsetKeys of
+// all runs together, kOffsetRuns the most runs; OffsetTile a tile's offsets (per run: first
+// offset dlo, width, row `at` in the score tile, each lane's own [vlo, vhi) numbered from dlo);
+// offset_tile builds it from the rows' runs; kOffsetPad the zero columns either side of a
+// padded cache; offset_ready makes keys ready in one; offset_scores the masked product (any
+// x^T against any padded cache: the forward's q k^T, a backward's dO' v^T too);
+// offset_row_values a lane's weighted sum over its own value rows.
+
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "args.h"
+#include "row_path.h"
+#include "scratch.h"
+#include "simd.h"
+#include "tile_path.h"
+#include "transposed.h"
+
+namespace {
+
+using namespace attnkit_simd;
+
+// The widest union of one run's offsets over a tile's lanes (a window of w keys: w, plus the
+// lanes' differences where it is clipped), and of all runs' together.
+constexpr int64_t kOffsetRunKeys = 64;
+constexpr int64_t kOffsetKeys = 512;
+static_assert(kOffsetRunKeys <= kRowPathKeys, "finish_rows takes a run of a row");
+// Runs a row may have on the offset path (attnkit/functional/_runs.py's MAX_RUNS).
+constexpr int64_t kOffsetRuns = 16;
+// Zero columns either side of a padded cache: a lane reads keys i + u + delta for every delta
+// of the union, at most kOffsetRunKeys + kTileRows past its own keys (lanes that see nothing:
+// kTileRows past another lane's), which lie in [0, S). A multiple of 16 floats.
+constexpr int64_t kOffsetPad = (kOffsetRunKeys + kTileRows + 15) / 16 * 16;
+
+// A tile's offsets: queries i..i+n-1 (n <= kTileRows, lane u query i + u); run k's offsets
+// dlo[k] .. dlo[k] + width[k] in rows at[k] .. of the score tile (key-major, kTileRows floats a
+// row); lane u sees offsets dlo[k] + [vlo[k][u], vhi[k][u]) (empty: 0, 0). `total` rows in
+// all, `seen` entries the lanes see.
+struct OffsetTile {
+    int64_t i, n, runs, total, seen;
+    int64_t dlo[kOffsetRuns], width[kOffsetRuns], at[kOffsetRuns];
+    tint vlo[kOffsetRuns], vhi[kOffsetRuns];
+};
+
+// t from runs k < K of rows u < n (query i + u): keys [lo[k * ld + u], hi[k * ld + u]) (empty
+// where lo >= hi). False where a run's union is wider than kOffsetRunKeys, all runs' wider than
+// kOffsetKeys, or K > kOffsetRuns.
+inline bool offset_tile(const int64_t* lo, const int64_t* hi, int64_t ld, int64_t K, int64_t i,
+                        int64_t n, OffsetTile& t) {
+    if (K > kOffsetRuns) return false;
+    t.i = i, t.n = n, t.runs = K, t.total = 0, t.seen = 0;
+    for (int64_t k = 0; k < K; ++k) {
+        int64_t dlo = INT64_MAX, dhi = INT64_MIN;
+        for (int64_t u = 0; u < n; ++u) {
+            const int64_t l = lo[k * ld + u], h = hi[k * ld + u];
+            if (l >= h) continue;
+            dlo = std::min(dlo, l - i - u), dhi = std::max(dhi, h - i - u);
+            t.seen += h - l;
+        }
+        if (dlo >= dhi) dlo = dhi = 0;  // no lane sees run k
+        if (dhi - dlo > kOffsetRunKeys) return false;
+        t.dlo[k] = dlo, t.width[k] = dhi - dlo, t.at[k] = t.total;
+        t.total += dhi - dlo;
+        t.vlo[k] = tint{}, t.vhi[k] = tint{};
+        for (int64_t u = 0; u < n; ++u) {
+            const int64_t l = lo[k * ld + u], h = hi[k * ld + u];
+            if (l >= h) continue;
+            t.vlo[k][u] = static_cast<int32_t>(l - i - u - dlo);
+            t.vhi[k][u] = static_cast<int32_t>(h - i - u - dlo);
+        }
+    }
+    return t.total <= kOffsetKeys;
+}
+
+// Makes keys [j0, j1) of x (rows ldx apart, `width` floats each) ready in the padded cache c
+// (transposed.h's make_ready, kOffsetPad zero columns either side); returns key 0's column:
+// key j's d-th float at [d * ld + j] for -kOffsetPad <= j < S + kOffsetPad, ld =
+// offset_ld(a).
+inline int64_t offset_ld(const Args& a) { return transposed_ld(a) + 2 * kOffsetPad; }
+
+inline const float* offset_ready(const Args& a, Transposed& c, const float* x, int64_t ldx,
+                                 int64_t width, int64_t j0, int64_t j1) {
+    c.pad = kOffsetPad;
+    j0 = std::max<int64_t>(j0, 0), j1 = std::min(j1, a.S);
+    if (j0 < j1) make_ready(a, c, x, ldx, width, j0, j1 - j0);
+    return c.t.data() + kOffsetPad;
+}
+
+// Whether a sequence's keys of `width` floats fit a padded cache (kMaxTransposed).
+inline bool offset_cacheable(const Args& a, int64_t width) {
+    return offset_ld(a) * width <= kMaxTransposed;
+}
+
+// Offsets c0..c0+C of one run against the tile's lanes: for each dimension d the lanes' x
+// components (one vector) times C unaligned vectors of the cache's row d, C accumulators
+// (C independent FMA chains; below 8 two sets, even and odd d, so that the chains still
+// overlap). y: the cache at lane 0's key of offset c0. Masked to each lane's [vlo, vhi), into
+// sT rows 0..C, their maximum into m.
+template <int C>
+void offset_chunk(const float* xT, int64_t dims, const float* y, int64_t ldt, int32_t c0,
+                  tint vlo, tint vhi, float* sT, tvec& m) {
+    constexpr int kSets = C < 8 ? 2 : 1;
+    tvec acc[kSets][C];
+    for (int s = 0; s < kSets; ++s) {
+#pragma GCC unroll 32
+        for (int c = 0; c < C; ++c) acc[s][c] = tvec{};
+    }
+    int64_t d = 0;
+    for (; d + kSets <= dims; d += kSets) {
+#pragma GCC unroll 2
+        for (int s = 0; s < kSets; ++s) {
+            const tvec xv = tload(xT + (d + s) * kTileRows);
+            const float* yd = y + (d + s) * ldt;
+#pragma GCC unroll 32
+            for (int c = 0; c < C; ++c) acc[s][c] += xv * tload(yd + c);
+        }
+    }
+    for (; d < dims; ++d) {
+        const tvec xv = tload(xT + d * kTileRows);
+        const float* yd = y + d * ldt;
+#pragma GCC unroll 32
+        for (int c = 0; c < C; ++c) acc[0][c] += xv * tload(yd + c);
+    }
+    const tvec ninf = tsplat(kNegInf);
+#pragma GCC unroll 32
+    for (int c = 0; c < C; ++c) {
+        const tvec sum = kSets == 2 ? acc[0][c] + acc[kSets - 1][c] : acc[0][c];
+        const tint j = tint{} + (c0 + c);
+        const tvec s = (vlo <= j) & (j < vhi) ? sum : ninf;
+        m = tmax(s, m);  // a NaN score passed over (the exponentials carry it on)
+        tstore(sT + c * kTileRows, s);
+    }
+}
+
+// The widest chunk of offsets computed at once: accumulators, the x vector and a load within
+// the 32 vector registers of AVX-512 (ymm0-31) or the 16 of AVX2.
+#if defined(__AVX512F__)
+constexpr int kOffsetChunk = 24;
+#elif defined(__AVX__)
+constexpr int kOffsetChunk = 12;
+#else
+constexpr int kOffsetChunk = 8;
+#endif
+
+using OffsetChunkFn = void (*)(const float*, int64_t, const float*, int64_t, int32_t, tint, tint,
+                               float*, tvec&);
+
+template <int... Cs>
+constexpr std::array<OffsetChunkFn, sizeof...(Cs)> offset_chunks(std::integer_sequence<int, Cs...>) {
+    return {&offset_chunk<Cs + 1>...};
+}
+
+// The score tile of x^T (dims x kTileRows, lane u the tile's query i + u) against the padded
+// cache yT (key 0's column, rows ldt apart): run k's offsets into rows at[k] .. of sT, masked
+// to each lane's own; returns the lanes' maxima (-inf where a lane sees nothing). A run's
+// offsets go in chunks of about equal width (a window of 33 keys: 17 + 16 on AVX-512, not
+// 24 + 9, whose 9 chains would wait on each other).
+inline tvec offset_scores(const float* xT, int64_t dims, const float* yT, int64_t ldt,
+                          const OffsetTile& t, float* sT) {
+    static constexpr auto chunk = offset_chunks(std::make_integer_sequence<int, kOffsetChunk>{});
+    tvec m = tsplat(kNegInf);
+    for (int64_t k = 0; k < t.runs; ++k) {
+        const int64_t width = t.width[k];
+        if (width == 0) continue;
+        const int64_t parts = ceil_div(width, kOffsetChunk), base = width / parts;
+        const float* y = yT + t.i + t.dlo[k];
+        int64_t c = 0;
+        for (int64_t p = 0; p < parts; ++p) {
+            const int64_t C = base + (p < width % parts ? 1 : 0);
+            chunk[C - 1](xT, dims, y + c, ldt, static_cast<int32_t>(c), t.vlo[k], t.vhi[k],
+                         sT + (t.at[k] + c) * kTileRows, m);
+            c += C;
+        }
+    }
+    return m;
+}
+
+// out (Dv) = lane u's weighted sum of its own value rows: for each run it sees, the
+// probabilities p (sT, lane u's column) of its keys i + u + dlo[k] + [vlo, vhi) times those
+// rows of v (rows ldv apart); 0 where it sees nothing. No other row's value is read (an inf
+// there stays out of this row).
+inline void offset_row_values(const OffsetTile& t, int64_t u, const float* p, const float* v,
+                              int64_t ldv, int64_t Dv, float* out) {
+    bool first = true;
+    for (int64_t k = 0; k < t.runs; ++k) {
+        const int64_t l = t.vlo[k][u], nk = t.vhi[k][u] - l;
+        if (nk <= 0) continue;
+        const float* pk = p + (t.at[k] + l) * kTileRows + u;
+        const float* vk = v + (t.i + u + t.dlo[k] + l) * ldv;
+        auto row = [vk, ldv](int64_t c) { return vk + c * ldv; };
+        if (first) {
+            combine_rows<false>(out, Dv, pk, kTileRows, nk, row);
+        } else {
+            combine_rows<true>(out, Dv, pk, kTileRows, nk, row);
+        }
+        first = false;
+    }
+    if (first) std::fill(out, out + Dv, 0.0f);
+}
+
+// The runs of the tile of rows r..r+n-1 of a block (queries i0 + r + u): run k of row r + u
+// (Scratch::lo, hi from key_blocks) at [k * kTileRows + u], cut at the causal limit.
+inline void tile_runs(const Args& a, const Scratch& w, int64_t i0, int64_t r, int64_t n,
+                      int64_t* lo, int64_t* hi) {
+    for (int64_t k = 0; k < a.rows_k; ++k) {
+        for (int64_t u = 0; u < n; ++u) {
+            const int64_t l = w.lo[k * a.bq + r + u];
+            int64_t h = w.hi[k * a.bq + r + u];
+            if (a.causal) h = std::min(h, i0 + r + u + a.S - a.N + 1);
+            lo[k * kTileRows + u] = l, hi[k * kTileRows + u] = std::max(h, l);
+        }
+    }
+}
+
+// The offset tiles of rows i0..i1 of a block, kTileRows rows a tile, or null where the block
+// does not take the offset path: structured rows (Args::rows, no tiles), at least kTileRows of
+// them, every tile within offset_tile's limits and computing at most 5/4 of the entries its
+// rows see (a band's tiles compute exactly what they see but where it is clipped; short
+// documents, whose lanes' offsets differ, 23/16 of theirs: the tile path's), the keys within
+// a padded cache's, and rows of several runs only where nothing comes between the product and
+// the softmax (`plain`: finish_rows takes one run a row). The tiles live until the next call
+// on the thread.
+inline const std::vector<OffsetTile>* offset_path(const Args& a, const Scratch& w, int64_t i0,
+                                                  int64_t i1, bool plain) {
+    thread_local std::vector<OffsetTile> tiles;
+    if (!a.rows || a.table || i1 - i0 < kTileRows || (a.rows_k > 1 && !plain) ||
+        !offset_cacheable(a, a.D)) {
+        return nullptr;
+    }
+    tiles.resize(ceil_div(i1 - i0, kTileRows));
+    int64_t lo[kOffsetRuns * kTileRows], hi[kOffsetRuns * kTileRows];
+    for (int64_t r = 0; r < i1 - i0; r += kTileRows) {
+        const int64_t n = std::min(kTileRows, i1 - i0 - r);
+        OffsetTile& t = tiles[r / kTileRows];
+        if (a.rows_k > kOffsetRuns) return nullptr;
+        tile_runs(a, w, i0, r, n, lo, hi);
+        if (!offset_tile(lo, hi, kTileRows, a.rows_k, i0 + r, n, t)) return nullptr;
+        if (4 * n * t.total > 5 * t.seen) return nullptr;
+    }
+    return &tiles;
+}
+
+// The thread's buffers for the offset path: qT, the score tile, the row path's rows.
+inline void offset_buffers(const Args& a, Scratch& w) {
+    const size_t dims = static_cast<size_t>(ceil_div(std::max(a.D, a.Dv), kDimBlock) * kDimBlock);
+    if (w.tq.size() < dims * kTileRows) w.tq.resize(dims * kTileRows);
+    if (w.ts.size() < kOffsetKeys * kTileRows) w.ts.resize(kOffsetKeys * kTileRows);
+    if (w.s.size() < kRowGroup * kRowPathKeys) w.s.resize(kRowGroup * kRowPathKeys);
+}
+
+}  // namespace
