@@ -146,31 +146,31 @@ void offset_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, in
         any = shared_offsets(lo, hi, i0 + t, kTileRows, lse + t, dlo, dhi);
     }
     OffsetBlock& ob = offset_block();
-    const int64_t ldt = transposed_ld(a);
+    const float *kT = nullptr, *vT = nullptr;
     if (any) {
-        offset_start(a, ob, nq, dlo, dhi - dlo, qs, dob);
-        make_ready(a, w.kt, kb, ldk, D, first, end - first);
-        make_ready(a, w.vt, vb, ldv, Dv, first, end - first);
+        offset_start(a, ob, nq, dlo, dhi - dlo);
+        kT = offset_ready(a, w.okt, kb, ldk, D, first, end);
+        vT = offset_ready(a, w.ovt, vb, ldv, Dv, first, end);
     }
     for (int64_t t = 0; t < nq; t += kTileRows) {
         const int64_t n = std::min(kTileRows, nq - t);
         spans(t, n);
+        OffsetTile ot;
         if (any && shared_offsets(lo, hi, i0 + t, n, lse + t, tlo, thi) && tlo == dlo &&
-            thi == dhi) {
+            thi == dhi && offset_tile(lo, hi, kTileRows, 1, i0 + t, n, ot)) {
             w.work += n * (dhi - dlo);
-            offset_tile(a, ob, i0, t, w.kt.t.data(), w.vt.t.data(), ldt, lse + t, di + t,
-                        dq + t * D);
+            query_tile(a, ob, ot, t, qs + t * D, dob + t * Dv, kT, vT, offset_ld(a), lse + t,
+                       di + t, dq + t * D);
             continue;
         }
-        if (any) offset_skip(a, ob, t, n);
-        for (int64_t g = 0; g < n; g += kRowGroup) {
+        for (int64_t g = 0; g < n; g += kRowGroup) {  // on the row path: its columns stay 0
             const int64_t m = std::min(kRowGroup, n - g), r = t + g;
             for (int64_t u = g; u < g + m; ++u) w.work += hi[u] - lo[u];
             backward_rows(a, b, h, sq, i0 + r, m, nq, qs + r * D, dob + r * Dv, lse + r, di + r,
                           kb, ldk, vb, ldv, lo + g, hi + g, w, dq + r * D, dk_acc, dv_acc, step);
         }
     }
-    if (any) offset_keys(a, ob, i0, first, end, dk_acc, dv_acc, step);
+    if (any) key_tiles(a, ob, i0, first, end, dk_acc, dv_acc, step);
 }
 
 // Row `row` of dO into dst (Dv floats), whatever its strides (Args::dout_st).
@@ -222,7 +222,7 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
     }
     const uint32_t t = static_cast<uint32_t>(a.keep_t < kNoDropout ? a.keep_t : 0);
     const bool offsets = offsets_fit(a);
-    if (row_path(a, w, i0, i1, offsets ? kOffsetKeys : kRowPathKeysBackward)) {
+    if (row_path(a, w, i0, i1, offsets ? kBandKeys : kRowPathKeysBackward)) {
         const size_t need = kRowGroup * kRowStrideBackward;
         for (std::vector<float>* buf : {&w.s, &w.dp}) {
             if (buf->size() < need) buf->resize(need);

@@ -11,18 +11,19 @@
 //     dVT[e][l] = sum_delta P[delta][q] dO'T[e][q] at q = j0 + l - delta, the query block's dS
 //     and P kept by offset and query (a contiguous run of queries for each offset), so that
 //     each key's dK and dV row is summed in registers and added to dk, dv once a block.
-// kT, vT are the thread's transposed keys and values (transposed.h); the block's queries and
-// dO' rows are transposed once into qT and dOT, zero outside the block's offset tiles, so that
-// a key tile reads whole vectors and entries past the block contribute 0.
+// kT, vT are the thread's padded transposed keys and values (offset_path.h's offset_ready), S
+// and dP~ offset_path.h's offset_scores; each query tile's qT and dO'T are also copied into the
+// block's rows qT, dOT (zero outside the offset tiles), so that a key tile reads whole vectors
+// and entries past the block contribute 0.
 // Plain scores only (no score functions, dense masks, bias or dropout: `plain_scores`); rows
 // whose tile does not share its offsets (a window's clipped ends, a partial tile, a row that
 // sees nothing) keep the row path (backward_block.h's offset_rows).
 //
-// Legend: kOffsetKeys the widest row of an offset block; offsets_fit whether a call may take
-// the path; shared_offsets a tile's offsets [dlo, dhi); OffsetBlock a block's buffers and
-// layout (pad P, row length L); offset_dots C offsets' scores of a tile; offset_sum a sum over
-// offsets, kTileRows lanes and a few dimensions at once; offset_tile one query tile;
-// offset_keys the key lanes and the adds into dk, dv.
+// Legend: kBandKeys the widest row of an offset block; offsets_fit whether a call may take the
+// path; shared_offsets a tile's offsets [dlo, dhi); OffsetBlock a block's buffers and layout
+// (pad P, row length L); offset_sum a sum over offsets, kTileRows lanes and a few dimensions
+// at once; query_tile one query tile; add_key_rows a key tile's sums into dk or dv rows;
+// key_tiles the key lanes.
 
 #pragma once
 
@@ -37,13 +38,16 @@
 #include "score_mods.h"
 #include "softmax_row.h"
 #include "tile_path.h"
+#include "offset_path.h"
 #include "transposed.h"
 
 namespace {
 
 // The widest row of a backward block on the offset path (plain scores); other calls keep the
 // row path's kRowPathKeysBackward.
-constexpr int64_t kOffsetKeys = 64;
+constexpr int64_t kBandKeys = 64;
+static_assert(kBandKeys <= kRowStrideBackward, "the row path takes the clipped rows");
+static_assert(kBandKeys <= kOffsetRunKeys, "a band's tile is one run of offset_path.h's");
 
 // The path is off unless ATTNKIT_OFFSET_BACKWARD=1 (read at each block: tests switch it within
 // a process): as it stands it is slower than the row path and the blocks it replaces.
@@ -60,13 +64,12 @@ inline bool offsets_enabled() {
     const char* on = std::getenv("ATTNKIT_OFFSET_BACKWARD");
     return on && on[0] == '1' && on[1] == 0;
 }
-static_assert(kOffsetKeys <= kRowStrideBackward, "the row path takes the clipped rows");
 
-// Whether a call's backward may take the offset path: plain scores, rows of one run (no
-// tiles), and the sequence's keys and values fit the thread's transposed caches.
+// Whether a call's backward may take the offset path: switched on (offsets_enabled), plain
+// scores, rows of one run (no tiles), and the sequence's keys and values fit padded caches.
 inline bool offsets_fit(const Args& a) {
     return offsets_enabled() && plain_scores(a) && !a.table && a.rows_k <= 1 &&
-           transposed_ld(a) * std::max(a.D, a.Dv) <= kMaxTransposed;
+           offset_cacheable(a, std::max(a.D, a.Dv));
 }
 
 // The offsets [dlo, dhi) that rows i..i+7 share (row u's keys [lo[u], hi[u]) = i + u + [dlo,
@@ -85,10 +88,11 @@ inline bool shared_offsets(const int64_t* lo, const int64_t* hi, int64_t i, int6
 
 // One query block's offset-path buffers, column P + t for query i0 + t, L floats a row:
 // qT (D rows), dOT (Dv rows), P and dS (a row per offset dlo + c), zero outside the offset
-// tiles; and a tile's S, dP~ and dS (key-major), dQT or dKT / dVT (dims x kTileRows).
+// tiles; a tile's qT and dO'T (dims x kTileRows, offset_scores' operands), S, dP~ and dS
+// (key-major), and dQT or dKT / dVT (dims x kTileRows).
 struct OffsetBlock {
     int64_t dlo = 0, W = 0, P = 0, L = 0, nq = 0;
-    std::vector<float> qT, doT, p, ds, s, dp, dst, acc;
+    std::vector<float> qT, doT, p, ds, tq, tdo, s, dp, dst, acc;
 };
 
 inline OffsetBlock& offset_block() {
@@ -96,94 +100,18 @@ inline OffsetBlock& offset_block() {
     return ob;
 }
 
-// Sets up the buffers of a block of nq queries (pre-scaled rows qs, dO' rows dob) whose
-// offset tiles share [dlo, dlo + W): the queries and dO' rows transposed.
-inline void offset_start(const Args& a, OffsetBlock& ob, int64_t nq, int64_t dlo, int64_t W,
-                         const float* qs, const float* dob) {
+// Sets up the (zeroed) buffers of a block of nq queries whose offset tiles share [dlo, dlo + W).
+inline void offset_start(const Args& a, OffsetBlock& ob, int64_t nq, int64_t dlo, int64_t W) {
     ob.dlo = dlo, ob.W = W, ob.nq = nq;
     ob.P = ceil_div(W, kTileRows) * kTileRows;  // key lanes read W - 1 columns before query 0
     ob.L = 2 * ob.P + ceil_div(nq, kTileRows) * kTileRows + kTileRows;
-    const size_t cols = static_cast<size_t>(ob.L), dims = static_cast<size_t>(std::max(a.D, a.Dv));
-    for (std::vector<float>* buf : {&ob.qT, &ob.doT, &ob.p, &ob.ds}) {
-        const int64_t rows = buf == &ob.qT ? a.D : buf == &ob.doT ? a.Dv : W;
-        buf->resize(rows * cols);
-        for (int64_t d = 0; d < rows; ++d) {  // the pads (qT, dOT: the rows come next)
-            float* row = buf->data() + d * ob.L;
-            const bool whole = buf == &ob.p || buf == &ob.ds;
-            std::fill(row, row + (whole ? ob.L : ob.P), 0.0f);
-            if (!whole) std::fill(row + ob.P + nq, row + ob.L, 0.0f);
-        }
-    }
+    const int64_t dims = ceil_div(std::max(a.D, a.Dv), kDimBlock) * kDimBlock;  // transpose_q's
+    ob.qT.assign(a.D * ob.L, 0.0f);
+    ob.doT.assign(a.Dv * ob.L, 0.0f);
+    ob.p.assign(W * ob.L, 0.0f);
+    ob.ds.assign(W * ob.L, 0.0f);
+    for (std::vector<float>* buf : {&ob.tq, &ob.tdo, &ob.acc}) buf->resize(dims * kTileRows);
     for (std::vector<float>* buf : {&ob.s, &ob.dp, &ob.dst}) buf->resize(W * kTileRows);
-    ob.acc.resize(dims * kTileRows);
-    transpose_keys(qs, a.D, nq, a.D, ob.qT.data() + ob.P, ob.L);
-    transpose_keys(dob, a.Dv, nq, a.Dv, ob.doT.data() + ob.P, ob.L);
-}
-
-// Columns t..t+n of qT and dOT back to 0: rows the row path computes add nothing here.
-inline void offset_skip(const Args& a, OffsetBlock& ob, int64_t t, int64_t n) {
-    for (int64_t d = 0; d < a.D; ++d) std::fill_n(ob.qT.data() + d * ob.L + ob.P + t, n, 0.0f);
-    for (int64_t e = 0; e < a.Dv; ++e) std::fill_n(ob.doT.data() + e * ob.L + ob.P + t, n, 0.0f);
-}
-
-// out[c] (lane u) = sum over d < dims of xT[d * xs + u] yT[d * ldy + c + u], c < C: C
-// offsets' dot products, R partial sums over the dimensions so that at least 8 independent
-// chains of multiply-adds run (a lone offset's 64 dimensions were one chain of 64).
-template <int C, int R>
-inline void offset_dots(const float* xT, int64_t xs, const float* yT, int64_t ldy, int64_t dims,
-                        float* out) {
-    tvec acc[R][C];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-        for (int c = 0; c < C; ++c) acc[r][c] = tvec{};
-    }
-    int64_t d = 0;
-    for (; d + R <= dims; d += R) {
-#pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-            const tvec x = tload(xT + (d + r) * xs);
-            const float* y = yT + (d + r) * ldy;
-#pragma GCC unroll 16
-            for (int c = 0; c < C; ++c) acc[r][c] += x * tload(y + c);
-        }
-    }
-    for (; d < dims; ++d) {
-        const tvec x = tload(xT + d * xs);
-#pragma GCC unroll 16
-        for (int c = 0; c < C; ++c) acc[0][c] += x * tload(yT + d * ldy + c);
-    }
-#pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) {
-        tvec sum = acc[0][c];
-#pragma GCC unroll 16
-        for (int r = 1; r < R; ++r) sum += acc[r][c];
-        tstore(out + c * kTileRows, sum);
-    }
-}
-
-// The widest chunk of offsets and of dimensions summed in registers: within AVX-512's 32
-// vector registers (ymm16-31 with AVX512VL) or AVX2's 16.
-#if defined(__AVX512F__)
-constexpr int kOffsetChunk = 16;
-#else
-constexpr int kOffsetChunk = 8;
-#endif
-
-// out[c] for every c < W (offset_dots in chunks of kOffsetChunk, 8, 4, 2, 1).
-inline void offset_dots_all(const float* xT, int64_t xs, const float* yT, int64_t ldy,
-                            int64_t dims, int64_t W, float* out) {
-    int64_t c = 0;
-    for (; c + kOffsetChunk <= W; c += kOffsetChunk) {
-        offset_dots<kOffsetChunk, 1>(xT, xs, yT + c, ldy, dims, out + c * kTileRows);
-    }
-    if (kOffsetChunk > 8 && c + 8 <= W) {
-        offset_dots<8, 1>(xT, xs, yT + c, ldy, dims, out + c * kTileRows);
-        c += 8;
-    }
-    if (c + 4 <= W) offset_dots<4, 2>(xT, xs, yT + c, ldy, dims, out + c * kTileRows), c += 4;
-    if (c + 2 <= W) offset_dots<2, 4>(xT, xs, yT + c, ldy, dims, out + c * kTileRows), c += 2;
-    if (c < W) offset_dots<1, 8>(xT, xs, yT + c, ldy, dims, out + c * kTileRows);
 }
 
 // out[d * kTileRows + u] = sum over c < W of w[c * ws + u] y[d * ldy + c * ys + u], d < Dc:
@@ -206,8 +134,8 @@ inline void offset_sum(const float* w, int64_t ws, int64_t W, const float* y, in
 }
 
 // offset_sum over every dimension d < dims, in chunks of 8, 4 and 1: each of a chunk's rows of
-// y is one more address register in the loop, and 16 of them (AVX-512's chunk) spilled the
-// loop's pointers to the stack (perf: the loop waiting on their reloads).
+// y is one more address register in the loop, and 16 of them spilled the loop's pointers to
+// the stack (perf: the loop waiting on their reloads).
 inline void offset_sum_all(const float* w, int64_t ws, int64_t W, const float* y, int64_t ldy,
                            int64_t ys, int64_t dims, float* out) {
     int64_t d = 0;
@@ -216,18 +144,25 @@ inline void offset_sum_all(const float* w, int64_t ws, int64_t W, const float* y
     for (; d < dims; ++d) offset_sum<1>(w, ws, W, y + d * ldy, ldy, ys, out + d * kTileRows);
 }
 
-// The query tile at block row t (rows i0 + t + u, u < kTileRows, keys i0 + t + u + dlo + c,
-// c < W): S and dP~ against the transposed keys kT and values vT (rows ldt apart), P and dS
-// lane by lane into the block's rows, dQ (unscaled, D floats a row) into dq.
-inline void offset_tile(const Args& a, OffsetBlock& ob, int64_t i0, int64_t t,
-                        const float* kT, const float* vT, int64_t ldt, const float* lse,
-                        const float* di, float* dq) {
+// The query tile at block row t (rows i0 + t + u, u < kTileRows; pre-scaled rows qs, dO' rows
+// dob, D and Dv apart), whose offsets `ot` are the block's: S and dP~ against the padded
+// caches kT, vT (key 0's column, rows ldt apart), P and dS lane by lane into the block's rows,
+// dQ (unscaled, D floats a row) into dq; its qT and dO'T into the block's rows.
+inline void query_tile(const Args& a, OffsetBlock& ob, const OffsetTile& ot, int64_t t,
+                       const float* qs, const float* dob, const float* kT, const float* vT,
+                       int64_t ldt, const float* lse, const float* di, float* dq) {
     const int64_t W = ob.W, L = ob.L, col = ob.P + t;
-    const float* kt = kT + i0 + t + ob.dlo;  // lane 0's key of offset dlo
-    const float* vt = vT + i0 + t + ob.dlo;
+    const int64_t dims_q = ceil_div(a.D, kDimBlock), dims_o = ceil_div(a.Dv, kDimBlock);
     float *s = ob.s.data(), *dp = ob.dp.data(), *ds = ob.dst.data();
-    offset_dots_all(ob.qT.data() + col, L, kt, ldt, a.D, W, s);     // S = (scale q) k^T
-    offset_dots_all(ob.doT.data() + col, L, vt, ldt, a.Dv, W, dp);  // dP~ = dO' v^T
+    float *tq = ob.tq.data(), *tdo = ob.tdo.data();
+    transpose_q(qs, kTileRows, a.D, dims_q, tq);
+    transpose_q(dob, kTileRows, a.Dv, dims_o, tdo);
+    for (int64_t d = 0; d < a.D; ++d) tstore(ob.qT.data() + d * L + col, tload(tq + d * kTileRows));
+    for (int64_t e = 0; e < a.Dv; ++e) {
+        tstore(ob.doT.data() + e * L + col, tload(tdo + e * kTileRows));
+    }
+    offset_scores(tq, a.D, kT, ldt, ot, s);    // S = (scale q) k^T
+    offset_scores(tdo, a.Dv, vT, ldt, ot, dp);  // dP~ = dO' v^T
     const tvec lv = tload(lse), dv = tload(di);
     for (int64_t c = 0; c < W; ++c) {  // Algorithm 2, lines 11 and 13 (softmax_row.h's grad_row)
         const tvec p = texp(tload(s + c * kTileRows) - lv);
@@ -236,6 +171,7 @@ inline void offset_tile(const Args& a, OffsetBlock& ob, int64_t i0, int64_t t,
         tstore(ob.ds.data() + c * L + col, g);
         tstore(ds + c * kTileRows, g);
     }
+    const float* kt = kT + ot.i + ob.dlo;  // lane 0's key of offset dlo
     offset_sum_all(ds, kTileRows, W, kt, ldt, 1, a.D, ob.acc.data());  // dQT = dS kT
     transpose_keys(ob.acc.data(), kTileRows, a.D, kTileRows, dq, a.D);
 }
@@ -243,7 +179,7 @@ inline void offset_tile(const Args& a, OffsetBlock& ob, int64_t i0, int64_t t,
 // Adds keys [lo, hi) of the key tile j0 (acc: dims x kTileRows, lane l key j0 + l) to their
 // rows of dk or dv (position j at acc_out + j * ld), transposed in registers where the whole
 // tile is added (a transposition into a buffer and a reload, 512-bit loads of 256-bit stores,
-// stalled on store forwarding: perf put a quarter of the path's time on those adds).
+// waits on store forwarding).
 inline void add_key_rows(const float* acc, int64_t dims, int64_t j0, int64_t lo, int64_t hi,
                          float* acc_out, int64_t ld) {
     int64_t d = 0;
@@ -264,8 +200,8 @@ inline void add_key_rows(const float* acc, int64_t dims, int64_t j0, int64_t lo,
 // dVT summed over the offsets from the block's dS, P, qT and dOT, transposed back and added to
 // the rows of dk_acc, dv_acc (position j at row j * step) of the keys in [first, end) (the
 // block's key span: a slot holds no others).
-inline void offset_keys(const Args& a, OffsetBlock& ob, int64_t i0, int64_t first, int64_t end,
-                        float* dk_acc, float* dv_acc, int64_t step) {
+inline void key_tiles(const Args& a, OffsetBlock& ob, int64_t i0, int64_t first, int64_t end,
+                      float* dk_acc, float* dv_acc, int64_t step) {
     const int64_t W = ob.W, L = ob.L, keys = ob.nq + W - 1, j_first = i0 + ob.dlo;
     // key c0 + l of the tile meets query c0 + l - c at offset dlo + c: along a diagonal of the
     // block's rows (c * L + col - c) and backwards in qT, dOT

@@ -48,7 +48,7 @@ struct Scratch {
     const float* packed_v = nullptr;     // the values in tv
     int64_t packed_k_n = 0, packed_v_n = 0;
     Transposed kt, vt;           // the backward's keys and values, transposed (transposed.h)
-    Transposed okt;              // the offset path's keys, transposed and padded (offset_path.h)
+    Transposed okt, ovt;         // the offset path's keys (and the backward's values), padded
     std::vector<KeyBlock> blocks;
     std::vector<int64_t> lo, hi;  // each row's runs of keys, run k of row r at k * bq + r
     int64_t work = 0;             // score entries computed by this thread
