@@ -12,6 +12,7 @@ import torch
 
 import attnkit
 from attnkit import masks
+from attnkit.analysis.kernel_work import kernel_work
 from attnkit.functional import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no compiled kernel")
@@ -155,3 +156,29 @@ def test_the_switch_moves_the_backward(monkeypatch):
     want = _reference(q, k, v, cot, _allowed(mask, 513, 513))
     _check(on, want)
     _check(off, want)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bands_past_the_row_path_take_it_by_default(monkeypatch, threads):
+    """Without the switch, bands of 33-64 keys take the path (full query blocks,
+    `_grid.backward_query_block`), on one thread and two, and `kernel_work` counts what the
+    kernel counts."""
+    monkeypatch.delenv("ATTNKIT_OFFSET_BACKWARD")
+    n, w = 1025, 24  # 47 keys a row
+    q, k, v, cot = _inputs(1, 2, 1, n, n, 64, 64, seed=8)
+    mask = masks.window(n, w)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with native.count_work() as work:
+            on = _kernel(q, k, v, cot, mask=mask)
+        monkeypatch.setenv("ATTNKIT_OFFSET_BACKWARD", "0")
+        off = _kernel(q, k, v, cot, mask=mask)
+    finally:
+        torch.set_num_threads(saved)
+    assert not all(torch.equal(a, b) for a, b in zip(on, off, strict=True))
+    _check(on, _reference(q, k, v, cot, _allowed(mask, n, n)))
+    model = sum(
+        kernel_work(mask, pass_=p, batch=1, heads=2).computed for p in ("forward", "backward")
+    )
+    assert work.item() == model

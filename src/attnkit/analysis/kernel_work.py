@@ -31,13 +31,14 @@ from dataclasses import dataclass, replace
 import torch
 
 from attnkit.functional._blocks import (
+    BACKWARD_BAND_KEYS,
     BACKWARD_BLOCK_K,
     BACKWARD_BLOCK_Q,
     FORWARD_BLOCK_K,
     FORWARD_BLOCK_Q,
     forward_blocks,
 )
-from attnkit.functional._grid import query_block
+from attnkit.functional._grid import backward_query_block, query_block
 from attnkit.functional._mask_plan import MaskPlan, kernel_plan, key_blocks
 from attnkit.functional.reordered import Reordered, group_call
 from attnkit.functional.structured import StructuredMask, causal_intervals
@@ -54,8 +55,11 @@ PASSES = {
 }
 
 
-# _native/row_path.h's kRowPathKeys / kRowPathKeysBackward: the widest row of a row-path block
-ROW_PATH_KEYS = {"forward": 64, "backward": 32}
+# The widest row of a block computed row by row: _native/row_path.h's kRowPathKeys (forward);
+# backward, the offset path's bands (_native/offset_backward.h's kBandKeys, past the row path's
+# BACKWARD_ROW_KEYS), which count the same entries: each row's own keys. (The offset path takes
+# calls with plain scores whose keys fit its caches: S up to ~32K at D=64.)
+ROW_PATH_KEYS = {"forward": 64, "backward": BACKWARD_BAND_KEYS}
 # _native/tile_path.h's kTileRows, kTileKeys: the forward's tiles of rows and their widest span
 TILE_ROWS, TILE_KEYS = 8, 32
 
@@ -129,7 +133,8 @@ def kernel_work(
         structured = plan is not None and (plan.rows is not None or plan.table is not None)
         bq, bk = forward_blocks(n, causal, structured)
     if plan is not None and plan.tiles is None:  # rows alone: query blocks sized to them
-        bq = min(bq, query_block(plan.rows, bq))
+        pick = backward_query_block if pass_ == "backward" else query_block
+        bq = min(bq, pick(plan.rows, bq))
     walks = _walks(plan)
     computed = blocks = 0
     for one in walks:

@@ -22,16 +22,23 @@ import weakref
 import torch
 from torch import Tensor
 
-from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
+from attnkit.functional._blocks import (
+    BACKWARD_BAND_KEYS,
+    BACKWARD_ROW_KEYS,
+    STRUCTURED_BLOCK_K,
+    STRUCTURED_BLOCK_Q,
+)
 
 __all__ = [
     "FINE_GRID",
     "FINE_LIMIT",
+    "backward_query_block",
     "choose_block_q",
     "choose_tile_grid",
     "query_block",
     "set_query_block",
     "tile_grid_cost",
+    "widest_row",
 ]
 
 _CALL_COST, _ROW_COST = 384, 40  # entries' worth of time per block call and per row in it
@@ -46,7 +53,9 @@ FINE_LIMIT = 1 << 25  # fine-map cells (bytes) past which the default grid is ke
 # The query block chosen for a plan's row intervals, keyed by the plan's `rows` tensor (which the
 # plan cache keeps alive): the kernel's arguments carry tensors, and this int rides with them.
 # (By id, dropped when the tensor is: a WeakKeyDictionary compares tensors with ==.)
+_WIDEST: dict[int, int] = {}  # id(rows) -> widest_row
 _QUERY_BLOCKS: dict[int, int] = {}
+_WIDEST: dict[int, int] = {}  # id(rows) -> widest_row
 
 
 def set_query_block(rows: Tensor, bq: int) -> None:
@@ -58,6 +67,26 @@ def set_query_block(rows: Tensor, bq: int) -> None:
 def query_block(rows: Tensor | None, default: int) -> int:
     """The query block chosen for these row intervals (`choose_block_q`), else `default`."""
     return default if rows is None else _QUERY_BLOCKS.get(id(rows), default)
+
+
+def widest_row(rows: Tensor) -> int:
+    """The most keys a row sees in its runs, rows int64 (2, K, B|1, N) (0 for none); cached
+    by the tensor's identity like `query_block`."""
+    if id(rows) not in _WIDEST:
+        weakref.finalize(rows, _WIDEST.pop, id(rows), None)
+        width = (rows[1] - rows[0]).clamp(min=0).sum(0)  # (B|1, N): a row's keys
+        _WIDEST[id(rows)] = int(width.max()) if width.numel() else 0
+    return _WIDEST[id(rows)]
+
+
+def backward_query_block(rows: Tensor | None, default: int) -> int:
+    """The compiled backward's query block for a plain call (`_blocks.BACKWARD_BAND_KEYS`): the
+    full `default` where every row sees one run of at most BACKWARD_BAND_KEYS keys and some row
+    more than BACKWARD_ROW_KEYS (the offset path's bands), else `query_block`'s."""
+    one_run = rows is not None and rows.shape[1] == 1
+    if one_run and BACKWARD_ROW_KEYS < widest_row(rows) <= BACKWARD_BAND_KEYS:
+        return default
+    return query_block(rows, default)
 
 
 def _fold(x: Tensor, bq: int, fill: int, op) -> Tensor:

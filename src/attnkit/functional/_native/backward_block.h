@@ -152,15 +152,20 @@ void offset_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, in
         kT = offset_ready(a, w.okt, kb, ldk, D, first, end);
         vT = offset_ready(a, w.ovt, vb, ldv, Dv, first, end);
     }
-    for (int64_t t = 0; t < nq; t += kTileRows) {
-        const int64_t n = std::min(kTileRows, nq - t);
+    auto offset = [&](int64_t t, int64_t n, OffsetTile& ot) {  // the block's offsets, one run
         spans(t, n);
-        OffsetTile ot;
-        if (any && shared_offsets(lo, hi, i0 + t, n, lse + t, tlo, thi) && tlo == dlo &&
-            thi == dhi && offset_tile(lo, hi, kTileRows, 1, i0 + t, n, ot)) {
-            w.work += n * (dhi - dlo);
-            query_tile(a, ob, ot, t, qs + t * D, dob + t * Dv, kT, vT, offset_ld(a), lse + t,
-                       di + t, dq + t * D);
+        return any && shared_offsets(lo, hi, i0 + t, n, lse + t, tlo, thi) && tlo == dlo &&
+               thi == dhi && offset_tile(lo, hi, kTileRows, 1, i0 + t, n, ot);
+    };
+    for (int64_t t = 0; t < nq;) {
+        const int64_t n = std::min(kTileRows, nq - t);
+        OffsetTile ot, next;
+        if (offset(t, n, ot)) {  // with the next tile where it is one too
+            const bool pair = t + 2 * kTileRows <= nq && offset(t + kTileRows, kTileRows, next);
+            w.work += (pair ? 2 : 1) * kTileRows * (dhi - dlo);
+            query_tiles(a, ob, ot, t, pair, qs + t * D, dob + t * Dv, kT, vT, offset_ld(a),
+                        lse + t, di + t, dq + t * D);
+            t += (pair ? 2 : 1) * kTileRows;
             continue;
         }
         for (int64_t g = 0; g < n; g += kRowGroup) {  // on the row path: its columns stay 0
@@ -169,6 +174,7 @@ void offset_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, in
             backward_rows(a, b, h, sq, i0 + r, m, nq, qs + r * D, dob + r * Dv, lse + r, di + r,
                           kb, ldk, vb, ldv, lo + g, hi + g, w, dq + r * D, dk_acc, dv_acc, step);
         }
+        t += n;
     }
     if (any) key_tiles(a, ob, i0, first, end, dk_acc, dv_acc, step);
 }
@@ -221,8 +227,11 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
                                true, true);
     }
     const uint32_t t = static_cast<uint32_t>(a.keep_t < kNoDropout ? a.keep_t : 0);
-    const bool offsets = offsets_fit(a);
-    if (row_path(a, w, i0, i1, offsets ? kBandKeys : kRowPathKeysBackward)) {
+    const int switched = offset_switch();  // the default -1: bands past the row path's rows
+    const bool narrow = row_path(a, w, i0, i1, kRowPathKeysBackward);
+    const bool offsets = switched != 0 && (switched == 1 || !narrow) && offsets_fit(a) &&
+                         (narrow || row_path(a, w, i0, i1, kBandKeys));
+    if (narrow || offsets) {
         const size_t need = kRowGroup * kRowStrideBackward;
         for (std::vector<float>* buf : {&w.s, &w.dp}) {
             if (buf->size() < need) buf->resize(need);

@@ -49,26 +49,30 @@ constexpr int64_t kBandKeys = 64;
 static_assert(kBandKeys <= kRowStrideBackward, "the row path takes the clipped rows");
 static_assert(kBandKeys <= kOffsetRunKeys, "a band's tile is one run of offset_path.h's");
 
-// The path is off unless ATTNKIT_OFFSET_BACKWARD=1 (read at each block: tests switch it within
-// a process): as it stands it is slower than the row path and the blocks it replaces.
-// Measured (AMD EPYC Zen 4, shared machine, 1 thread, N=4096, H=8, D=64, backward alone, CPU
-// time, fastest of 9-15 rounds interleaved with the kernel without the path, /tmp/offab.py of
-// the s24-offbwd report): windows of 9, 17, 33, 47 and 63 keys 8.6 -> 15.9, 11.5 -> 19.7,
-// 23.9 -> 28.1, 28.7 -> 39.5 and 32.4 -> 53.6 ms. Where the time went (window 33, parts of the
-// path switched off): ~8.5 ms outside the products (the block's preamble, the transposition
-// of k and v into the thread's caches ~3 ms at a window of 9), ~8 ms the query tiles, ~13 ms
-// the key tiles, against ~6 ms for all of the products at 2 FMAs a cycle; perf puts the key
-// tiles' time on their loop of 8 FMAs with memory operands (rows of qT L floats apart) and
-// on the adds of their sums into dk, dv rows (cache misses).
-inline bool offsets_enabled() {
+// Measured (AMD EPYC Zen 4, loaded shared machine, 1 thread, N=4096, H=8, D=64, backward
+// alone, fastest of 9 interleaved rounds, `benchmarks/bench_offset_backward.py --min`, this
+// path / the row path or blocks): windows of 33, 47 and 63 keys 0.90x, 0.87x and 0.95x with
+// 128-row query blocks (21.3 / 23.6, 25.3 / 29.0, 30.6 / 32.2 ms); windows of 9 and 17 keys
+// 1.61x and 1.41x, so the row path keeps those (kRowPathKeysBackward). With the query blocks
+// the forward's cost model chooses for windows (16-64 rows) the path was 1.1-2x slower: its
+// key tiles sum (bq + w - 1) / bq of the block's share, and the set-up (transposing the
+// block's rows, zeroing its buffers) is paid per block. Microbenchmark of the products alone,
+// in cache (W=33, 32 rows): 3.7 FMA/ns the query tiles, 4.9 the key tiles, against 7.2 for
+// independent register FMAs (two 256-bit FMAs a cycle).
+//
+// ATTNKIT_OFFSET_BACKWARD: unset, the default routing (bands wider than the row path's rows);
+// "1" every block that fits (narrow windows too: the tests' way to reach the path at small
+// sizes), "0" none (read at each block: a benchmark may switch it between calls).
+inline int offset_switch() {
     const char* on = std::getenv("ATTNKIT_OFFSET_BACKWARD");
-    return on && on[0] == '1' && on[1] == 0;
+    if (!on || !on[0] || on[1]) return -1;
+    return on[0] == '1' ? 1 : on[0] == '0' ? 0 : -1;
 }
 
-// Whether a call's backward may take the offset path: switched on (offsets_enabled), plain
-// scores, rows of one run (no tiles), and the sequence's keys and values fit padded caches.
+// Whether a call's backward may take the offset path: plain scores, rows of one run (no
+// tiles), and the sequence's keys and values fit padded caches.
 inline bool offsets_fit(const Args& a) {
-    return offsets_enabled() && plain_scores(a) && !a.table && a.rows_k <= 1 &&
+    return plain_scores(a) && !a.table && a.rows_k <= 1 &&
            offset_cacheable(a, std::max(a.D, a.Dv));
 }
 
@@ -88,7 +92,7 @@ inline bool shared_offsets(const int64_t* lo, const int64_t* hi, int64_t i, int6
 
 // One query block's offset-path buffers, column P + t for query i0 + t, L floats a row:
 // qT (D rows), dOT (Dv rows), P and dS (a row per offset dlo + c), zero outside the offset
-// tiles; a tile's qT and dO'T (dims x kTileRows, offset_scores' operands), S, dP~ and dS
+// tiles; two tiles' qT and dO'T (dims x kTileRows, the products' operands), S, dP~ and dS
 // (key-major), and dQT or dKT / dVT (dims x kTileRows).
 struct OffsetBlock {
     int64_t dlo = 0, W = 0, P = 0, L = 0, nq = 0;
@@ -110,8 +114,8 @@ inline void offset_start(const Args& a, OffsetBlock& ob, int64_t nq, int64_t dlo
     ob.doT.assign(a.Dv * ob.L, 0.0f);
     ob.p.assign(W * ob.L, 0.0f);
     ob.ds.assign(W * ob.L, 0.0f);
-    for (std::vector<float>* buf : {&ob.tq, &ob.tdo, &ob.acc}) buf->resize(dims * kTileRows);
-    for (std::vector<float>* buf : {&ob.s, &ob.dp, &ob.dst}) buf->resize(W * kTileRows);
+    for (std::vector<float>* buf : {&ob.tq, &ob.tdo, &ob.acc}) buf->resize(2 * dims * kTileRows);
+    for (std::vector<float>* buf : {&ob.s, &ob.dp, &ob.dst}) buf->resize(2 * W * kTileRows);
 }
 
 // out[d * kTileRows + u] = sum over c < W of w[c * ws + u] y[d * ldy + c * ys + u], d < Dc:
@@ -144,36 +148,184 @@ inline void offset_sum_all(const float* w, int64_t ws, int64_t W, const float* y
     for (; d < dims; ++d) offset_sum<1>(w, ws, W, y + d * ldy, ldy, ys, out + d * kTileRows);
 }
 
-// The query tile at block row t (rows i0 + t + u, u < kTileRows; pre-scaled rows qs, dO' rows
-// dob, D and Dv apart), whose offsets `ot` are the block's: S and dP~ against the padded
-// caches kT, vT (key 0's column, rows ldt apart), P and dS lane by lane into the block's rows,
-// dQ (unscaled, D floats a row) into dq; its qT and dO'T into the block's rows.
-inline void query_tile(const Args& a, OffsetBlock& ob, const OffsetTile& ot, int64_t t,
-                       const float* qs, const float* dob, const float* kT, const float* vT,
-                       int64_t ldt, const float* lse, const float* di, float* dq) {
-    const int64_t W = ob.W, L = ob.L, col = ob.P + t;
-    const int64_t dims_q = ceil_div(a.D, kDimBlock), dims_o = ceil_div(a.Dv, kDimBlock);
-    float *s = ob.s.data(), *dp = ob.dp.data(), *ds = ob.dst.data();
-    float *tq = ob.tq.data(), *tdo = ob.tdo.data();
-    transpose_q(qs, kTileRows, a.D, dims_q, tq);
-    transpose_q(dob, kTileRows, a.Dv, dims_o, tdo);
+// Two tiles' offset_sum at once, where one's operand rows run kTileRows floats behind the
+// other's: y + m * ys (m < W + kTileRows) is the early tile's offset m and the late tile's
+// offset m - kTileRows (two key tiles side by side; two query tiles), so that each load of y
+// feeds two multiply-adds (offset_sum: one; its loads, unaligned and half of them across two
+// cache lines, held it to ~1 FMA a cycle in cache, AMD EPYC Zen 4).
+template <int Dc>
+inline void offset_sum_pair(const float* w_early, const float* w_late, int64_t ws, int64_t W,
+                            const float* y, int64_t ldy, int64_t ys, float* out_early,
+                            float* out_late) {
+    tvec ae[Dc], al[Dc];
+#pragma GCC unroll 16
+    for (int d = 0; d < Dc; ++d) ae[d] = al[d] = tvec{};
+    const int64_t both = std::min<int64_t>(W, kTileRows);
+    for (int64_t m = 0; m < both; ++m) {  // the early tile alone
+        const tvec s = tload(w_early + m * ws);
+        const float* ym = y + m * ys;
+#pragma GCC unroll 16
+        for (int d = 0; d < Dc; ++d) ae[d] += s * tload(ym + d * ldy);
+    }
+    for (int64_t m = kTileRows; m < W; ++m) {  // both
+        const tvec se = tload(w_early + m * ws), sl = tload(w_late + (m - kTileRows) * ws);
+        const float* ym = y + m * ys;
+#pragma GCC unroll 16
+        for (int d = 0; d < Dc; ++d) {
+            tvec yv = tload(ym + d * ldy);
+            // in a register: gcc otherwise folds the load into both multiply-adds (two loads)
+            asm("" : "+v"(yv));
+            ae[d] += se * yv;
+            al[d] += sl * yv;
+        }
+    }
+    for (int64_t m = std::max<int64_t>(W, kTileRows); m < W + kTileRows; ++m) {  // the late one
+        const tvec s = tload(w_late + (m - kTileRows) * ws);
+        const float* ym = y + m * ys;
+#pragma GCC unroll 16
+        for (int d = 0; d < Dc; ++d) al[d] += s * tload(ym + d * ldy);
+    }
+#pragma GCC unroll 16
+    for (int d = 0; d < Dc; ++d) {
+        tstore(out_early + d * kTileRows, ae[d]);
+        tstore(out_late + d * kTileRows, al[d]);
+    }
+}
+
+// offset_sum_pair over every dimension d < dims (chunks of 8, 4, 1).
+inline void offset_sum_pair_all(const float* w_early, const float* w_late, int64_t ws, int64_t W,
+                                const float* y, int64_t ldy, int64_t ys, int64_t dims,
+                                float* out_early, float* out_late) {
+    int64_t d = 0;
+    auto at = [&](int64_t d0) { return d0 * kTileRows; };
+    for (; d + 8 <= dims; d += 8) {
+        offset_sum_pair<8>(w_early, w_late, ws, W, y + d * ldy, ldy, ys, out_early + at(d),
+                           out_late + at(d));
+    }
+    if (d + 4 <= dims) {
+        offset_sum_pair<4>(w_early, w_late, ws, W, y + d * ldy, ldy, ys, out_early + at(d),
+                           out_late + at(d));
+        d += 4;
+    }
+    for (; d < dims; ++d) {
+        offset_sum_pair<1>(w_early, w_late, ws, W, y + d * ldy, ldy, ys, out_early + at(d),
+                           out_late + at(d));
+    }
+}
+
+// The widest chunk of offsets pair_dots keeps in registers for each of its two tiles (with
+// the two x vectors and a load: 19 of AVX-512's 32 vector registers, 11 of AVX2's 16).
+#if defined(__AVX512F__)
+constexpr int kPairChunk = 8;
+#else
+constexpr int kPairChunk = 4;
+#endif
+
+// Scores of two query tiles side by side (rows t..t+7 and t+8..t+15: x_a, x_b their x^T,
+// dims x kTileRows) against the padded cache y (tile a's key of offset 0, rows ldt apart),
+// offsets m0..m0+C of y: tile a's offset m, tile b's m - 8, so that each load of y feeds both
+// (offset_path.h's offset_scores, one tile: a load a multiply-add, unaligned). Into s_a, s_b
+// (key-major, W offsets each) where in range.
+template <int C>
+inline void pair_dots(const float* x_a, const float* x_b, int64_t dims, const float* y,
+                      int64_t ldt, int64_t m0, int64_t W, float* s_a, float* s_b) {
+    tvec aa[C], ab[C];
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) aa[c] = ab[c] = tvec{};
+    for (int64_t d = 0; d < dims; ++d) {
+        const tvec xa = tload(x_a + d * kTileRows), xb = tload(x_b + d * kTileRows);
+        const float* yd = y + d * ldt + m0;
+#pragma GCC unroll 16
+        for (int c = 0; c < C; ++c) {
+            tvec yv = tload(yd + c);
+            asm("" : "+v"(yv));  // one load for both (gcc folds it into each multiply-add)
+            aa[c] += xa * yv;
+            ab[c] += xb * yv;
+        }
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+        const int64_t m = m0 + c;
+        if (m < W) tstore(s_a + m * kTileRows, aa[c]);
+        if (m >= kTileRows && m < W + kTileRows) tstore(s_b + (m - kTileRows) * kTileRows, ab[c]);
+    }
+}
+
+// pair_dots over offsets 0..W+8 of y, in chunks of kPairChunk (the last one overlapping the
+// one before: the same sums again, not a narrower chunk's longer chains).
+inline void pair_dots_all(const float* x_a, const float* x_b, int64_t dims, const float* y,
+                          int64_t ldt, int64_t W, float* s_a, float* s_b) {
+    const int64_t M = W + kTileRows;  // >= kPairChunk
+    for (int64_t m0 = 0; m0 < M; m0 += kPairChunk) {
+        pair_dots<kPairChunk>(x_a, x_b, dims, y, ldt, std::min(m0, M - kPairChunk), W, s_a, s_b);
+    }
+}
+
+// Tile t's qT and dO'T (rows qs, dob, D and Dv apart) into tq, tdo and the block's rows.
+inline void tile_operands(const Args& a, OffsetBlock& ob, int64_t t, const float* qs,
+                          const float* dob, float* tq, float* tdo) {
+    const int64_t L = ob.L, col = ob.P + t;
+    transpose_q(qs, kTileRows, a.D, ceil_div(a.D, kDimBlock), tq);
+    transpose_q(dob, kTileRows, a.Dv, ceil_div(a.Dv, kDimBlock), tdo);
     for (int64_t d = 0; d < a.D; ++d) tstore(ob.qT.data() + d * L + col, tload(tq + d * kTileRows));
     for (int64_t e = 0; e < a.Dv; ++e) {
         tstore(ob.doT.data() + e * L + col, tload(tdo + e * kTileRows));
     }
-    offset_scores(tq, a.D, kT, ldt, ot, s);    // S = (scale q) k^T
-    offset_scores(tdo, a.Dv, vT, ldt, ot, dp);  // dP~ = dO' v^T
+}
+
+// Tile t's P = exp(S - lse) and dS = P (dP~ - D_i) lane by lane (Algorithm 2, lines 11 and 13:
+// softmax_row.h's grad_row) from its S and dP~ (key-major), into the block's rows and ds.
+inline void tile_grads(OffsetBlock& ob, int64_t t, const float* s, const float* dp,
+                       const float* lse, const float* di, float* ds) {
+    const int64_t L = ob.L, col = ob.P + t;
     const tvec lv = tload(lse), dv = tload(di);
-    for (int64_t c = 0; c < W; ++c) {  // Algorithm 2, lines 11 and 13 (softmax_row.h's grad_row)
+    for (int64_t c = 0; c < ob.W; ++c) {
         const tvec p = texp(tload(s + c * kTileRows) - lv);
         const tvec g = p * (tload(dp + c * kTileRows) - dv);
         tstore(ob.p.data() + c * L + col, p);
         tstore(ob.ds.data() + c * L + col, g);
         tstore(ds + c * kTileRows, g);
     }
-    const float* kt = kT + ot.i + ob.dlo;  // lane 0's key of offset dlo
-    offset_sum_all(ds, kTileRows, W, kt, ldt, 1, a.D, ob.acc.data());  // dQT = dS kT
-    transpose_keys(ob.acc.data(), kTileRows, a.D, kTileRows, dq, a.D);
+}
+
+// The query tiles at block rows t.. (one, or two side by side: `pair`; pre-scaled rows qs, dO'
+// rows dob, D and Dv apart), whose offsets are the block's (`ot`: the first tile's): S and dP~
+// against the padded caches kT, vT (key 0's column, rows ldt apart), P and dS into the block's
+// rows, dQ (unscaled, D floats a row) into dq.
+inline void query_tiles(const Args& a, OffsetBlock& ob, const OffsetTile& ot, int64_t t,
+                        bool pair, const float* qs, const float* dob, const float* kT,
+                        const float* vT, int64_t ldt, const float* lse, const float* di,
+                        float* dq) {
+    const int64_t W = ob.W, D = a.D, Dv = a.Dv, n = pair ? 2 : 1;
+    const int64_t dims = ceil_div(std::max(D, Dv), kDimBlock) * kDimBlock;
+    float *s = ob.s.data(), *dp = ob.dp.data(), *ds = ob.dst.data();
+    float *tq = ob.tq.data(), *tdo = ob.tdo.data(), *acc = ob.acc.data();
+    for (int64_t k = 0; k < n; ++k) {
+        tile_operands(a, ob, t + k * kTileRows, qs + k * kTileRows * D, dob + k * kTileRows * Dv,
+                      tq + k * dims * kTileRows, tdo + k * dims * kTileRows);
+    }
+    const float* kt = kT + ot.i + ob.dlo;  // lane 0's key of offset dlo (tile t)
+    const float* vt = vT + ot.i + ob.dlo;
+    const int64_t tile = W * kTileRows, second = dims * kTileRows;
+    if (pair) {
+        pair_dots_all(tq, tq + second, D, kt, ldt, W, s, s + tile);     // S = (scale q) k^T
+        pair_dots_all(tdo, tdo + second, Dv, vt, ldt, W, dp, dp + tile);  // dP~ = dO' v^T
+    } else {
+        offset_scores(tq, D, kT, ldt, ot, s);
+        offset_scores(tdo, Dv, vT, ldt, ot, dp);
+    }
+    for (int64_t k = 0; k < n; ++k) {
+        tile_grads(ob, t + k * kTileRows, s + k * tile, dp + k * tile, lse + k * kTileRows,
+                   di + k * kTileRows, ds + k * tile);
+    }
+    if (pair) {  // dQT = dS kT: tile t + 8's offset m is tile t's m + 8
+        offset_sum_pair_all(ds, ds + tile, kTileRows, W, kt, ldt, 1, D, acc, acc + second);
+    } else {
+        offset_sum_all(ds, kTileRows, W, kt, ldt, 1, D, acc);
+    }
+    for (int64_t k = 0; k < n; ++k) {
+        transpose_keys(acc + k * second, kTileRows, D, kTileRows, dq + k * kTileRows * D, D);
+    }
 }
 
 // Adds keys [lo, hi) of the key tile j0 (acc: dims x kTileRows, lane l key j0 + l) to their
@@ -210,13 +362,25 @@ inline void key_tiles(const Args& a, OffsetBlock& ob, int64_t i0, int64_t first,
         int64_t dims;
         float* acc;
     } parts[2] = {{ob.ds.data(), ob.qT.data(), a.D, dk_acc}, {ob.p.data(), ob.doT.data(), a.Dv, dv_acc}};
-    for (int64_t c0 = 0; c0 < keys; c0 += kTileRows) {
-        const int64_t col = ob.P + c0, j0 = j_first + c0;
-        const int64_t lo = std::max(j0, first), hi = std::min({j0 + kTileRows, end, j_first + keys});
-        if (lo >= hi) continue;
+    auto span = [&](int64_t c0, int64_t& lo, int64_t& hi) {  // the tile's keys to add
+        lo = std::max(j_first + c0, first), hi = std::min({j_first + c0 + kTileRows, end, j_first + keys});
+        return lo < hi;
+    };
+    float *acc = ob.acc.data(), *acc2 = acc + std::max(a.D, a.Dv) * kTileRows;
+    for (int64_t c0 = 0; c0 < keys; c0 += 2 * kTileRows) {  // two key tiles at once
+        const int64_t col = ob.P + c0;
+        int64_t lo, hi, lo2, hi2;
+        const bool one = span(c0, lo, hi), two = c0 + kTileRows < keys && span(c0 + kTileRows, lo2, hi2);
         for (const auto& part : parts) {
-            offset_sum_all(part.w + col, L - 1, W, part.y + col, L, -1, part.dims, ob.acc.data());
-            add_key_rows(ob.acc.data(), part.dims, j0, lo, hi, part.acc, part.dims * step);
+            if (two) {  // early: the second tile (offset m at column col + 8 - m)
+                offset_sum_pair_all(part.w + col + kTileRows, part.w + col, L - 1, W,
+                                    part.y + col + kTileRows, L, -1, part.dims, acc2, acc);
+                add_key_rows(acc2, part.dims, j_first + c0 + kTileRows, lo2, hi2, part.acc,
+                             part.dims * step);
+            } else {
+                offset_sum_all(part.w + col, L - 1, W, part.y + col, L, -1, part.dims, acc);
+            }
+            if (one) add_key_rows(acc, part.dims, j_first + c0, lo, hi, part.acc, part.dims * step);
         }
     }
 }
