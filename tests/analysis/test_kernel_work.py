@@ -101,6 +101,22 @@ def test_bias_and_dropout_change_no_block():
 
 
 @needs_kernel
+def test_a_bias_keeps_a_band_off_the_offset_path():
+    """A band of 47 keys: a plain backward takes the offset path (each row's own keys), one
+    with a bias the blocks (`kernel_work(plain=False)`)."""
+    n, mask = 300, masks.window(300, 24)
+    q, k, v = (torch.randn(1, 2, n, 8, requires_grad=True) for _ in range(3))
+    counts = []
+    for bias in (None, torch.randn(1, 2, n, n)):
+        out = attnkit.attention(q, k, v, mask=mask, bias=bias, backend="chunked").out
+        with native.count_work() as counted:
+            out.sum().backward()
+        counts.append(counted.item())
+    plain, biased = (kernel_work(mask, pass_="backward", heads=2, plain=p) for p in (True, False))
+    assert counts == [plain.computed, biased.computed] and plain.computed < biased.computed
+
+
+@needs_kernel
 def test_one_head_of_one_row_and_the_block_counts():
     n = 1000
     mask = masks.window(n, 256, causal=True)

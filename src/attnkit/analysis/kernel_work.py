@@ -34,11 +34,12 @@ from attnkit.functional._blocks import (
     BACKWARD_BAND_KEYS,
     BACKWARD_BLOCK_K,
     BACKWARD_BLOCK_Q,
+    BACKWARD_ROW_KEYS,
     FORWARD_BLOCK_K,
     FORWARD_BLOCK_Q,
     forward_blocks,
 )
-from attnkit.functional._grid import backward_query_block, query_block
+from attnkit.functional._grid import backward_query_block, query_block, shared_tiles
 from attnkit.functional._mask_plan import MaskPlan, kernel_plan, key_blocks
 from attnkit.functional.reordered import Reordered, group_call
 from attnkit.functional.structured import StructuredMask, causal_intervals
@@ -55,11 +56,12 @@ PASSES = {
 }
 
 
-# The widest row of a block computed row by row: _native/row_path.h's kRowPathKeys (forward);
-# backward, the offset path's bands (_native/offset_backward.h's kBandKeys, past the row path's
-# BACKWARD_ROW_KEYS), which count the same entries: each row's own keys. (The offset path takes
-# calls with plain scores whose keys fit its caches: S up to ~32K at D=64.)
-ROW_PATH_KEYS = {"forward": 64, "backward": BACKWARD_BAND_KEYS}
+# _native/row_path.h's kRowPathKeys / kRowPathKeysBackward: the widest row of a row-path block.
+# A plain backward (no bias, dropout, score function, nor a dense part in the mask's plan) also
+# takes blocks of wider rows, up to BACKWARD_BAND_KEYS, where a tile of 8 rows is a band's
+# (_native/offset_backward.h; keys within its caches: S up to ~32K at D=64), counting each
+# row's own keys as the row path does.
+ROW_PATH_KEYS = {"forward": 64, "backward": BACKWARD_ROW_KEYS}
 # _native/tile_path.h's kTileRows, kTileKeys: the forward's tiles of rows and their widest span
 TILE_ROWS, TILE_KEYS = 8, 32
 
@@ -95,6 +97,7 @@ def kernel_work(
     pass_: str = "forward",
     batch: int = 1,
     heads: int = 1,
+    plain: bool = True,
 ) -> KernelWork:
     """What `attnkit.attention(q, k, v, mask=mask, causal=causal, backend="chunked")` computes
     on the compiled CPU kernel, q (B, H, N, D), k and v (B, Hkv, S, ·), in one pass.
@@ -111,6 +114,9 @@ def kernel_work(
             has tiles. `native.count_work()` counts both passes together.
         batch, heads: B and H of the call (the mask's own batch and heads must be 1 or these).
             Key/value heads (GQA) change nothing: every query head walks its own blocks.
+        plain: the call has no bias, dropout or score function (nor a dense part in the mask):
+            its backward computes bands of 33 to 64 keys a row on the offset path (the same
+            entries as the row path); False: on the blocks, as the forward does them.
     """
     if pass_ not in PASSES:
         raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
@@ -132,8 +138,9 @@ def kernel_work(
     if pass_ == "forward" and (plan is None or plan.tiles is None):
         structured = plan is not None and (plan.rows is not None or plan.table is not None)
         bq, bk = forward_blocks(n, causal, structured)
+    bands = pass_ == "backward" and plain and (plan is None or plan.dense is None)
     if plan is not None and plan.tiles is None:  # rows alone: query blocks sized to them
-        pick = backward_query_block if pass_ == "backward" else query_block
+        pick = backward_query_block if bands else query_block
         bq = min(bq, pick(plan.rows, bq))
     walks = _walks(plan)
     computed = blocks = 0
@@ -141,7 +148,7 @@ def kernel_work(
         for i0 in range(0, n, bq):
             i1 = min(i0 + bq, n)
             spans = [(j0, j1) for j0, j1, _, _ in key_blocks(one, i0, i1, n, s, bq, bk, causal)]
-            path = _path(_row_keys(one, i0, i1, n, s, causal, spans), spans, pass_)
+            path = _path(_row_keys(one, i0, i1, n, s, causal, spans), spans, pass_, bands, i0)
             if path is not None:  # each row or tile over its own keys, no blocks
                 computed += path[1]
                 continue
@@ -249,10 +256,15 @@ def _tile_path(keys: tuple | None, rows: int | None) -> int | None:
     return computed
 
 
-def _path(keys: tuple | None, spans, pass_: str) -> tuple[str, int] | None:
-    """("tiles", entries) or ("rows", entries) where a query block takes the forward's tile
-    path or the row path, None for the blocks (_native/forward.h's `forward_block`)."""
+def _path(keys: tuple | None, spans, pass_: str, bands: bool, i0: int) -> tuple[str, int] | None:
+    """("tiles", entries) or ("rows", entries) where a query block (rows from i0) takes the
+    forward's tile path, the row path or (`bands`) the backward's offset path, None for the
+    blocks (_native/forward.h's `forward_block`, backward_block.h's `backward_block`)."""
     rows = _row_path(keys, spans, ROW_PATH_KEYS[pass_])
+    if rows is None and bands:  # a band's tile among rows of up to BACKWARD_BAND_KEYS keys
+        wide = _row_path(keys, spans, BACKWARD_BAND_KEYS)
+        if wide is not None and bool(shared_tiles(keys[0], keys[1], i0).any()):
+            rows = wide
     tiles = _tile_path(keys, rows) if pass_ == "forward" else None
     if tiles is not None:
         return "tiles", tiles

@@ -37,8 +37,8 @@ __all__ = [
     "choose_tile_grid",
     "query_block",
     "set_query_block",
+    "shared_tiles",
     "tile_grid_cost",
-    "widest_row",
 ]
 
 _CALL_COST, _ROW_COST = 384, 40  # entries' worth of time per block call and per row in it
@@ -53,9 +53,9 @@ FINE_LIMIT = 1 << 25  # fine-map cells (bytes) past which the default grid is ke
 # The query block chosen for a plan's row intervals, keyed by the plan's `rows` tensor (which the
 # plan cache keeps alive): the kernel's arguments carry tensors, and this int rides with them.
 # (By id, dropped when the tensor is: a WeakKeyDictionary compares tensors with ==.)
-_WIDEST: dict[int, int] = {}  # id(rows) -> widest_row
+_BANDS: dict[int, tuple[int, bool]] = {}  # id(rows) -> _bands
 _QUERY_BLOCKS: dict[int, int] = {}
-_WIDEST: dict[int, int] = {}  # id(rows) -> widest_row
+_BANDS: dict[int, tuple[int, bool]] = {}  # id(rows) -> _bands
 
 
 def set_query_block(rows: Tensor, bq: int) -> None:
@@ -69,23 +69,39 @@ def query_block(rows: Tensor | None, default: int) -> int:
     return default if rows is None else _QUERY_BLOCKS.get(id(rows), default)
 
 
-def widest_row(rows: Tensor) -> int:
-    """The most keys a row sees in its runs, rows int64 (2, K, B|1, N) (0 for none); cached
-    by the tensor's identity like `query_block`."""
-    if id(rows) not in _WIDEST:
-        weakref.finalize(rows, _WIDEST.pop, id(rows), None)
-        width = (rows[1] - rows[0]).clamp(min=0).sum(0)  # (B|1, N): a row's keys
-        _WIDEST[id(rows)] = int(width.max()) if width.numel() else 0
-    return _WIDEST[id(rows)]
+def shared_tiles(lo: Tensor, hi: Tensor, i0: int) -> Tensor:
+    """For each tile of 8 rows (queries i0.., keys [lo, hi), (..., n) of one run): whether its
+    rows share their offsets j - i, none empty (_native/offset_backward.h's `shared_offsets`,
+    a band's tiles); a last tile of fewer rows: not."""
+    n = lo.shape[-1] // 8 * 8
+    i = torch.arange(i0, i0 + n, device=lo.device)
+    dlo = (lo[..., :n] - i).unflatten(-1, (-1, 8))  # (..., n / 8, 8)
+    dhi = (hi[..., :n] - i).unflatten(-1, (-1, 8))
+    same = (dlo == dlo[..., :1]).all(-1) & (dhi == dhi[..., :1]).all(-1)
+    return same & (dhi[..., 0] > dlo[..., 0])
+
+
+def _bands(rows: Tensor) -> tuple[int, bool]:
+    """(the most keys a row sees, whether at least half of the tiles are a band's), rows
+    int64 (2, 1, B|1, N); cached by the tensor's identity like `query_block`."""
+    if id(rows) not in _BANDS:
+        weakref.finalize(rows, _BANDS.pop, id(rows), None)
+        lo, hi = rows[0, 0], rows[1, 0]  # (B|1, N)
+        widest = int((hi - lo).clamp(min=0).max()) if lo.numel() else 0
+        shared = shared_tiles(lo, hi, 0)
+        _BANDS[id(rows)] = (widest, shared.numel() > 0 and 2 * int(shared.sum()) >= shared.numel())
+    return _BANDS[id(rows)]
 
 
 def backward_query_block(rows: Tensor | None, default: int) -> int:
     """The compiled backward's query block for a plain call (`_blocks.BACKWARD_BAND_KEYS`): the
-    full `default` where every row sees one run of at most BACKWARD_BAND_KEYS keys and some row
-    more than BACKWARD_ROW_KEYS (the offset path's bands), else `query_block`'s."""
-    one_run = rows is not None and rows.shape[1] == 1
-    if one_run and BACKWARD_ROW_KEYS < widest_row(rows) <= BACKWARD_BAND_KEYS:
-        return default
+    full `default` for a band (rows of one run, at least half of the 8-row tiles sharing their
+    offsets) whose rows see at most BACKWARD_BAND_KEYS keys and some more than
+    BACKWARD_ROW_KEYS (the offset path's), else `query_block`'s."""
+    if rows is not None and rows.shape[1] == 1:
+        widest, band = _bands(rows)
+        if band and BACKWARD_ROW_KEYS < widest <= BACKWARD_BAND_KEYS:
+            return default
     return query_block(rows, default)
 
 

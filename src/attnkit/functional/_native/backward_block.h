@@ -126,11 +126,12 @@ void backward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, i
     add_dk_dv(a, n, lo, hi, nk, dp, s, W, qs, dob, dk_acc, dv_acc, step);
 }
 
-// The rows of the offset path's blocks: each tile of kTileRows rows whose offsets are the
-// block's (those of its first tile that shares them) on the offset path (offset_backward.h),
-// the others on the row path, kRowGroup rows at a time; then the key lanes' dK, dV. Arguments
-// as backward_rows' for the whole block (rows i0..i1, lse and D_i of each).
-void offset_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t i1,
+// The rows of an offset-path block: each tile of kTileRows rows whose offsets are the block's
+// (those of its first tile that shares them) on the offset path (offset_backward.h), the
+// others on the row path, kRowGroup rows at a time; then the key lanes' dK, dV. False, having
+// computed nothing, where no tile shares its offsets. Arguments as backward_rows' for the
+// whole block (rows i0..i1, lse and D_i of each).
+bool offset_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t i1,
                  const float* qs, const float* dob, const float* lse, const float* di,
                  const float* kb, int64_t ldk, const float* vb, int64_t ldv, Scratch& w,
                  float* dq, float* dk_acc, float* dv_acc, int64_t step) {
@@ -145,16 +146,14 @@ void offset_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, in
         spans(t, kTileRows);
         any = shared_offsets(lo, hi, i0 + t, kTileRows, lse + t, dlo, dhi);
     }
+    if (!any) return false;  // no band here (documents of 33-64 tokens): the blocks
     OffsetBlock& ob = offset_block();
-    const float *kT = nullptr, *vT = nullptr;
-    if (any) {
-        offset_start(a, ob, nq, dlo, dhi - dlo);
-        kT = offset_ready(a, w.okt, kb, ldk, D, first, end);
-        vT = offset_ready(a, w.ovt, vb, ldv, Dv, first, end);
-    }
+    offset_start(a, ob, nq, dlo, dhi - dlo);
+    const float* kT = offset_ready(a, w.okt, kb, ldk, D, first, end);
+    const float* vT = offset_ready(a, w.ovt, vb, ldv, Dv, first, end);
     auto offset = [&](int64_t t, int64_t n, OffsetTile& ot) {  // the block's offsets, one run
         spans(t, n);
-        return any && shared_offsets(lo, hi, i0 + t, n, lse + t, tlo, thi) && tlo == dlo &&
+        return shared_offsets(lo, hi, i0 + t, n, lse + t, tlo, thi) && tlo == dlo &&
                thi == dhi && offset_tile(lo, hi, kTileRows, 1, i0 + t, n, ot);
     };
     for (int64_t t = 0; t < nq;) {
@@ -176,7 +175,8 @@ void offset_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, in
         }
         t += n;
     }
-    if (any) key_tiles(a, ob, i0, first, end, dk_acc, dv_acc, step);
+    key_tiles(a, ob, i0, first, end, dk_acc, dv_acc, step);
+    return true;
 }
 
 // Row `row` of dO into dst (Dv floats), whatever its strides (Args::dout_st).
@@ -237,16 +237,15 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
             if (buf->size() < need) buf->resize(need);
         }
         if (!w.g.empty() && w.g.size() < need) w.g.resize(need);
-        if (offsets) {
-            offset_rows(a, b, h, sq, i0, i1, qs, dob, lse, dlt, kb, ldk, vb, ldv, w, dq, dk_acc,
-                        dv_acc, step);
-        } else {
-            each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
-                backward_rows(a, b, h, sq, i0 + r, n, nq, qs + r * D, dob + r * Dv, lse + r,
-                              dlt + r, kb, ldk, vb, ldv, lo, hi, w, dq + r * D, dk_acc, dv_acc,
-                              step);
-            });
-        }
+    }
+    if (offsets && offset_rows(a, b, h, sq, i0, i1, qs, dob, lse, dlt, kb, ldk, vb, ldv, w, dq,
+                               dk_acc, dv_acc, step)) {
+        w.blocks.clear();  // computed: no blocks left
+    } else if (narrow) {
+        each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
+            backward_rows(a, b, h, sq, i0 + r, n, nq, qs + r * D, dob + r * Dv, lse + r,
+                          dlt + r, kb, ldk, vb, ldv, lo, hi, w, dq + r * D, dk_acc, dv_acc, step);
+        });
         w.blocks.clear();  // computed: no blocks left
     }
     const bool cache = transposing(a, w.blocks, D, Dv);
