@@ -167,7 +167,8 @@ bool offset_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, in
             t += (pair ? 2 : 1) * kTileRows;
             continue;
         }
-        for (int64_t g = 0; g < n; g += kRowGroup) {  // on the row path: its columns stay 0
+        offset_zero(a, ob, ob.P + t, ob.P + t + n);  // on the row path: its columns 0
+        for (int64_t g = 0; g < n; g += kRowGroup) {
             const int64_t m = std::min(kRowGroup, n - g), r = t + g;
             for (int64_t u = g; u < g + m; ++u) w.work += hi[u] - lo[u];
             backward_rows(a, b, h, sq, i0 + r, m, nq, qs + r * D, dob + r * Dv, lse + r, di + r,

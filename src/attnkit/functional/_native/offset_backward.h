@@ -50,10 +50,12 @@ static_assert(kBandKeys <= kRowStrideBackward, "the row path takes the clipped r
 static_assert(kBandKeys <= kOffsetRunKeys, "a band's tile is one run of offset_path.h's");
 
 // Measured (AMD EPYC Zen 4, loaded shared machine, 1 thread, N=4096, H=8, D=64, backward
-// alone, fastest of 9 interleaved rounds, `benchmarks/bench_offset_backward.py --min`, this
-// path / the row path or blocks): windows of 33, 47 and 63 keys 0.90x, 0.87x and 0.95x with
-// 128-row query blocks (21.3 / 23.6, 25.3 / 29.0, 30.6 / 32.2 ms); windows of 9 and 17 keys
-// 1.61x and 1.41x, so the row path keeps those (kRowPathKeysBackward). With the query blocks
+// alone, fastest of 9-11 interleaved rounds, `benchmarks/bench_offset_backward.py --min`, this
+// path / the blocks, four runs): windows of 33, 47 and 63 keys 0.90-0.97x, 0.87-0.94x and
+// 0.95-1.01x with 128-row query blocks (21.3 / 23.6, 25.3 / 29.0, 30.6 / 32.2 ms; 256-row
+// blocks measured 0.92x, 0.88x, 0.91x once: within the noise); windows of 9 and 17 keys
+// 1.6-1.8x and 1.4-1.7x the row path's time, so the row path keeps those
+// (kRowPathKeysBackward). With the query blocks
 // the forward's cost model chooses for windows (16-64 rows) the path was 1.1-2x slower: its
 // key tiles sum (bq + w - 1) / bq of the block's share, and the set-up (transposing the
 // block's rows, zeroing its buffers) is paid per block. Microbenchmark of the products alone,
@@ -104,16 +106,29 @@ inline OffsetBlock& offset_block() {
     return ob;
 }
 
-// Sets up the (zeroed) buffers of a block of nq queries whose offset tiles share [dlo, dlo + W).
+// Columns [c0, c1) of the block's rows (qT, dOT, P, dS) to 0.
+inline void offset_zero(const Args& a, OffsetBlock& ob, int64_t c0, int64_t c1) {
+    for (std::vector<float>* buf : {&ob.qT, &ob.doT, &ob.p, &ob.ds}) {
+        const int64_t rows = buf == &ob.qT ? a.D : buf == &ob.doT ? a.Dv : ob.W;
+        float* row = buf->data();
+        for (int64_t r = 0; r < rows; ++r, row += ob.L) std::fill(row + c0, row + c1, 0.0f);
+    }
+}
+
+// Sets up the buffers of a block of nq queries whose offset tiles share [dlo, dlo + W): the
+// columns outside the queries zeroed (each tile writes its own, or offset_zero: zeroing the
+// whole rows was ~270 KB of stores a 128-row block at W = 63).
 inline void offset_start(const Args& a, OffsetBlock& ob, int64_t nq, int64_t dlo, int64_t W) {
     ob.dlo = dlo, ob.W = W, ob.nq = nq;
     ob.P = ceil_div(W, kTileRows) * kTileRows;  // key lanes read W - 1 columns before query 0
     ob.L = 2 * ob.P + ceil_div(nq, kTileRows) * kTileRows + kTileRows;
     const int64_t dims = ceil_div(std::max(a.D, a.Dv), kDimBlock) * kDimBlock;  // transpose_q's
-    ob.qT.assign(a.D * ob.L, 0.0f);
-    ob.doT.assign(a.Dv * ob.L, 0.0f);
-    ob.p.assign(W * ob.L, 0.0f);
-    ob.ds.assign(W * ob.L, 0.0f);
+    ob.qT.resize(a.D * ob.L);
+    ob.doT.resize(a.Dv * ob.L);
+    ob.p.resize(W * ob.L);
+    ob.ds.resize(W * ob.L);
+    offset_zero(a, ob, 0, ob.P);
+    offset_zero(a, ob, ob.P + nq, ob.L);
     for (std::vector<float>* buf : {&ob.tq, &ob.tdo, &ob.acc}) buf->resize(2 * dims * kTileRows);
     for (std::vector<float>* buf : {&ob.s, &ob.dp, &ob.dst}) buf->resize(2 * W * kTileRows);
 }
