@@ -182,3 +182,13 @@ def test_bands_past_the_row_path_take_it_by_default(monkeypatch, threads):
         kernel_work(mask, pass_=p, batch=1, heads=2).computed for p in ("forward", "backward")
     )
     assert work.item() == model
+
+
+def test_dilated_bands_by_default(monkeypatch):
+    """A dilated window of 39 keys a sequence: its interleaved sequences' bands (`groups`,
+    read in place) on the offset path by default, against the reference."""
+    monkeypatch.delenv("ATTNKIT_OFFSET_BACKWARD")
+    n = 3 * 130
+    mask = masks.dilated_window(n, 20, 3)
+    q, k, v, cot = _inputs(1, 2, 2, n, n, 64, 32, seed=9)
+    _check(_kernel(q, k, v, cot, mask=mask), _reference(q, k, v, cot, _allowed(mask, n, n)))
