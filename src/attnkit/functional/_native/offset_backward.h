@@ -19,11 +19,13 @@
 // whose tile does not share its offsets (a window's clipped ends, a partial tile, a row that
 // sees nothing) keep the row path (backward_block.h's offset_rows).
 //
-// Legend: kBandKeys the widest row of an offset block; offsets_fit whether a call may take the
-// path; shared_offsets a tile's offsets [dlo, dhi); OffsetBlock a block's buffers and layout
-// (pad P, row length L); offset_sum a sum over offsets, kTileRows lanes and a few dimensions
-// at once; query_tile one query tile; add_key_rows a key tile's sums into dk or dv rows;
-// key_tiles the key lanes.
+// Legend: kBandKeys the widest row of an offset block; offset_switch the environment's
+// switch; offsets_fit whether a call may take the path; shared_offsets a tile's offsets
+// [dlo, dhi); OffsetBlock a block's buffers and layout (pad P, row length L), offset_start,
+// offset_zero; offset_sum a sum over offsets, kTileRows lanes and a few dimensions at once,
+// offset_sum_pair two tiles' at once; pair_dots two query tiles' scores; tile_operands,
+// tile_grads a query tile's qT, dO'T and its P, dS; query_tiles one or two query tiles;
+// add_key_rows a key tile's sums into dk or dv rows; key_tiles the key lanes.
 
 #pragma once
 
@@ -33,12 +35,12 @@
 #include <vector>
 
 #include "args.h"
+#include "offset_path.h"
 #include "row_path.h"
 #include "scratch.h"
 #include "score_mods.h"
 #include "softmax_row.h"
 #include "tile_path.h"
-#include "offset_path.h"
 #include "transposed.h"
 
 namespace {
@@ -55,16 +57,17 @@ static_assert(kBandKeys <= kOffsetRunKeys, "a band's tile is one run of offset_p
 // 0.95-1.01x with 128-row query blocks (21.3 / 23.6, 25.3 / 29.0, 30.6 / 32.2 ms; 256-row
 // blocks measured 0.92x, 0.88x, 0.91x once: within the noise); windows of 9 and 17 keys
 // 1.6-1.8x and 1.4-1.7x the row path's time, so the row path keeps those
-// (kRowPathKeysBackward). With the query blocks
-// the forward's cost model chooses for windows (16-64 rows) the path was 1.1-2x slower: its
-// key tiles sum (bq + w - 1) / bq of the block's share, and the set-up (transposing the
-// block's rows, zeroing its buffers) is paid per block. Microbenchmark of the products alone,
-// in cache (W=33, 32 rows): 3.7 FMA/ns the query tiles, 4.9 the key tiles, against 7.2 for
-// independent register FMAs (two 256-bit FMAs a cycle).
+// (kRowPathKeysBackward). With the query blocks the forward's cost model chooses for windows
+// (16-64 rows) the path was 1.1-2x slower: its key tiles sum (bq + w - 1) / bq of the block's
+// share, and the set-up (transposing the block's rows, zeroing its buffers) is paid per block
+// (hence 128-row blocks for bands: attnkit/functional/_grid.py's backward_query_block).
+// Microbenchmark of the products alone, in cache (W=33, 32 rows): 3.7 FMA/ns the query tiles,
+// 4.9 the key tiles, against 7.2 for independent register FMAs (two 256-bit FMAs a cycle).
 //
 // ATTNKIT_OFFSET_BACKWARD: unset, the default routing (bands wider than the row path's rows);
 // "1" every block that fits (narrow windows too: the tests' way to reach the path at small
-// sizes), "0" none (read at each block: a benchmark may switch it between calls).
+// sizes), "0" none, and the query blocks as before (_native_args.py). Read at each block: a
+// benchmark may switch it between calls.
 inline int offset_switch() {
     const char* on = std::getenv("ATTNKIT_OFFSET_BACKWARD");
     if (!on || !on[0] || on[1]) return -1;
@@ -158,7 +161,9 @@ inline void offset_sum(const float* w, int64_t ws, int64_t W, const float* y, in
 inline void offset_sum_all(const float* w, int64_t ws, int64_t W, const float* y, int64_t ldy,
                            int64_t ys, int64_t dims, float* out) {
     int64_t d = 0;
-    for (; d + 8 <= dims; d += 8) offset_sum<8>(w, ws, W, y + d * ldy, ldy, ys, out + d * kTileRows);
+    for (; d + 8 <= dims; d += 8) {
+        offset_sum<8>(w, ws, W, y + d * ldy, ldy, ys, out + d * kTileRows);
+    }
     if (d + 4 <= dims) offset_sum<4>(w, ws, W, y + d * ldy, ldy, ys, out + d * kTileRows), d += 4;
     for (; d < dims; ++d) offset_sum<1>(w, ws, W, y + d * ldy, ldy, ys, out + d * kTileRows);
 }
@@ -376,16 +381,19 @@ inline void key_tiles(const Args& a, OffsetBlock& ob, int64_t i0, int64_t first,
         const float *w, *y;
         int64_t dims;
         float* acc;
-    } parts[2] = {{ob.ds.data(), ob.qT.data(), a.D, dk_acc}, {ob.p.data(), ob.doT.data(), a.Dv, dv_acc}};
+    } parts[2] = {{ob.ds.data(), ob.qT.data(), a.D, dk_acc},
+                  {ob.p.data(), ob.doT.data(), a.Dv, dv_acc}};
     auto span = [&](int64_t c0, int64_t& lo, int64_t& hi) {  // the tile's keys to add
-        lo = std::max(j_first + c0, first), hi = std::min({j_first + c0 + kTileRows, end, j_first + keys});
+        lo = std::max(j_first + c0, first);
+        hi = std::min({j_first + c0 + kTileRows, end, j_first + keys});
         return lo < hi;
     };
     float *acc = ob.acc.data(), *acc2 = acc + std::max(a.D, a.Dv) * kTileRows;
     for (int64_t c0 = 0; c0 < keys; c0 += 2 * kTileRows) {  // two key tiles at once
         const int64_t col = ob.P + c0;
         int64_t lo, hi, lo2, hi2;
-        const bool one = span(c0, lo, hi), two = c0 + kTileRows < keys && span(c0 + kTileRows, lo2, hi2);
+        const bool one = span(c0, lo, hi);
+        const bool two = c0 + kTileRows < keys && span(c0 + kTileRows, lo2, hi2);
         for (const auto& part : parts) {
             if (two) {  // early: the second tile (offset m at column col + 8 - m)
                 offset_sum_pair_all(part.w + col + kTileRows, part.w + col, L - 1, W,
