@@ -39,7 +39,12 @@ from attnkit.functional._blocks import (
     FORWARD_BLOCK_Q,
     forward_blocks,
 )
-from attnkit.functional._grid import backward_query_block, query_block, shared_tiles
+from attnkit.functional._grid import (
+    backward_query_block,
+    offset_bands,
+    query_block,
+    shared_tiles,
+)
 from attnkit.functional._mask_plan import MaskPlan, kernel_plan, key_blocks
 from attnkit.functional.reordered import Reordered, group_call
 from attnkit.functional.structured import StructuredMask, causal_intervals
@@ -116,7 +121,8 @@ def kernel_work(
             Key/value heads (GQA) change nothing: every query head walks its own blocks.
         plain: the call has no bias, dropout or score function (nor a dense part in the mask):
             its backward computes bands of 33 to 64 keys a row on the offset path (the same
-            entries as the row path); False: on the blocks, as the forward does them.
+            entries as the row path; AVX-512 builds of the kernel, unless
+            ATTNKIT_OFFSET_BACKWARD=0); False: on the blocks, as the forward does them.
     """
     if pass_ not in PASSES:
         raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
@@ -139,6 +145,7 @@ def kernel_work(
         structured = plan is not None and (plan.rows is not None or plan.table is not None)
         bq, bk = forward_blocks(n, causal, structured)
     bands = pass_ == "backward" and plain and (plan is None or plan.dense is None)
+    bands = bands and offset_bands()  # AVX-512 builds (the kernel's default routing)
     if plan is not None and plan.tiles is None:  # rows alone: query blocks sized to them
         pick = backward_query_block if bands else query_block
         bq = min(bq, pick(plan.rows, bq))

@@ -17,6 +17,7 @@ of 128-row ones (causal: 1188 vs 1092 ms).
 
 from __future__ import annotations
 
+import os
 import weakref
 
 import torch
@@ -35,6 +36,7 @@ __all__ = [
     "backward_query_block",
     "choose_block_q",
     "choose_tile_grid",
+    "offset_bands",
     "query_block",
     "set_query_block",
     "shared_tiles",
@@ -91,6 +93,15 @@ def _bands(rows: Tensor) -> tuple[int, bool]:
         shared = shared_tiles(lo, hi, 0)
         _BANDS[id(rows)] = (widest, shared.numel() > 0 and 2 * int(shared.sum()) >= shared.numel())
     return _BANDS[id(rows)]
+
+
+def offset_bands() -> bool:
+    """Whether the compiled backward computes bands on its offset path by default
+    (_native/offset_backward.h's offset_switch): on AVX-512 builds (`_kernel_cache.kernel_isa`),
+    unless ATTNKIT_OFFSET_BACKWARD=0."""
+    from attnkit.functional._kernel_cache import kernel_isa  # the kernel's build, not loaded
+
+    return os.environ.get("ATTNKIT_OFFSET_BACKWARD") != "0" and kernel_isa() == "avx512"
 
 
 def backward_query_block(rows: Tensor | None, default: int) -> int:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from attnkit.functional._dropout import NO_DROPOUT
-from attnkit.functional._grid import backward_query_block, query_block
+from attnkit.functional._grid import backward_query_block, offset_bands, query_block
 
 __all__ = ["Args", "count_work", "kernel_args", "point_at_cotangent"]
 
@@ -95,9 +94,8 @@ def kernel_args(
     if tiles is not None:  # the tiles fix the grid of both passes
         blocks = tuple(tiles.shape[1:])
     else:  # rows alone: query blocks sized to the rows' spans (`_grid.choose_block_q`)
-        # the kernel's switch (_native/offset_backward.h's offset_switch): "0", no offset path
-        off = os.environ.get("ATTNKIT_OFFSET_BACKWARD") == "0"
-        plain = bands and not off and mask is None and bias is None and keep_t == NO_DROPOUT
+        plain = bands and mask is None and bias is None and keep_t == NO_DROPOUT
+        plain = plain and offset_bands()  # the kernel's default (offset_switch)
         pick = backward_query_block if plain else query_block
         blocks = (min(blocks[0], pick(rows, blocks[0])), blocks[1])
     a = Args(

@@ -64,14 +64,24 @@ static_assert(kBandKeys <= kOffsetRunKeys, "a band's tile is one run of offset_p
 // Microbenchmark of the products alone, in cache (W=33, 32 rows): 3.7 FMA/ns the query tiles,
 // 4.9 the key tiles, against 7.2 for independent register FMAs (two 256-bit FMAs a cycle).
 //
-// ATTNKIT_OFFSET_BACKWARD: unset, the default routing (bands wider than the row path's rows);
-// "1" every block that fits (narrow windows too: the tests' way to reach the path at small
-// sizes), "0" none, and the query blocks as before (_native_args.py). Read at each block: a
-// benchmark may switch it between calls.
+// The AVX2 build (x86-64-v3 on the same machine, kPairDims' note) took 1.03-1.30x the blocks'
+// time at windows of 33-63 keys: there the path is off unless asked for.
+//
+// ATTNKIT_OFFSET_BACKWARD: unset, the default routing (AVX-512 builds: bands wider than the row
+// path's rows; others: none); "1" every block that fits (narrow windows too: the tests' way to
+// reach the path at small sizes), "0" none, and the query blocks as before
+// (attnkit/functional/_grid.py's offset_bands). Read at each block: a benchmark may switch it
+// between calls.
+#if defined(__AVX512F__)
+constexpr int kOffsetDefault = -1;
+#else
+constexpr int kOffsetDefault = 0;
+#endif
+
 inline int offset_switch() {
     const char* on = std::getenv("ATTNKIT_OFFSET_BACKWARD");
-    if (!on || !on[0] || on[1]) return -1;
-    return on[0] == '1' ? 1 : on[0] == '0' ? 0 : -1;
+    if (!on || !on[0] || on[1]) return kOffsetDefault;
+    return on[0] == '1' ? 1 : on[0] == '0' ? 0 : kOffsetDefault;
 }
 
 // Whether a call's backward may take the offset path: plain scores, rows of one run (no
@@ -212,17 +222,23 @@ inline void offset_sum_pair(const float* w_early, const float* w_late, int64_t w
     }
 }
 
-// offset_sum_pair over every dimension d < dims (chunks of 8, 4, 1).
+// The dimensions offset_sum_pair sums at once: two tiles' accumulators, two weights and a load
+// are 19 vector registers, within AVX-512's 32; on AVX2's 16 some spill, yet 4 dimensions a
+// chunk (11 registers) measured no faster (windows of 33-63 keys, 1.05-1.30x the blocks' time
+// against 1.03-1.19x with 8).
+constexpr int kPairDims = 8;
+
+// offset_sum_pair over every dimension d < dims (chunks of kPairDims, 4, 1).
 inline void offset_sum_pair_all(const float* w_early, const float* w_late, int64_t ws, int64_t W,
                                 const float* y, int64_t ldy, int64_t ys, int64_t dims,
                                 float* out_early, float* out_late) {
     int64_t d = 0;
     auto at = [&](int64_t d0) { return d0 * kTileRows; };
-    for (; d + 8 <= dims; d += 8) {
-        offset_sum_pair<8>(w_early, w_late, ws, W, y + d * ldy, ldy, ys, out_early + at(d),
-                           out_late + at(d));
+    for (; d + kPairDims <= dims; d += kPairDims) {
+        offset_sum_pair<kPairDims>(w_early, w_late, ws, W, y + d * ldy, ldy, ys,
+                                   out_early + at(d), out_late + at(d));
     }
-    if (d + 4 <= dims) {
+    if (kPairDims > 4 && d + 4 <= dims) {
         offset_sum_pair<4>(w_early, w_late, ws, W, y + d * ldy, ldy, ys, out_early + at(d),
                            out_late + at(d));
         d += 4;
