@@ -241,26 +241,29 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     const float* vb = a.v + row_of(a, b * a.Hkv + kvh, a.S, sq, 0) * Dv;
     float *s = w.s.data(), *qs = w.qs.data(), *acc = w.acc.data();
     load_q(a, b, h, sq, i0, nq, qs);
-    key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
-    if (a.groups > 1 && i1 == a.N) {  // the last block of sequence sq
-        int64_t first, end;
-        blocks_span(w, first, end);
-        prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
-    }
-    if (const auto* tiles = offset_path(a, w, i0, i1, plain_scores(a))) {
+    int64_t first, end;
+    const std::vector<OffsetTile>* tiles =
+        offset_candidate(a, plain_scores(a), nq) ? offset_path(a, b, w, i0, i1, first, end) : nullptr;
+    if (tiles) {
+        if (a.groups > 1 && i1 == a.N) {  // the last block of sequence sq
+            prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
+        }
         offset_buffers(a, w);
-        int64_t first, end;
-        blocks_span(w, first, end);
         int64_t ldt;
         const float* kT = offset_window(w.okt, kb, ldk, D, first, end, ldt);
         int64_t lo[kOffsetRuns * kTileRows], hi[kOffsetRuns * kTileRows];
         for (const OffsetTile& t : *tiles) {
             const int64_t r = t.i - i0;
             tile_runs(a, w, i0, r, t.n, lo, hi);
-            forward_offsets(a, b, h, sq, nq, qs + r * D, kT, ldt, kb, ldk, vb, ldv, t,
-                            lo, hi, w, acc);
+            forward_offsets(a, b, h, sq, nq, qs + r * D, kT, ldt, kb, ldk, vb, ldv, t, lo, hi, w,
+                            acc);
         }
         return;
+    }
+    key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
+    if (a.groups > 1 && i1 == a.N) {  // the last block of sequence sq
+        blocks_span(w, first, end);
+        prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
     }
     const bool rows = row_path(a, w, i0, i1, kRowPathKeys);
     if (tile_path(a, w, i0, i1, rows)) {
