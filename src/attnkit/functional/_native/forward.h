@@ -146,13 +146,13 @@ void finish_tile_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i
     }
 }
 
-// Forward of an offset tile t (offset_path.h: queries i..i+n-1 of a block of nq rows,
-// pre-scaled rows qs, D apart) against the padded cache kT (key 0's column, rows ldt apart):
+// Forward of an offset tile t (offset_path.h: queries i..i+n-1 of the block of nq rows from
+// i0, whose keys end at `end`; pre-scaled rows qs, D apart) against the padded cache kT (key 0's column, rows ldt apart):
 // the scores, the softmax lane by lane and each row's weighted sum of its own value rows; with
 // more than plain scores (one run a row, offset_path), finish_tile_rows. lo, hi: the rows'
 // runs (tile_runs). acc: kTileRows rows of Dv.
-void forward_offsets(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t nq,
-                     const float* qs, const float* kT, int64_t ldt, const float* kb, int64_t ldk,
+void forward_offsets(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t nq,
+                     int64_t end, const float* qs, const float* kT, int64_t ldt, const float* kb, int64_t ldk,
                      const float* vb, int64_t ldv, const OffsetTile& t, const int64_t* lo,
                      const int64_t* hi, Scratch& w, float* acc) {
     const int64_t head = b * a.H + h, Dv = a.Dv, i = t.i, n = t.n;
@@ -168,7 +168,7 @@ void forward_offsets(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t nq
     }
     const tvec l = tile_softmax(sT, t.total, m);
     for (int64_t u = 0; u < n; ++u) {
-        prefetch_offset_row(a, head, sq, i + u, kb, ldk, vb, ldv);
+        prefetch_offset_row(a, head, sq, i + u, nq, kb, ldk, vb, ldv, end + i + u - i0);
         offset_row_values(t, u, sT, vb, ldv, Dv, acc + u * Dv);
         write_row(a, qrow(a, head, sq, i + u), acc + u * Dv, m[u], l[u]);
     }
@@ -255,7 +255,7 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
         for (const OffsetTile& t : *tiles) {
             const int64_t r = t.i - i0;
             tile_runs(a, w, i0, r, t.n, lo, hi);
-            forward_offsets(a, b, h, sq, nq, qs + r * D, kT, ldt, kb, ldk, vb, ldv, t, lo, hi, w,
+            forward_offsets(a, b, h, sq, i0, nq, end, qs + r * D, kT, ldt, kb, ldk, vb, ldv, t, lo, hi, w,
                             acc);
         }
         return;
