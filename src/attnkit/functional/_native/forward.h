@@ -167,9 +167,11 @@ void forward_offsets(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0
         return;
     }
     const tvec l = tile_softmax(sT, t.total, m);
+    const bool by_runs = t.total * Dv > kOffsetLaneFloats;
+    if (by_runs) offset_values(t, sT, vb, ldv, Dv, acc);
     for (int64_t u = 0; u < n; ++u) {
         prefetch_offset_row(a, head, sq, i + u, nq, kb, ldk, vb, ldv, end + i + u - i0);
-        offset_row_values(t, u, sT, vb, ldv, Dv, acc + u * Dv);
+        if (!by_runs) offset_row_values(t, u, sT, vb, ldv, Dv, acc + u * Dv);
         write_row(a, qrow(a, head, sq, i + u), acc + u * Dv, m[u], l[u]);
     }
 }
