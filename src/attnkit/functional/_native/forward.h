@@ -245,7 +245,7 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     load_q(a, b, h, sq, i0, nq, qs);
     int64_t first, end;
     const std::vector<OffsetTile>* tiles =
-        offset_candidate(a, plain_scores(a), nq) ? offset_path(a, b, w, i0, i1, first, end) : nullptr;
+        offset_candidate(a, plain_scores(a), nq) ? offset_path(a, b, i0, i1, first, end) : nullptr;
     if (tiles) {
         if (a.groups > 1 && i1 == a.N) {  // the last block of sequence sq
             prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
@@ -256,7 +256,7 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
         int64_t lo[kOffsetRuns * kTileRows], hi[kOffsetRuns * kTileRows];
         for (const OffsetTile& t : *tiles) {
             const int64_t r = t.i - i0;
-            tile_runs(a, w, i0, r, t.n, lo, hi);
+            if (!plain_scores(a)) tile_runs(a, b, t.i, t.n, lo, hi);  // finish_tile_rows's
             forward_offsets(a, b, h, sq, i0, nq, end, qs + r * D, kT, ldt, kb, ldk, vb, ldv, t, lo, hi, w,
                             acc);
         }

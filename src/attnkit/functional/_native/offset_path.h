@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -58,6 +59,7 @@ constexpr int64_t kOffsetPad = 8;
 // all, `seen` entries the lanes see.
 struct OffsetTile {
     int64_t i, n, runs, total, seen;
+    int64_t first, end;  // the keys the lanes see, from first to end (INT64_MAX, INT64_MIN: none)
     int64_t dlo[kOffsetRuns], width[kOffsetRuns], at[kOffsetRuns];
     tint vlo[kOffsetRuns], vhi[kOffsetRuns];
 };
@@ -65,30 +67,53 @@ struct OffsetTile {
 // t from runs k < K of rows u < n (query i + u): keys [lo[k * ld + u], hi[k * ld + u]) (empty
 // where lo >= hi). False where a run's union is wider than kOffsetRunKeys, all runs' wider than
 // kOffsetKeys, or K > kOffsetRuns.
+typedef int64_t tlong __attribute__((vector_size(kTileRows * 8)));
+
+// The smallest and largest lane of x, and the lanes' sum (three halvings each).
+template <typename V>
+inline V lanes_fold(V x, int op) {
+    const V swap4 = __builtin_shuffle(x, tint{4, 5, 6, 7, 0, 1, 2, 3});
+    V y = op == 0 ? (swap4 < x ? swap4 : x) : op == 1 ? (swap4 > x ? swap4 : x) : swap4 + x;
+    const V swap2 = __builtin_shuffle(y, tint{2, 3, 0, 1, 6, 7, 4, 5});
+    y = op == 0 ? (swap2 < y ? swap2 : y) : op == 1 ? (swap2 > y ? swap2 : y) : swap2 + y;
+    const V swap1 = __builtin_shuffle(y, tint{1, 0, 3, 2, 5, 4, 7, 6});
+    return op == 0 ? (swap1 < y ? swap1 : y) : op == 1 ? (swap1 > y ? swap1 : y) : swap1 + y;
+}
+
+// t from runs k < K of rows u < n (query i + u): keys [lo[k * ld + u], hi[k * ld + u]) (empty
+// where lo >= hi; kTileRows entries a run are read, lanes from n on ignored). False where a
+// run's union is wider than kOffsetRunKeys, all runs' wider than kOffsetKeys, or K >
+// kOffsetRuns. Lane by lane in vectors: the scalar walk, twice over each run's lanes, was
+// ~8% of a 7 x 7 neighbourhood's forward (perf).
 inline bool offset_tile(const int64_t* lo, const int64_t* hi, int64_t ld, int64_t K, int64_t i,
                         int64_t n, OffsetTile& t) {
     if (K > kOffsetRuns) return false;
     t.i = i, t.n = n, t.runs = K, t.total = 0, t.seen = 0;
+    const tint lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    const tint live = lane < static_cast<int32_t>(n);
+    tlong first = tlong{} + INT64_MAX, end = tlong{} + INT64_MIN;
     for (int64_t k = 0; k < K; ++k) {
-        int64_t dlo = INT64_MAX, dhi = INT64_MIN;
-        for (int64_t u = 0; u < n; ++u) {
-            const int64_t l = lo[k * ld + u], h = hi[k * ld + u];
-            if (l >= h) continue;
-            dlo = std::min(dlo, l - i - u), dhi = std::max(dhi, h - i - u);
-            t.seen += h - l;
-        }
+        tlong L, H;
+        std::memcpy(&L, lo + k * ld, sizeof L);
+        std::memcpy(&H, hi + k * ld, sizeof H);
+        const tint seen = live & __builtin_convertvector(L < H, tint);
+        const tint rl = __builtin_convertvector(L - i, tint) - lane;  // lo - (i + u)
+        const tint rh = __builtin_convertvector(H - i, tint) - lane;
+        int32_t dlo = lanes_fold(seen ? rl : tint{} + INT32_MAX, 0)[0];
+        int32_t dhi = lanes_fold(seen ? rh : tint{} + INT32_MIN, 1)[0];
         if (dlo >= dhi) dlo = dhi = 0;  // no lane sees run k
         if (dhi - dlo > kOffsetRunKeys) return false;
+        t.seen += lanes_fold(seen ? rh - rl : tint{}, 2)[0];
+        const tlong seen64 = __builtin_convertvector(seen, tlong);
+        first = seen64 ? (L < first ? L : first) : first;
+        end = seen64 ? (H > end ? H : end) : end;
         t.dlo[k] = dlo, t.width[k] = dhi - dlo, t.at[k] = t.total;
         t.total += dhi - dlo;
-        t.vlo[k] = tint{}, t.vhi[k] = tint{};
-        for (int64_t u = 0; u < n; ++u) {
-            const int64_t l = lo[k * ld + u], h = hi[k * ld + u];
-            if (l >= h) continue;
-            t.vlo[k][u] = static_cast<int32_t>(l - i - u - dlo);
-            t.vhi[k][u] = static_cast<int32_t>(h - i - u - dlo);
-        }
+        t.vlo[k] = seen ? rl - dlo : tint{};
+        t.vhi[k] = seen ? rh - dlo : tint{};
     }
+    t.first = INT64_MAX, t.end = INT64_MIN;
+    for (int u = 0; u < kTileRows; ++u) t.first = std::min(t.first, first[u]), t.end = std::max(t.end, end[u]);
     return t.total <= kOffsetKeys;
 }
 
@@ -316,15 +341,16 @@ inline void offset_values(const OffsetTile& t, const float* p, const float* v, i
     }
 }
 
-// The runs of the tile of rows r..r+n-1 of a block (queries i0 + r + u): run k of row r + u
-// (Scratch::lo, hi from key_blocks) at [k * kTileRows + u], cut at the causal limit.
-inline void tile_runs(const Args& a, const Scratch& w, int64_t i0, int64_t r, int64_t n,
-                      int64_t* lo, int64_t* hi) {
+// The runs of queries i..i+n-1 of batch row b (Args::rows): run k of query i + u at
+// [k * kTileRows + u], cut at the causal limit; lanes from n on empty.
+inline void tile_runs(const Args& a, int64_t b, int64_t i, int64_t n, int64_t* lo, int64_t* hi) {
     for (int64_t k = 0; k < a.rows_k; ++k) {
-        for (int64_t u = 0; u < n; ++u) {
-            const int64_t l = w.lo[k * a.bq + r + u];
-            int64_t h = w.hi[k * a.bq + r + u];
-            if (a.causal) h = std::min(h, i0 + r + u + a.S - a.N + 1);
+        const int64_t* rl = a.rows + k * a.rows_kst + b * a.rows_bst + i;
+        const int64_t* rh = rl + a.rows_half;
+        for (int64_t u = 0; u < kTileRows; ++u) {
+            const int64_t l = u < n ? rl[u] : 0;
+            int64_t h = u < n ? rh[u] : 0;
+            if (a.causal) h = std::min(h, i + u + a.S - a.N + 1);
             lo[k * kTileRows + u] = l, hi[k * kTileRows + u] = std::max(h, l);
         }
     }
@@ -338,8 +364,8 @@ inline void tile_runs(const Args& a, const Scratch& w, int64_t i0, int64_t r, in
 // the softmax (`plain`: finish_rows takes one run a row). The tiles live until the next call
 // on the thread.
 // Called before key_blocks (whose sort of every row's runs, K x bq intervals, took ~9% of a
-// 7 x 7 neighbourhood's forward on this path): copies the rows' runs to w.lo, w.hi itself and
-// sets [first, end), the keys the tiles' lanes see.
+// 7 x 7 neighbourhood's forward on this path): reads the rows' runs itself and sets [first,
+// end), the keys the tiles' lanes see.
 // Rows of one run (windows) keep the row path: on the offset path a window of 9, 17, 33 and
 // 63 keys took 1.10-1.20x, 1.14x, 1.06x and 1.07x the row path's time (N=4096, H=8, D=64,
 // forward, fastest of 9 interleaved rounds, AMD EPYC Zen 4; also with 128-row blocks): the
@@ -349,12 +375,11 @@ inline bool offset_candidate(const Args& a, bool plain, int64_t nq) {
     return a.rows && !a.table && a.rows_k > 1 && plain && nq >= kTileRows;
 }
 
-inline const std::vector<OffsetTile>* offset_path(const Args& a, int64_t b, Scratch& w,
+inline const std::vector<OffsetTile>* offset_path(const Args& a, int64_t b,
                                                   int64_t i0, int64_t i1, int64_t& first,
                                                   int64_t& end) {
     thread_local std::vector<OffsetTile> tiles;
     if (a.rows_k > kOffsetRuns) return nullptr;
-    copy_runs(a, b, i0, i1, w.lo.data(), w.hi.data());
     tiles.resize(ceil_div(i1 - i0, kTileRows));
     int64_t computed = 0, seen = 0;
     first = INT64_MAX, end = INT64_MIN;
@@ -362,12 +387,10 @@ inline const std::vector<OffsetTile>* offset_path(const Args& a, int64_t b, Scra
     for (int64_t r = 0; r < i1 - i0; r += kTileRows) {
         const int64_t n = std::min(kTileRows, i1 - i0 - r);
         OffsetTile& t = tiles[r / kTileRows];
-        tile_runs(a, w, i0, r, n, lo, hi);
+        tile_runs(a, b, i0 + r, n, lo, hi);
         if (!offset_tile(lo, hi, kTileRows, a.rows_k, i0 + r, n, t)) return nullptr;
         computed += n * t.total, seen += t.seen;
-        for (int64_t x = 0; x < a.rows_k * kTileRows; ++x) {
-            if (x % kTileRows < n && lo[x] < hi[x]) first = std::min(first, lo[x]), end = std::max(end, hi[x]);
-        }
+        first = std::min(first, t.first), end = std::max(end, t.end);
     }
     if (first >= end) first = end = 0;
     return 4 * computed <= 5 * seen ? &tiles : nullptr;
