@@ -220,9 +220,9 @@ def natural_runs(height: int, width: int, kh: int, kw: int, name: str, device=No
     """The neighbourhood in token order as kh runs of kw keys a query (`RowRuns`), which the
     compiled kernel's offset path computes exactly in its interior (8 queries of a canvas row
     share their runs shifted by one a lane), or None where the kernel would not take it.
-    Measured (AMD EPYC Zen 4, 1 thread, H=8, D=64, forward, time / (density x dense time),
-    reordered tiles -> token order): 15 x 15 on 64 x 64 2.73 -> 2.31, on 128 x 128 3.12 ->
-    2.39; 7 x 7 on 64 x 64 6.94 -> 3.41, on 128 x 128 11.6 -> 3.46 (a loaded machine)."""
+    Measured (benchmarks/bench_natten.py: AMD EPYC Zen 4, 1 thread, H=8, D=64, forward, time
+    / (density x dense time), reordered tiles -> token order): 15 x 15 on 64 x 64 3.20 ->
+    1.79, on 128 x 128 3.35 -> 2.12; 7 x 7 on 64 x 64 6.94 -> 2.51, on 128 x 128 6.66 -> 2.46."""
     wide = kw + kw // 2
     if kh > _NATURAL_RUNS or wide > _NATURAL_RUN_KEYS or kh * wide > _NATURAL_KEYS:
         return None
