@@ -149,3 +149,24 @@ def test_natural_runs_are_the_neighbourhood():
         assert torch.equal(mask.natural.dense(), mask.dense())
     assert natural_runs(64, 64, 17, 17, "x") is None  # 17 runs a row
     assert natural_runs(64, 64, 3, 45, "x") is None  # a border union of 67 offsets
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,s", [(97, 130), (300, 1025)])
+def test_runs_with_more_keys_than_queries_bottom_right(n, s):
+    """N != S: a causal window `|` the first keys, bottom-right aligned, and the call's causal
+    limit on top; GQA, Dv != D."""
+    mask = masks.window(n, 40, s, causal=True) | masks.prefix(n, 4, s)
+    g = torch.Generator().manual_seed(s)
+    q = torch.randn(2, 4, n, 24, generator=g)
+    k, v = torch.randn(2, 1, s, 24, generator=g), torch.randn(2, 1, s, 40, generator=g)
+    with native.count_work() as counted:
+        res = attnkit.attention(q, k, v, mask=mask, causal=True, backend="chunked")
+    allowed = mask.dense().bool() & torch.ones(n, s, dtype=torch.bool).tril(s - n)
+    want_out, want_lse = _reference(q, k, v, allowed)
+    torch.testing.assert_close(res.out.double(), want_out, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(res.lse.double(), want_lse, atol=2e-5, rtol=1e-5)
+    work = kernel_work(mask, causal=True, batch=2, heads=4)
+    assert counted.item() == work.computed
+    if n == 300:
+        assert work.computed < 1.3 * work.allowed  # the offset path
