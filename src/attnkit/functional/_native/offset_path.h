@@ -23,7 +23,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -81,7 +80,7 @@ inline V lanes_fold(V x, int op) {
 }
 
 // t from runs k < K of rows u < n (query i + u): keys [lo[k * ld + u], hi[k * ld + u]) (empty
-// where lo >= hi; kTileRows entries a run are read, lanes from n on ignored). False where a
+// where lo >= hi). False where a
 // run's union is wider than kOffsetRunKeys, all runs' wider than kOffsetKeys, or K >
 // kOffsetRuns. Lane by lane in vectors: the scalar walk, twice over each run's lanes, was
 // ~8% of a 7 x 7 neighbourhood's forward (perf).
@@ -93,9 +92,8 @@ inline bool offset_tile(const int64_t* lo, const int64_t* hi, int64_t ld, int64_
     const tint live = lane < static_cast<int32_t>(n);
     tlong first = tlong{} + INT64_MAX, end = tlong{} + INT64_MIN;
     for (int64_t k = 0; k < K; ++k) {
-        tlong L, H;
-        std::memcpy(&L, lo + k * ld, sizeof L);
-        std::memcpy(&H, hi + k * ld, sizeof H);
+        tlong L{}, H{};  // lanes from n on: empty (whatever the caller's arrays hold there)
+        for (int64_t u = 0; u < n; ++u) L[u] = lo[k * ld + u], H[u] = hi[k * ld + u];
         const tint seen = live & __builtin_convertvector(L < H, tint);
         const tint rl = __builtin_convertvector(L - i, tint) - lane;  // lo - (i + u)
         const tint rh = __builtin_convertvector(H - i, tint) - lane;
