@@ -38,6 +38,7 @@ struct Transposed {
     int64_t pad = 0;
     std::vector<uint8_t> ready;  // keys jb * bk .. filled
     const float* src = nullptr;  // the keys they are (null: none yet)
+    int64_t first = 0, end = 0, cap = 0;  // a sliding cache's keys and capacity (offset_window)
 };
 
 struct Scratch {
