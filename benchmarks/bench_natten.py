@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """NATTEN (`masks.neighborhood_2d`) and strided masks whose stride does not divide N against
-the dense kernel, as time ÷ (density × dense time per entry), with the queries gathered into
-the mask's order as main had it before the query row map (`Args::qrows`) and read in place
-now, interleaved in one process (issue 36.2).
+the dense kernel, as time ÷ (density × dense time per entry): reordered into tiles (queries
+read in place through the row map, `Args::qrows`) and as the call runs now (a forward without
+gradients in token order on the offset path, `Reordered.natural`), interleaved in one
+process (issue 36.2).
 
     PYTHONPATH=src python benchmarks/bench_natten.py                 # 15x15, 64² and 128²
     PYTHONPATH=src python benchmarks/bench_natten.py --sides 128 --kernel 7 --rounds 7
@@ -29,19 +30,19 @@ from attnkit.analysis import kernel_work
 from attnkit.analysis.bench import time_interleaved
 from attnkit.functional import chunked
 
-_RUN = chunked.run_reordered
+_NATURAL = chunked._natural_forward
 
 
-def _gathered(mask, q, k, v, attend, rows_in_place=False):  # q, out, lse gathered: main's
-    return _RUN(mask, q, k, v, attend, False)
+def _reordered(mask, q, k, v):  # never in token order: the reordered tiles
+    return False
 
 
-def _step(n, mask, grad: bool, run=_RUN):
+def _step(n, mask, grad: bool, natural=_NATURAL):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 8, n, 64, generator=g) for _ in range(3))
 
     def step():
-        chunked.run_reordered = run
+        chunked._natural_forward = natural
         try:
             if grad:
                 qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
@@ -50,7 +51,7 @@ def _step(n, mask, grad: bool, run=_RUN):
                 with torch.no_grad():
                     attnkit.attention(q, k, v, mask=mask, backend="chunked")
         finally:
-            chunked.run_reordered = _RUN
+            chunked._natural_forward = _NATURAL
 
     return step
 
@@ -76,22 +77,22 @@ def main(argv: list[str]) -> None:
         grad = p_ == "fwd+bwd"
         steps[f"dense {p_}"] = _step(args.dense_n, None, grad)
         for name, m in cases.items():
-            steps[f"{name} gathered {p_}"] = _step(m.n, m, grad, _gathered)
-            steps[f"{name} in place {p_}"] = _step(m.n, m, grad)
+            steps[f"{name} reordered {p_}"] = _step(m.n, m, grad, _reordered)
+            steps[f"{name} now {p_}"] = _step(m.n, m, grad)
     print(f"timing {len(steps)} steps x {args.rounds} rounds ...", file=sys.stderr)
     ms = time_interleaved(steps, args.rounds)
     for name, m in cases.items():
-        work = kernel_work(m, heads=8)
-        waste = work.computed / work.allowed
-        print(f"{name}: density {m.density:.5f}, computed/allowed {waste:.2f}")
+        works = [kernel_work(m, heads=8, grad=grad).computed for grad in (True, False)]
+        waste = ", ".join(f"{w / kernel_work(m, heads=8).allowed:.2f}" for w in works)
+        print(f"{name}: density {m.density:.5f}, computed/allowed reordered, now {waste}")
         for p_ in ("fwd", "fwd+bwd"):
             unit = m.density * ms[f"dense {p_}"] * (m.n / args.dense_n) ** 2
-            was, now = ms[f"{name} gathered {p_}"], ms[f"{name} in place {p_}"]
+            was, now = ms[f"{name} reordered {p_}"], ms[f"{name} now {p_}"]
             print(
-                f"  {p_:8s} gathered {was:8.1f} ms ratio {was / unit:5.2f}   in place {now:8.1f} "
+                f"  {p_:8s} reordered {was:8.1f} ms ratio {was / unit:5.2f}   now {now:8.1f} "
                 f"ms ratio {now / unit:5.2f}   ({now / was:.2f}x the time)"
             )
-    print(f"timed {len(cases)} masks, queries gathered and in place (printed above)")
+    print(f"timed {len(cases)} masks, reordered and as run now (printed above)")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from attnkit import masks
 from attnkit.analysis import kernel_work, mha_cost
 from attnkit.analysis.kernel_work import PASSES, TILE_KEYS, TILE_ROWS
 from attnkit.functional import native
-from attnkit.functional._grid import _TILE_GRIDS
+from attnkit.functional._grid import _TILE_GRIDS, offset_bands
 
 needs_kernel = pytest.mark.skipif(
     not native.available(), reason="the compiled kernel could not be built here"
@@ -98,6 +98,23 @@ def test_bias_and_dropout_change_no_block():
         out.sum().backward()
     work = [kernel_work(mask, pass_=p, batch=2, heads=4).computed for p in PASSES]
     assert counted.item() == sum(work)
+
+
+@needs_kernel
+def test_a_bias_keeps_a_band_off_the_offset_path():
+    """A band of 47 keys: a plain backward takes the offset path (each row's own keys) on
+    AVX-512 builds, one with a bias the blocks (`kernel_work(plain=False)`)."""
+    n, mask = 300, masks.window(300, 24)
+    q, k, v = (torch.randn(1, 2, n, 8, requires_grad=True) for _ in range(3))
+    counts = []
+    for bias in (None, torch.randn(1, 2, n, n)):
+        out = attnkit.attention(q, k, v, mask=mask, bias=bias, backend="chunked").out
+        with native.count_work() as counted:
+            out.sum().backward()
+        counts.append(counted.item())
+    plain, biased = (kernel_work(mask, pass_="backward", heads=2, plain=p) for p in (True, False))
+    assert counts == [plain.computed, biased.computed]
+    assert (plain.computed < biased.computed) == offset_bands()
 
 
 @needs_kernel

@@ -18,10 +18,12 @@ intervals. A causal window of w keys over blocks of bq rows spans w + bq - 1 key
 so the kernel computes about N·(w + bq - 1) entries for the N·w the mask allows; a query block
 that straddles two documents spans both. Except where every row of a block sees at most
 `ROW_PATH_KEYS[pass_]` keys of a wider span (a narrow window): the kernel then computes each
-row over its own keys alone (_native/row_path.h), N·w entries for a window of w; and, in
-both passes, where every tile of `TILE_ROWS` rows of a block spans at most `TILE_KEYS` keys
-(short documents, a strided mask's short sequences): each tile over the union of its rows'
-keys (_native/tile_path.h, tile_backward.h).
+row over its own keys alone (_native/row_path.h), N·w entries for a window of w; in both
+passes, where every tile of `TILE_ROWS` rows of a block spans at most `TILE_KEYS` keys (short
+documents, a strided mask's short sequences): each tile over the union of its rows' keys
+(_native/tile_path.h, tile_backward.h); and, in a plain forward, where rows have several runs
+of keys (a 2-D neighbourhood in token order, unions): each tile over the union of its rows'
+offsets j - i, run by run (_native/offset_path.h).
 """
 
 from __future__ import annotations
@@ -31,13 +33,20 @@ from dataclasses import dataclass, replace
 import torch
 
 from attnkit.functional._blocks import (
+    BACKWARD_BAND_KEYS,
     BACKWARD_BLOCK_K,
     BACKWARD_BLOCK_Q,
+    BACKWARD_ROW_KEYS,
     FORWARD_BLOCK_K,
     FORWARD_BLOCK_Q,
     forward_blocks,
 )
-from attnkit.functional._grid import query_block
+from attnkit.functional._grid import (
+    backward_query_block,
+    offset_bands,
+    query_block,
+    shared_tiles,
+)
 from attnkit.functional._mask_plan import MaskPlan, kernel_plan, key_blocks
 from attnkit.functional.reordered import Reordered, group_call
 from attnkit.functional.structured import StructuredMask, causal_intervals
@@ -54,10 +63,19 @@ PASSES = {
 }
 
 
-# _native/row_path.h's kRowPathKeys / kRowPathKeysBackward: the widest row of a row-path block
-ROW_PATH_KEYS = {"forward": 64, "backward": 32}
+# _native/row_path.h's kRowPathKeys / kRowPathKeysBackward: the widest row of a row-path block.
+# A plain backward (no bias, dropout, score function, nor a dense part in the mask's plan) also
+# takes blocks of wider rows, up to BACKWARD_BAND_KEYS, where a tile of 8 rows is a band's
+# (_native/offset_backward.h; keys within its caches: S up to ~32K at D=64), counting each
+# row's own keys as the row path does.
+ROW_PATH_KEYS = {"forward": 64, "backward": BACKWARD_ROW_KEYS}
 # _native/tile_path.h's kTileRows, kTileKeys: the tiles of rows and their widest span
 TILE_ROWS, TILE_KEYS = 8, 32
+# _native/offset_path.h's kOffsetRuns, kOffsetRunKeys, kOffsetKeys: the forward's offset path
+# (rows of several runs, plain calls): runs a row, the widest union of one run's offsets over
+# a tile's rows, of all runs' together
+OFFSET_RUNS, OFFSET_RUN_KEYS, OFFSET_KEYS = 16, 64, 512
+_BIG, _SMALL = 2**62, -(2**62)
 
 
 @dataclass(frozen=True)
@@ -91,6 +109,8 @@ def kernel_work(
     pass_: str = "forward",
     batch: int = 1,
     heads: int = 1,
+    grad: bool = True,
+    plain: bool = True,
 ) -> KernelWork:
     """What `attnkit.attention(q, k, v, mask=mask, causal=causal, backend="chunked")` computes
     on the compiled CPU kernel, q (B, H, N, D), k and v (B, Hkv, S, ·), in one pass.
@@ -107,6 +127,12 @@ def kernel_work(
             has tiles. `native.count_work()` counts both passes together.
         batch, heads: B and H of the call (the mask's own batch and heads must be 1 or these).
             Key/value heads (GQA) change nothing: every query head walks its own blocks.
+        grad: whether the call's inputs want gradients: without, a 2-D neighbourhood's
+            forward runs in token order (`reordered.natural_runs`), not reordered.
+        plain: the call has no bias, dropout or score function (nor a dense part in the mask):
+            its backward computes bands of 33 to 64 keys a row on the offset path (the same
+            entries as the row path; AVX-512 builds of the kernel, unless
+            ATTNKIT_OFFSET_BACKWARD=0); False: on the blocks, as the forward does them.
     """
     if pass_ not in PASSES:
         raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
@@ -118,6 +144,9 @@ def kernel_work(
         if own not in (1, value):
             raise ValueError(f"mask has {name} {own}: the call's {name} must be {own}, got {value}")
     if isinstance(mask, Reordered) and not causal and n > 0:
+        if mask.natural is not None and not grad and pass_ == "forward":
+            got = kernel_work(mask.natural, pass_=pass_, batch=batch, heads=heads)
+            return replace(got, allowed=_allowed(mask, n, s, False, got.dense))
         return _reordered(mask, pass_, batch, heads)
     plan = None
     if mask is not None:
@@ -128,15 +157,20 @@ def kernel_work(
     if pass_ == "forward" and (plan is None or plan.tiles is None):
         structured = plan is not None and (plan.rows is not None or plan.table is not None)
         bq, bk = forward_blocks(n, causal, structured)
+    bands = pass_ == "backward" and plain and (plan is None or plan.dense is None)
+    bands = bands and offset_bands()  # AVX-512 builds (the kernel's default routing)
     if plan is not None and plan.tiles is None:  # rows alone: query blocks sized to them
-        bq = min(bq, query_block(plan.rows, bq))
+        pick = backward_query_block if bands else query_block
+        bq = min(bq, pick(plan.rows, bq))
     walks = _walks(plan)
     computed = blocks = 0
     for one in walks:
         for i0 in range(0, n, bq):
             i1 = min(i0 + bq, n)
             spans = [(j0, j1) for j0, j1, _, _ in key_blocks(one, i0, i1, n, s, bq, bk, causal)]
-            path = _path(_row_keys(one, i0, i1, n, s, causal, spans), spans, pass_)
+            path = _offset_path(one, i0, i1, n, s, causal) if pass_ == "forward" else None
+            keys = _row_keys(one, i0, i1, n, s, causal, spans)
+            path = path or _path(keys, spans, pass_, bands, i0)
             if path is not None:  # each row or tile over its own keys, no blocks
                 computed += path[1]
                 continue
@@ -244,15 +278,53 @@ def _tile_path(keys: tuple | None, rows: int | None) -> int | None:
     return computed
 
 
-def _path(keys: tuple | None, spans, pass_: str) -> tuple[str, int] | None:
-    """("tiles", entries) or ("rows", entries) where a query block takes the tile path or the
-    row path, None for the blocks (_native/forward.h's `forward_block`, backward_block.h's
-    `backward_block`)."""
+def _path(keys: tuple | None, spans, pass_: str, bands: bool, i0: int) -> tuple[str, int] | None:
+    """("tiles", entries) or ("rows", entries) where a query block (rows from i0) takes the
+    tile path, the row path or (`bands`) the backward's offset path, None for the
+    blocks (_native/forward.h's `forward_block`, backward_block.h's `backward_block`)."""
     rows = _row_path(keys, spans, ROW_PATH_KEYS[pass_])
+    if rows is None and bands:  # a band's tile among rows of up to BACKWARD_BAND_KEYS keys
+        wide = _row_path(keys, spans, BACKWARD_BAND_KEYS)
+        if wide is not None and bool(shared_tiles(keys[0], keys[1], i0).any()):
+            rows = wide
     tiles = _tile_path(keys, rows)  # both passes (tile_path.h, tile_backward.h)
     if tiles is not None:
         return "tiles", tiles
     return None if rows is None else ("rows", rows)
+
+
+def _offset_path(plan: MaskPlan | None, i0, i1, n, s, causal) -> tuple[str, int] | None:
+    """("offsets", entries) where rows i0:i1 take the forward's offset path
+    (_native/offset_path.h's `offset_path`: rows of several runs, no tiles, at least TILE_ROWS
+    rows; each tile of TILE_ROWS rows computes, for each run, the union over its rows of the
+    run's offsets from the row's query, j - i; a run's union at most OFFSET_RUN_KEYS, all runs'
+    at most OFFSET_KEYS, the block's tiles at most 5/4 of the entries its rows see), else None.
+    A call with a bias, dense mask, dropout or score function keeps the blocks: this counts a
+    plain call's."""
+    if plan is None or plan.table is not None or plan.rows is None:
+        return None
+    runs = plan.rows.shape[1]
+    if runs == 1 or runs > OFFSET_RUNS or i1 - i0 < TILE_ROWS:
+        return None
+    i = torch.arange(i0, i1)
+    lo, hi = plan.rows[0, :, 0, i0:i1], plan.rows[1, :, 0, i0:i1]  # (K, nq)
+    if causal:
+        hi = torch.minimum(hi, i + s - n + 1)
+    seen = lo < hi
+    pad = -(i1 - i0) % TILE_ROWS
+    first = torch.nn.functional.pad(torch.where(seen, lo - i, _BIG), (0, pad), value=_BIG)
+    last = torch.nn.functional.pad(torch.where(seen, hi - i, _SMALL), (0, pad), value=_SMALL)
+    dlo = first.view(runs, -1, TILE_ROWS).min(-1).values  # (K, tiles): each run's union
+    dhi = last.view(runs, -1, TILE_ROWS).max(-1).values
+    width = torch.where(dlo < dhi, dhi - dlo, 0)
+    total = width.sum(0)  # (tiles,)
+    if bool((width > OFFSET_RUN_KEYS).any()) or bool((total > OFFSET_KEYS).any()):
+        return None
+    rows = torch.full_like(total, TILE_ROWS)
+    rows[-1] = i1 - i0 - TILE_ROWS * (len(total) - 1)
+    computed = int((rows * total).sum())
+    allowed = int(torch.where(seen, hi - lo, 0).sum())
+    return ("offsets", computed) if 4 * computed <= 5 * allowed else None
 
 
 def _walks(plan: MaskPlan | None) -> list[MaskPlan | None]:

@@ -28,6 +28,14 @@ def forward_blocks(n: int, causal: bool, structured: bool) -> tuple[int, int]:
 
 
 BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K = 128, 256
+# The backward's paths for rows of one run of keys (_native/row_path.h's kRowPathKeysBackward,
+# _native/offset_backward.h's kBandKeys): query blocks whose rows see at most
+# BACKWARD_ROW_KEYS keys each go a row at a time, at most BACKWARD_BAND_KEYS (plain scores:
+# no score functions, dense mask, bias or dropout) on the offset path, whose query blocks stay
+# BACKWARD_BLOCK_Q rows (`_grid.backward_query_block`): its key tiles compute each block's
+# first and last keys' sums in part, (bq + w - 1) / bq of their share, and its per-block set-up
+# is paid once for more rows.
+BACKWARD_ROW_KEYS, BACKWARD_BAND_KEYS = 32, 64
 
 # The grid on which a structured mask's partial blocks are stored as tiles (both kernels walk
 # it, forward and backward, when there are tiles): the compiled kernel's backward blocks.

@@ -17,20 +17,29 @@ of 128-row ones (causal: 1188 vs 1092 ms).
 
 from __future__ import annotations
 
+import os
 import weakref
 
 import torch
 from torch import Tensor
 
-from attnkit.functional._blocks import STRUCTURED_BLOCK_K, STRUCTURED_BLOCK_Q
+from attnkit.functional._blocks import (
+    BACKWARD_BAND_KEYS,
+    BACKWARD_ROW_KEYS,
+    STRUCTURED_BLOCK_K,
+    STRUCTURED_BLOCK_Q,
+)
 
 __all__ = [
     "FINE_GRID",
     "FINE_LIMIT",
+    "backward_query_block",
     "choose_block_q",
     "choose_tile_grid",
+    "offset_bands",
     "query_block",
     "set_query_block",
+    "shared_tiles",
     "tile_grid_cost",
 ]
 
@@ -46,7 +55,9 @@ FINE_LIMIT = 1 << 25  # fine-map cells (bytes) past which the default grid is ke
 # The query block chosen for a plan's row intervals, keyed by the plan's `rows` tensor (which the
 # plan cache keeps alive): the kernel's arguments carry tensors, and this int rides with them.
 # (By id, dropped when the tensor is: a WeakKeyDictionary compares tensors with ==.)
+_BANDS: dict[int, tuple[int, bool]] = {}  # id(rows) -> _bands
 _QUERY_BLOCKS: dict[int, int] = {}
+_BANDS: dict[int, tuple[int, bool]] = {}  # id(rows) -> _bands
 
 
 def set_query_block(rows: Tensor, bq: int) -> None:
@@ -58,6 +69,51 @@ def set_query_block(rows: Tensor, bq: int) -> None:
 def query_block(rows: Tensor | None, default: int) -> int:
     """The query block chosen for these row intervals (`choose_block_q`), else `default`."""
     return default if rows is None else _QUERY_BLOCKS.get(id(rows), default)
+
+
+def shared_tiles(lo: Tensor, hi: Tensor, i0: int) -> Tensor:
+    """For each tile of 8 rows (queries i0.., keys [lo, hi), (..., n) of one run): whether its
+    rows share their offsets j - i, none empty (_native/offset_backward.h's `shared_offsets`,
+    a band's tiles); a last tile of fewer rows: not."""
+    n = lo.shape[-1] // 8 * 8
+    i = torch.arange(i0, i0 + n, device=lo.device)
+    dlo = (lo[..., :n] - i).unflatten(-1, (-1, 8))  # (..., n / 8, 8)
+    dhi = (hi[..., :n] - i).unflatten(-1, (-1, 8))
+    same = (dlo == dlo[..., :1]).all(-1) & (dhi == dhi[..., :1]).all(-1)
+    return same & (dhi[..., 0] > dlo[..., 0])
+
+
+def _bands(rows: Tensor) -> tuple[int, bool]:
+    """(the most keys a row sees, whether at least half of the tiles are a band's), rows
+    int64 (2, 1, B|1, N); cached by the tensor's identity like `query_block`."""
+    if id(rows) not in _BANDS:
+        weakref.finalize(rows, _BANDS.pop, id(rows), None)
+        lo, hi = rows[0, 0], rows[1, 0]  # (B|1, N)
+        widest = int((hi - lo).clamp(min=0).max()) if lo.numel() else 0
+        shared = shared_tiles(lo, hi, 0)
+        _BANDS[id(rows)] = (widest, shared.numel() > 0 and 2 * int(shared.sum()) >= shared.numel())
+    return _BANDS[id(rows)]
+
+
+def offset_bands() -> bool:
+    """Whether the compiled backward computes bands on its offset path by default
+    (_native/offset_backward.h's offset_switch): on AVX-512 builds (`_kernel_cache.kernel_isa`),
+    unless ATTNKIT_OFFSET_BACKWARD=0."""
+    from attnkit.functional._kernel_cache import kernel_isa  # the kernel's build, not loaded
+
+    return os.environ.get("ATTNKIT_OFFSET_BACKWARD") != "0" and kernel_isa() == "avx512"
+
+
+def backward_query_block(rows: Tensor | None, default: int) -> int:
+    """The compiled backward's query block for a plain call (`_blocks.BACKWARD_BAND_KEYS`): the
+    full `default` for a band (rows of one run, at least half of the 8-row tiles sharing their
+    offsets) whose rows see at most BACKWARD_BAND_KEYS keys and some more than
+    BACKWARD_ROW_KEYS (the offset path's), else `query_block`'s."""
+    if rows is not None and rows.shape[1] == 1:
+        widest, band = _bands(rows)
+        if band and BACKWARD_ROW_KEYS < widest <= BACKWARD_BAND_KEYS:
+            return default
+    return query_block(rows, default)
 
 
 def _fold(x: Tensor, bq: int, fill: int, op) -> Tensor:

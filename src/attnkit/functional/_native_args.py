@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from attnkit.functional._grid import query_block
+from attnkit.functional._dropout import NO_DROPOUT
+from attnkit.functional._grid import backward_query_block, offset_bands, query_block
 
 __all__ = ["Args", "count_work", "kernel_args", "point_at_cotangent"]
 
@@ -80,18 +81,23 @@ def _broadcast(t: Tensor, full: tuple[int, int, int, int]) -> tuple[Tensor, list
 
 def kernel_args(
     q, k, v, mask, bias, causal, scale, keep_t, inv_keep, seed, structure, blocks, groups=1,
-    qrows=None,
+    qrows=None, bands=False,
 ) -> Args:  # fmt: skip
     """The kernel's arguments. `groups`: the token axis interleaves that many independent
     sequences (`Args::groups` in _native/args.h), N and S counting one sequence's. `qrows`:
-    the query row map (`Args::qrows`), int64 (N,) contiguous, or None."""
+    the query row map (`Args::qrows`), int64 (N,) contiguous, or None. `bands`: a plain
+    backward (no score functions), whose bands keep full query blocks
+    (`_grid.backward_query_block`)."""
     b, h, n, d = q.shape
     n, s = n // groups, k.shape[2] // groups
     rows, table, tiles = structure
     if tiles is not None:  # the tiles fix the grid of both passes
         blocks = tuple(tiles.shape[1:])
     else:  # rows alone: query blocks sized to the rows' spans (`_grid.choose_block_q`)
-        blocks = (min(blocks[0], query_block(rows, blocks[0])), blocks[1])
+        plain = bands and mask is None and bias is None and keep_t == NO_DROPOUT
+        plain = plain and offset_bands()  # the kernel's default (offset_switch)
+        pick = backward_query_block if plain else query_block
+        blocks = (min(blocks[0], pick(rows, blocks[0])), blocks[1])
     a = Args(
         B=b, H=h, Hkv=k.shape[1], N=n, S=s, D=d, Dv=v.shape[3], bq=blocks[0], bk=blocks[1],
         causal=int(causal), keep_t=keep_t, nthreads=torch.get_num_threads(), seed=seed,

@@ -182,7 +182,7 @@ def _backward_into(
             )
     dlse = None if dlse is None else dlse.contiguous()
     args = (mask, bias, causal, scale, keep_t, inv_keep, _seed(seed), (rows, table, tiles))
-    a = kernel_args(q, k, v, *args, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K), groups, qrows)
+    a = kernel_args(q, k, v, *args, (BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K), groups, qrows, True)
     a.out, a.lse = out.data_ptr(), lse.data_ptr()
     point_at_cotangent(a, dout)
     a.dlse = None if dlse is None else dlse.data_ptr()

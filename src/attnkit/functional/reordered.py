@@ -59,13 +59,13 @@ class Reordered(_Function):
 
     def __init__(
         self, fn, n, order: Tensor, inner: StructuredMask | None, name: str, device=None,
-        groups: Groups | None = None,
+        groups: Groups | None = None, natural: StructuredMask | None = None,
     ):  # fmt: skip
         super().__init__(fn, n, n, 1, 1, device)
         self.order = order.to(self.device)
         self.inverse = torch.argsort(self.order)
         self.inner = inner if inner is not None else _Gathered(fn, n, self.order, name)
-        self.name, self.groups = name, groups
+        self.name, self.groups, self.natural = name, groups, natural
 
     def describe(self):
         return self.name
@@ -78,7 +78,10 @@ class Reordered(_Function):
 
     def to(self, device):
         inner = self.inner.to(device)
-        return Reordered(self.fn, self.n, self.order, inner, self.name, device, self.groups)
+        natural = None if self.natural is None else self.natural.to(device)
+        return Reordered(
+            self.fn, self.n, self.order, inner, self.name, device, self.groups, natural
+        )
 
 
 class _Gathered(_Function):
@@ -203,7 +206,33 @@ def neighborhood_2d(height: int, width: int, kernel: int | tuple[int, int], *, d
 
     order = tile_order(height, width, *choose_tile(height, width, kh, kw), device=device)
     name = f"neighborhood_2d({height}x{width}, {kh}x{kw})"
-    return Reordered(fn, height * width, order, None, name, device)
+    natural = natural_runs(height, width, kh, kw, name, device)
+    return Reordered(fn, height * width, order, None, name, device, natural=natural)
+
+
+# The widest kernel whose neighbourhoods the compiled kernel's offset path takes in token order
+# (_native/offset_path.h: kOffsetRuns runs a row; a border tile's union of one run's offsets,
+# kw + kw // 2 at most, within kOffsetRunKeys = 64; all runs' within kOffsetKeys = 512).
+_NATURAL_RUNS, _NATURAL_RUN_KEYS, _NATURAL_KEYS = 16, 64, 512
+
+
+def natural_runs(height: int, width: int, kh: int, kw: int, name: str, device=None):
+    """The neighbourhood in token order as kh runs of kw keys a query (`RowRuns`), which the
+    compiled kernel's offset path computes exactly in its interior (8 queries of a canvas row
+    share their runs shifted by one a lane), or None where the kernel would not take it.
+    Measured (benchmarks/bench_natten.py: AMD EPYC Zen 4, 1 thread, H=8, D=64, forward, time
+    / (density x dense time), reordered tiles -> token order): 15 x 15 on 64 x 64 3.20 ->
+    1.79, on 128 x 128 3.35 -> 2.12; 7 x 7 on 64 x 64 6.94 -> 2.51, on 128 x 128 6.66 -> 2.46."""
+    wide = kw + kw // 2
+    if kh > _NATURAL_RUNS or wide > _NATURAL_RUN_KEYS or kh * wide > _NATURAL_KEYS:
+        return None
+    from attnkit.functional._natten_tiles import neighbours
+    from attnkit.functional._row_masks import RowRuns
+
+    q = torch.arange(height * width, device=device)
+    first = neighbours(height, width, kh, kw, q)[:, ::kw]  # (N, kh): each run's first key
+    lo = first.T[:, None]  # (K, 1, N)
+    return RowRuns(lo, lo + kw, height * width, f"{name}, token order")
 
 
 def reordered_call(mask, q: Tensor, k: Tensor, bias, dropout: bool, causal: bool) -> bool:

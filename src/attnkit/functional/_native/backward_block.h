@@ -18,6 +18,7 @@
 #include "dropout.h"
 #include "gemm_acc.h"
 #include "masks.h"
+#include "offset_backward.h"
 #include "row_path.h"
 #include "scratch.h"
 #include "score_mods.h"
@@ -93,7 +94,7 @@ void backward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, i
                    const float* di, const float* kb, int64_t ldk, const float* vb, int64_t ldv,
                    const int64_t* lo, const int64_t* hi, Scratch& w, float* dq, float* dk_acc,
                    float* dv_acc, int64_t step) {
-    constexpr int64_t W = kRowPathKeysBackward;  // scores a row
+    constexpr int64_t W = kRowStrideBackward;  // scores a row
     const int64_t D = a.D, Dv = a.Dv, head = b * a.H + h;
     float *s = w.s.data(), *dp = w.dp.data(), *g = w.g.empty() ? nullptr : w.g.data();
     float* dtab = w.dtab.empty() ? nullptr : w.dtab.data();
@@ -124,6 +125,60 @@ void backward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, i
         if (nk[u] > 0) weighted_sum(dp + u * W, nk[u], kb + lo[u] * ldk, ldk, D, dq + u * D);
     }
     add_dk_dv(a, n, lo, hi, nk, dp, s, W, qs, dob, dk_acc, dv_acc, step);
+}
+
+// The rows of an offset-path block: each tile of kTileRows rows whose offsets are the block's
+// (those of its first tile that shares them) on the offset path (offset_backward.h), the
+// others on the row path, kRowGroup rows at a time; then the key lanes' dK, dV. False, having
+// computed nothing, where no tile shares its offsets. Arguments as backward_rows' for the
+// whole block (rows i0..i1, lse and D_i of each).
+bool offset_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t i1,
+                 const float* qs, const float* dob, const float* lse, const float* di,
+                 const float* kb, int64_t ldk, const float* vb, int64_t ldv, Scratch& w,
+                 float* dq, float* dk_acc, float* dv_acc, int64_t step) {
+    const int64_t nq = i1 - i0, D = a.D, Dv = a.Dv;
+    int64_t first, end, lo[kTileRows], hi[kTileRows], dlo = 0, dhi = 0, tlo, thi;
+    blocks_span(w, first, end);
+    auto spans = [&](int64_t t, int64_t n) {
+        for (int64_t u = 0; u < n; ++u) row_span(a, w, t + u, i0 + t + u, first, end, lo[u], hi[u]);
+    };
+    bool any = false;  // the block's offsets: its first tile that shares them
+    for (int64_t t = 0; t + kTileRows <= nq && !any; t += kTileRows) {
+        spans(t, kTileRows);
+        any = shared_offsets(lo, hi, i0 + t, kTileRows, lse + t, dlo, dhi);
+    }
+    if (!any) return false;  // no band here (documents of 33-64 tokens): the blocks
+    OffsetBlock& ob = offset_block();
+    offset_start(a, ob, nq, dlo, dhi - dlo);
+    const float* kT = offset_ready(a, w.okt, kb, ldk, D, first, end);
+    const float* vT = offset_ready(a, w.ovt, vb, ldv, Dv, first, end);
+    auto offset = [&](int64_t t, int64_t n, OffsetTile& ot) {  // the block's offsets, one run
+        spans(t, n);
+        return shared_offsets(lo, hi, i0 + t, n, lse + t, tlo, thi) && tlo == dlo &&
+               thi == dhi && offset_tile(lo, hi, kTileRows, 1, i0 + t, n, ot);
+    };
+    for (int64_t t = 0; t < nq;) {
+        const int64_t n = std::min(kTileRows, nq - t);
+        OffsetTile ot, next;
+        if (offset(t, n, ot)) {  // with the next tile where it is one too
+            const bool pair = t + 2 * kTileRows <= nq && offset(t + kTileRows, kTileRows, next);
+            w.work += (pair ? 2 : 1) * kTileRows * (dhi - dlo);
+            query_tiles(a, ob, ot, t, pair, qs + t * D, dob + t * Dv, kT, vT, offset_ld(a),
+                        lse + t, di + t, dq + t * D);
+            t += (pair ? 2 : 1) * kTileRows;
+            continue;
+        }
+        offset_zero(a, ob, ob.P + t, ob.P + t + n);  // on the row path: its columns 0
+        for (int64_t g = 0; g < n; g += kRowGroup) {
+            const int64_t m = std::min(kRowGroup, n - g), r = t + g;
+            for (int64_t u = g; u < g + m; ++u) w.work += hi[u] - lo[u];
+            backward_rows(a, b, h, sq, i0 + r, m, nq, qs + r * D, dob + r * Dv, lse + r, di + r,
+                          kb, ldk, vb, ldv, lo + g, hi + g, w, dq + r * D, dk_acc, dv_acc, step);
+        }
+        t += n;
+    }
+    key_tiles(a, ob, i0, first, end, dk_acc, dv_acc, step);
+    return true;
 }
 
 // Row `row` of dO into dst (Dv floats), whatever its strides (Args::dout_st).
@@ -180,15 +235,24 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
     backward_tiles(a, b, h, sq, i0, i1, qs, dob, lse, dlt, kb, ldk, vb, ldv, w, dq, dk_acc, dv_acc,
                    step);
     const uint32_t t = static_cast<uint32_t>(a.keep_t < kNoDropout ? a.keep_t : 0);
-    if (row_path(a, w, i0, i1, kRowPathKeysBackward)) {
-        const size_t need = kRowGroup * kRowPathKeysBackward;
+    const int switched = offset_switch();  // the default -1: bands past the row path's rows
+    const bool narrow = row_path(a, w, i0, i1, kRowPathKeysBackward);
+    const bool offsets = switched != 0 && (switched == 1 || !narrow) && offsets_fit(a) &&
+                         (narrow || row_path(a, w, i0, i1, kBandKeys));
+    if (narrow || offsets) {
+        const size_t need = kRowGroup * kRowStrideBackward;
         for (std::vector<float>* buf : {&w.s, &w.dp}) {
             if (buf->size() < need) buf->resize(need);
         }
         if (!w.g.empty() && w.g.size() < need) w.g.resize(need);
+    }
+    if (offsets && offset_rows(a, b, h, sq, i0, i1, qs, dob, lse, dlt, kb, ldk, vb, ldv, w, dq,
+                               dk_acc, dv_acc, step)) {
+        w.blocks.clear();  // computed: no blocks left
+    } else if (narrow) {
         each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
-            backward_rows(a, b, h, sq, i0 + r, n, nq, qs + r * D, dob + r * Dv, lse + r, dlt + r,
-                          kb, ldk, vb, ldv, lo, hi, w, dq + r * D, dk_acc, dv_acc, step);
+            backward_rows(a, b, h, sq, i0 + r, n, nq, qs + r * D, dob + r * Dv, lse + r,
+                          dlt + r, kb, ldk, vb, ldv, lo, hi, w, dq + r * D, dk_acc, dv_acc, step);
         });
         w.blocks.clear();  // computed: no blocks left
     }

@@ -20,6 +20,7 @@
 #include "blas.h"
 #include "dropout.h"
 #include "masks.h"
+#include "offset_path.h"
 #include "row_path.h"
 #include "scratch.h"
 #include "score_mods.h"
@@ -114,6 +115,61 @@ void forward_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, in
     finish_rows(a, head, sq, i, n, vb, ldv, lo, hi, s, acc);
 }
 
+// Rows u < n (queries i + u, keys [lo[u], hi[u])) of a key-major score tile finished the row
+// path's way: row u's scores, at col(u) + c * kTileRows for c < hi[u] - lo[u], copied to a row
+// of their own, score functions and masks applied, then finish_rows (the tile and offset
+// paths' calls with more than plain scores).
+template <typename Col>
+void finish_tile_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, int64_t n,
+                      int64_t nq, const float* kb, int64_t ldk, const float* vb, int64_t ldv,
+                      const int64_t* lo, const int64_t* hi, Scratch& w, float* acc, Col col) {
+    const int64_t head = b * a.H + h;
+    float* s = w.s.data();
+    for (int64_t r = 0; r < n; r += kRowGroup) {
+        const int64_t g = std::min(kRowGroup, n - r);
+        for (int64_t u = r; u < r + g; ++u) {
+            prefetch_tile_row(a, head, sq, i + u, nq, kb, ldk, vb, ldv);
+            float* su = s + (u - r) * kRowPathKeys;
+            const int64_t nk = hi[u] - lo[u];
+            const float* cu = col(u);
+            for (int64_t c = 0; c < nk; ++c) su[c] = cu[c * kTileRows];
+            score_mod_row_fwd(a, h, i + u, lo[u], nk, su, nullptr);
+            mask_row(a, b, h, i + u, lo[u], nk, su);
+        }
+        finish_rows(a, head, sq, i + r, g, vb, ldv, lo + r, hi + r, s, acc);
+    }
+}
+
+// Forward of an offset tile t (offset_path.h: queries i..i+n-1 of the block of nq rows from
+// i0, whose keys end at `end`; pre-scaled rows qs, D apart) against the padded cache kT (key 0's column, rows ldt apart):
+// the scores, the softmax lane by lane and each row's weighted sum of its own value rows; with
+// more than plain scores (one run a row, offset_path), finish_tile_rows. lo, hi: the rows'
+// runs (tile_runs). acc: kTileRows rows of Dv.
+void forward_offsets(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t nq,
+                     int64_t end, const float* qs, const float* kT, int64_t ldt, const float* kb, int64_t ldk,
+                     const float* vb, int64_t ldv, const OffsetTile& t, const int64_t* lo,
+                     const int64_t* hi, Scratch& w, float* acc) {
+    const int64_t head = b * a.H + h, Dv = a.Dv, i = t.i, n = t.n;
+    w.work += n * t.total;
+    float* sT = w.ts.data();
+    transpose_q(qs, n, a.D, ceil_div(a.D, kDimBlock), w.tq.data());
+    const tvec m = offset_scores(w.tq.data(), a.D, kT, ldt, t, sT);
+    if (!plain_scores(a)) {
+        finish_tile_rows(a, b, h, sq, i, n, nq, kb, ldk, vb, ldv, lo, hi, w, acc, [&](int64_t u) {
+            return sT + (t.at[0] + t.vlo[0][u]) * kTileRows + u;
+        });
+        return;
+    }
+    const tvec l = tile_softmax(sT, t.total, m);
+    const bool by_runs = t.total * Dv > kOffsetLaneFloats;
+    if (by_runs) offset_values(t, sT, vb, ldv, Dv, acc);
+    for (int64_t u = 0; u < n; ++u) {
+        prefetch_offset_row(a, head, sq, i + u, nq, kb, ldk, vb, ldv, end + i + u - i0);
+        if (!by_runs) offset_row_values(t, u, sT, vb, ldv, Dv, acc + u * Dv);
+        write_row(a, qrow(a, head, sq, i + u), acc + u * Dv, m[u], l[u]);
+    }
+}
+
 // Forward of the tile of queries i..i+n-1 (n <= kTileRows) of a block of nq rows (pre-scaled
 // rows qs, D apart), query i + u over keys [lo[u], hi[u]): the rows' scores over the union of
 // their keys as one register-blocked product (tile_path.h), each masked to its own keys. On
@@ -136,19 +192,8 @@ void forward_tile(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, in
     float* sT = w.ts.data();
     const tvec m = tile_scores_masked(a, w, qs, n, kb + jlo * ldk, ldk, jlo, span, lo, hi);
     if (!plain_scores(a)) {
-        float* s = w.s.data();
-        for (int64_t r = 0; r < n; r += kRowGroup) {
-            const int64_t g = std::min(kRowGroup, n - r);
-            for (int64_t u = r; u < r + g; ++u) {
-                prefetch_tile_row(a, head, sq, i + u, nq, kb, ldk, vb, ldv);
-                float* su = s + (u - r) * kRowPathKeys;
-                const int64_t nk = hi[u] - lo[u];
-                for (int64_t c = 0; c < nk; ++c) su[c] = sT[(lo[u] - jlo + c) * kTileRows + u];
-                score_mod_row_fwd(a, h, i + u, lo[u], nk, su, nullptr);
-                mask_row(a, b, h, i + u, lo[u], nk, su);
-            }
-            finish_rows(a, head, sq, i + r, g, vb, ldv, lo + r, hi + r, s, acc);
-        }
+        finish_tile_rows(a, b, h, sq, i, n, nq, kb, ldk, vb, ldv, lo, hi, w, acc,
+                         [&](int64_t u) { return sT + (lo[u] - jlo) * kTileRows + u; });
         return;
     }
     const tvec l = tile_softmax(sT, span, m);
@@ -195,9 +240,27 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     const float* vb = a.v + row_of(a, b * a.Hkv + kvh, a.S, sq, 0) * Dv;
     float *s = w.s.data(), *qs = w.qs.data(), *acc = w.acc.data();
     load_q(a, b, h, sq, i0, nq, qs);
+    int64_t first, end;
+    const std::vector<OffsetTile>* tiles =
+        offset_candidate(a, plain_scores(a), nq) ? offset_path(a, b, i0, i1, first, end) : nullptr;
+    if (tiles) {
+        if (a.groups > 1 && i1 == a.N) {  // the last block of sequence sq
+            prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
+        }
+        offset_buffers(a, w);
+        int64_t ldt;
+        const float* kT = offset_window(w.okt, kb, ldk, D, first, end, ldt);
+        int64_t lo[kOffsetRuns * kTileRows], hi[kOffsetRuns * kTileRows];
+        for (const OffsetTile& t : *tiles) {
+            const int64_t r = t.i - i0;
+            if (!plain_scores(a)) tile_runs(a, b, t.i, t.n, lo, hi);  // finish_tile_rows's
+            forward_offsets(a, b, h, sq, i0, nq, end, qs + r * D, kT, ldt, kb, ldk, vb, ldv, t, lo, hi, w,
+                            acc);
+        }
+        return;
+    }
     key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
     if (a.groups > 1 && i1 == a.N) {  // the last block of sequence sq
-        int64_t first, end;
         blocks_span(w, first, end);
         prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
     }

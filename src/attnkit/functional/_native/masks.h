@@ -138,6 +138,16 @@ void stretches(const Args& a, int64_t nq, const int64_t* lo, const int64_t* hi, 
     out.resize(n);
 }
 
+// The runs of rows i0..i1-1 of batch row b (Args::rows): run k of row r to lo[k * bq + r],
+// hi[k * bq + r].
+inline void copy_runs(const Args& a, int64_t b, int64_t i0, int64_t i1, int64_t* lo, int64_t* hi) {
+    for (int64_t k = 0; k < a.rows_k; ++k) {
+        const int64_t* rl = a.rows + k * a.rows_kst + b * a.rows_bst + i0;
+        std::copy(rl, rl + (i1 - i0), lo + k * a.bq);
+        std::copy(rl + a.rows_half, rl + a.rows_half + (i1 - i0), hi + k * a.bq);
+    }
+}
+
 // The key blocks rows i0..i1-1 of head (b, h) compute, in order: each stretch of keys some row
 // sees (`stretches`; rows that see nothing add nothing), cut by the causal end, in blocks of bk
 // from its first key; on the table's grid instead when there is a table, without the blocks it
@@ -149,11 +159,7 @@ void key_blocks(const Args& a, int64_t b, int64_t h, int64_t i0, int64_t i1,
     const int64_t end = key_end(a, i1);
     spans.assign(1, {0, end});
     if (a.rows) {
-        for (int64_t k = 0; k < a.rows_k; ++k) {
-            const int64_t* rl = a.rows + k * a.rows_kst + b * a.rows_bst + i0;
-            std::copy(rl, rl + (i1 - i0), lo + k * a.bq);
-            std::copy(rl + a.rows_half, rl + a.rows_half + (i1 - i0), hi + k * a.bq);
-        }
+        copy_runs(a, b, i0, i1, lo, hi);
         stretches(a, i1 - i0, lo, hi, end, spans);
     }
     const int64_t nkb = (a.S + a.bk - 1) / a.bk, qb = i0 / a.bq;

@@ -38,6 +38,9 @@ using namespace attnkit_simd;
 // (48.1 -> 50.9).
 constexpr int64_t kRowPathKeys = 64;          // the widest row of a forward row-path block
 constexpr int64_t kRowPathKeysBackward = 32;  // and of a backward one
+// The row length of the backward's row buffers: the widest row of either of its paths (the
+// offset path's blocks, offset_backward.h's kOffsetKeys, send their clipped rows here).
+constexpr int64_t kRowStrideBackward = 64;
 
 
 // The keys [lo, hi) of row r (query i) of a block on the row path: its interval, cut by the

@@ -31,11 +31,14 @@ inline int64_t block_floats(const Args& a) {
 }
 
 // One sequence's keys (or values) transposed (transposed.h): row d of t holds the d-th floats
-// of all its keys, filled bk keys at a time.
+// of all its keys, filled bk keys at a time, key j in column pad + j (the offset path's caches,
+// offset_path.h, have pad zero columns either side; the others none).
 struct Transposed {
     std::vector<float> t;
+    int64_t pad = 0;
     std::vector<uint8_t> ready;  // keys jb * bk .. filled
     const float* src = nullptr;  // the keys they are (null: none yet)
+    int64_t first = 0, end = 0, cap = 0;  // a sliding cache's keys and capacity (offset_window)
 };
 
 struct Scratch {
@@ -46,6 +49,7 @@ struct Scratch {
     const float* packed_v = nullptr;     // the values in tv
     int64_t packed_k_n = 0, packed_v_n = 0;
     Transposed kt, vt;           // the backward's keys and values, transposed (transposed.h)
+    Transposed okt, ovt;         // the offset path's keys (and the backward's values), padded
     std::vector<KeyBlock> blocks;
     std::vector<int64_t> lo, hi;  // each row's runs of keys, run k of row r at k * bq + r
     int64_t work = 0;             // score entries computed by this thread

@@ -357,7 +357,9 @@ inline void add_weighted_rows(float* out, int64_t n, const float* const* x, cons
 #if defined(__AVX__)
 // dst (8 x 8, rows ldd apart) = the 8 x 8 floats at src (rows lds apart) transposed, rows of
 // src from `rows` on read as 0 (unpack, shuffle, cross-lane permute: 24 shuffles): the
-// backward's transposed keys (transposed.h) and the tile path's transposed queries.
+// backward's transposed keys (transposed.h) and the tile path's transposed queries; kAdd:
+// added to dst instead (the offset path's dK, dV rows, offset_backward.h).
+template <bool kAdd = false>
 inline void transpose8(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows = 8) {
     __m256 r[8], t[8];
     for (int i = 0; i < 8; ++i) r[i] = i < rows ? _mm256_loadu_ps(src + i * lds) : __m256{};
@@ -371,9 +373,12 @@ inline void transpose8(const float* src, int64_t lds, float* dst, int64_t ldd, i
         r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
         r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
     }
+    auto put = [](float* p, __m256 x) {
+        _mm256_storeu_ps(p, kAdd ? _mm256_add_ps(_mm256_loadu_ps(p), x) : x);
+    };
     for (int i = 0; i < 4; ++i) {
-        _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-        _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+        put(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        put(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
     }
 }
 #endif

@@ -67,19 +67,26 @@ inline void transpose_keys(const float* x, int64_t ldx, int64_t n, int64_t width
 }
 
 // Makes keys [j0, j0 + nk) of x (rows ldx apart, `width` floats each) ready in the cache c:
-// row d of c.t holds the d-th floats of the sequence's keys, filled bk keys at a time.
+// row d of c.t (transposed_ld(a) + 2 * c.pad floats) holds the d-th floats of the sequence's
+// keys from column c.pad on, filled bk keys at a time; the c.pad columns either side and
+// those past S are zero.
 void make_ready(const Args& a, Transposed& c, const float* x, int64_t ldx, int64_t width,
                 int64_t j0, int64_t nk) {
-    const int64_t ld = transposed_ld(a);
+    const int64_t ld = transposed_ld(a) + 2 * c.pad;
     if (c.src != x) {  // another sequence: nothing cached
         c.src = x;
         c.t.resize(width * ld);
         c.ready.assign(ceil_div(a.S, a.bk), 0);
+        for (int64_t d = 0; c.pad > 0 && d < width; ++d) {
+            float* row = c.t.data() + d * ld;
+            std::fill(row, row + c.pad, 0.0f);
+            std::fill(row + c.pad + a.S, row + ld, 0.0f);
+        }
     }
     for (int64_t jb = j0 / a.bk; jb * a.bk < j0 + nk; ++jb) {
         if (c.ready[jb]) continue;
         const int64_t first = jb * a.bk, n = std::min(a.bk, a.S - first);
-        transpose_keys(x + first * ldx, ldx, n, width, c.t.data() + first, ld);
+        transpose_keys(x + first * ldx, ldx, n, width, c.t.data() + c.pad + first, ld);
         c.ready[jb] = 1;
     }
 }

@@ -1,0 +1,427 @@
+// The offset path: a tile of kTileRows consecutive query positions i..i+7 of a sequence, one a
+// lane of a 32-byte vector (tile_path.h's tvec), whose keys are addressed by their offset
+// delta = j - i from the lane's own query. A band (a window, a causal window, a dilated
+// window's interleaved sequences) gives every lane the same offsets, so each FMA of the
+// product computes kTileRows allowed entries and nothing is masked:
+//     sT[c][u] = sum_d qT[d][u] * kT[d][i + u + delta_c]   (an unaligned 8-float load)
+// from the keys transposed once per sequence (transposed.h's caches, padded here so that a
+// lane's offsets never read outside them). Lanes whose keys differ (a window clipped at the
+// sequence's ends, a 2-D neighbourhood's border tiles) compute the union of their offsets,
+// each lane masked (-inf) to its own. Rows with several runs of keys (Args::rows_k) have one
+// range of offsets a run. The softmax is tile_path.h's, lane by lane; each row's weighted sum
+// of values reads only its own keys' value rows (forward.h's forward_offsets).
+//
+// Legend: kOffsetRunKeys the widest union of offsets of one run a tile takes, kOffsetKeys of
+// all runs together, kOffsetRuns the most runs; OffsetTile a tile's offsets (per run: first
+// offset dlo, width, row `at` in the score tile, each lane's own [vlo, vhi) numbered from dlo);
+// offset_tile builds it from the rows' runs; kOffsetPad the zero columns either side of a
+// padded cache; offset_ready makes keys ready in one; offset_scores the masked product (any
+// x^T against any padded cache: the forward's q k^T, a backward's dO' v^T too);
+// offset_row_values a lane's weighted sum over its own value rows.
+
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "args.h"
+#include "masks.h"
+#include "row_path.h"
+#include "scratch.h"
+#include "simd.h"
+#include "tile_path.h"
+#include "transposed.h"
+
+namespace {
+
+using namespace attnkit_simd;
+
+// The widest union of one run's offsets over a tile's lanes (a window of w keys: w, plus the
+// lanes' differences where it is clipped), and of all runs' together.
+constexpr int64_t kOffsetRunKeys = 64;
+constexpr int64_t kOffsetKeys = 512;
+static_assert(kOffsetRunKeys <= kRowPathKeys, "finish_rows takes a run of a row");
+// Runs a row may have on the offset path (attnkit/functional/_runs.py's MAX_RUNS).
+constexpr int64_t kOffsetRuns = 16;
+// Zero columns either side of a padded cache: lane u reads keys i + u + delta for every
+// delta of a run's union [dlo, dhi), the offsets of lanes v: from lo_v + u - v >= lo_v - 7 to
+// hi_v + u - v - 1 <= hi_v + 6 (lo_v, hi_v: lane v's keys), within kTileRows - 1 of the keys
+// the tile's lanes see.
+constexpr int64_t kOffsetPad = 8;
+
+// A tile's offsets: queries i..i+n-1 (n <= kTileRows, lane u query i + u); run k's offsets
+// dlo[k] .. dlo[k] + width[k] in rows at[k] .. of the score tile (key-major, kTileRows floats a
+// row); lane u sees offsets dlo[k] + [vlo[k][u], vhi[k][u]) (empty: 0, 0). `total` rows in
+// all, `seen` entries the lanes see.
+struct OffsetTile {
+    int64_t i, n, runs, total, seen;
+    int64_t first, end;  // the keys the lanes see, from first to end (INT64_MAX, INT64_MIN: none)
+    int64_t dlo[kOffsetRuns], width[kOffsetRuns], at[kOffsetRuns];
+    tint vlo[kOffsetRuns], vhi[kOffsetRuns];
+};
+
+// t from runs k < K of rows u < n (query i + u): keys [lo[k * ld + u], hi[k * ld + u]) (empty
+// where lo >= hi). False where a run's union is wider than kOffsetRunKeys, all runs' wider than
+// kOffsetKeys, or K > kOffsetRuns.
+typedef int64_t tlong __attribute__((vector_size(kTileRows * 8)));
+
+// The smallest and largest lane of x, and the lanes' sum (three halvings each).
+template <typename V>
+inline V lanes_fold(V x, int op) {
+    const V swap4 = __builtin_shuffle(x, tint{4, 5, 6, 7, 0, 1, 2, 3});
+    V y = op == 0 ? (swap4 < x ? swap4 : x) : op == 1 ? (swap4 > x ? swap4 : x) : swap4 + x;
+    const V swap2 = __builtin_shuffle(y, tint{2, 3, 0, 1, 6, 7, 4, 5});
+    y = op == 0 ? (swap2 < y ? swap2 : y) : op == 1 ? (swap2 > y ? swap2 : y) : swap2 + y;
+    const V swap1 = __builtin_shuffle(y, tint{1, 0, 3, 2, 5, 4, 7, 6});
+    return op == 0 ? (swap1 < y ? swap1 : y) : op == 1 ? (swap1 > y ? swap1 : y) : swap1 + y;
+}
+
+// t from runs k < K of rows u < n (query i + u): keys [lo[k * ld + u], hi[k * ld + u]) (empty
+// where lo >= hi). False where a
+// run's union is wider than kOffsetRunKeys, all runs' wider than kOffsetKeys, or K >
+// kOffsetRuns. Lane by lane in vectors: the scalar walk, twice over each run's lanes, was
+// ~8% of a 7 x 7 neighbourhood's forward (perf).
+inline bool offset_tile(const int64_t* lo, const int64_t* hi, int64_t ld, int64_t K, int64_t i,
+                        int64_t n, OffsetTile& t) {
+    if (K > kOffsetRuns) return false;
+    t.i = i, t.n = n, t.runs = K, t.total = 0, t.seen = 0;
+    const tint lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    const tint live = lane < static_cast<int32_t>(n);
+    tlong first = tlong{} + INT64_MAX, end = tlong{} + INT64_MIN;
+    for (int64_t k = 0; k < K; ++k) {
+        tlong L{}, H{};  // lanes from n on: empty (whatever the caller's arrays hold there)
+        for (int64_t u = 0; u < n; ++u) L[u] = lo[k * ld + u], H[u] = hi[k * ld + u];
+        const tint seen = live & __builtin_convertvector(L < H, tint);
+        const tint rl = __builtin_convertvector(L - i, tint) - lane;  // lo - (i + u)
+        const tint rh = __builtin_convertvector(H - i, tint) - lane;
+        int32_t dlo = lanes_fold(seen ? rl : tint{} + INT32_MAX, 0)[0];
+        int32_t dhi = lanes_fold(seen ? rh : tint{} + INT32_MIN, 1)[0];
+        if (dlo >= dhi) dlo = dhi = 0;  // no lane sees run k
+        if (dhi - dlo > kOffsetRunKeys) return false;
+        t.seen += lanes_fold(seen ? rh - rl : tint{}, 2)[0];
+        const tlong seen64 = __builtin_convertvector(seen, tlong);
+        first = seen64 ? (L < first ? L : first) : first;
+        end = seen64 ? (H > end ? H : end) : end;
+        t.dlo[k] = dlo, t.width[k] = dhi - dlo, t.at[k] = t.total;
+        t.total += dhi - dlo;
+        t.vlo[k] = seen ? rl - dlo : tint{};
+        t.vhi[k] = seen ? rh - dlo : tint{};
+    }
+    t.first = INT64_MAX, t.end = INT64_MIN;
+    for (int u = 0; u < kTileRows; ++u) t.first = std::min(t.first, first[u]), t.end = std::max(t.end, end[u]);
+    return t.total <= kOffsetKeys;
+}
+
+// Makes keys [j0, j1) of x (rows ldx apart, `width` floats each) ready in the padded cache c
+// (transposed.h's make_ready, kOffsetPad zero columns either side); returns key 0's column:
+// key j's d-th float at [d * ld + j] for -kOffsetPad <= j < S + kOffsetPad, ld =
+// offset_ld(a).
+inline int64_t offset_ld(const Args& a) { return transposed_ld(a) + 2 * kOffsetPad; }
+
+inline const float* offset_ready(const Args& a, Transposed& c, const float* x, int64_t ldx,
+                                 int64_t width, int64_t j0, int64_t j1) {
+    c.pad = kOffsetPad;
+    j0 = std::max<int64_t>(j0, 0), j1 = std::min(j1, a.S);
+    if (j0 < j1) make_ready(a, c, x, ldx, width, j0, j1 - j0);
+    return c.t.data() + kOffsetPad;
+}
+
+// Keys the sliding cache holds at least (offset_window): 64 dimensions of 512 keys, 128 KiB,
+// within the second-level cache; a block whose keys span more (a 2-D neighbourhood's: a query
+// block of 128 spans ~kernel + 1 canvas rows) gets twice its span.
+constexpr int64_t kOffsetWindow = 512;
+
+// Makes keys [j0, j1) of x (rows ldx apart, `width` floats each) ready in c as a sliding
+// cache, for the query blocks of one sequence in order: the keys past those it holds are
+// appended (transposed), and where they would not fit within its `cap` keys, or the block
+// starts before them, it starts again at j0. Returns key 0's column (key j's d-th float at
+// [d * ldt + j]; kOffsetPad zero columns either side of what it holds) and sets ldt.
+// The per-sequence cache (offset_ready) writes and reads back a sequence's whole transposed
+// keys, 1.1 MiB at S=4096, D=64, out of the second-level cache: measured (window of 9 keys,
+// N=4096, H=8, D=64, forward, AMD EPYC Zen 4) 6.9 ms on it against 5.7 sliding.
+inline const float* offset_window(Transposed& c, const float* x, int64_t ldx, int64_t width,
+                                  int64_t j0, int64_t j1, int64_t& ldt) {
+    const int64_t cap = std::max(kOffsetWindow, 2 * (j1 - j0));
+    ldt = std::max(c.cap, cap) + 2 * kOffsetPad + 16;
+    if (cap > c.cap || c.t.size() < static_cast<size_t>(width * ldt)) {  // grown: start again
+        c.cap = std::max(c.cap, cap);
+        c.t.resize(width * ldt);
+        c.src = nullptr;
+    }
+    float* t = c.t.data();
+    if (c.src != x || j0 < c.first || j1 - c.first > c.cap) {  // start again at j0
+        c.src = x, c.first = c.end = j0;
+        for (int64_t d = 0; d < width; ++d) std::fill(t + d * ldt, t + d * ldt + kOffsetPad, 0.0f);
+    }
+    if (j1 > c.end) {
+        transpose_keys(x + c.end * ldx, ldx, j1 - c.end, width, t + kOffsetPad + c.end - c.first,
+                       ldt);
+        c.end = j1;
+        const int64_t past = kOffsetPad + c.end - c.first;  // zero columns after the keys
+        for (int64_t d = 0; d < width; ++d) {
+            std::fill(t + d * ldt + past, t + d * ldt + past + kOffsetPad, 0.0f);
+        }
+    }
+    return t + kOffsetPad - c.first;
+}
+
+// Whether a sequence's keys of `width` floats fit a padded cache (kMaxTransposed).
+inline bool offset_cacheable(const Args& a, int64_t width) {
+    return offset_ld(a) * width <= kMaxTransposed;
+}
+
+// Offsets c0..c0+C of one run against the tile's lanes: for each dimension d the lanes' x
+// components (one vector) times C unaligned vectors of the cache's row d, C accumulators
+// (C independent FMA chains; below 8 two sets, even and odd d, so that the chains still
+// overlap). y: the cache at lane 0's key of offset c0. Masked to each lane's [vlo, vhi), into
+// sT rows 0..C, their maximum into m.
+template <int C>
+void offset_chunk(const float* xT, int64_t dims, const float* y, int64_t ldt, int32_t c0,
+                  tint vlo, tint vhi, float* sT, tvec& m) {
+    constexpr int kSets = C < 8 ? 2 : 1;
+    tvec acc[kSets][C];
+    for (int s = 0; s < kSets; ++s) {
+#pragma GCC unroll 32
+        for (int c = 0; c < C; ++c) acc[s][c] = tvec{};
+    }
+    int64_t d = 0;
+    for (; d + kSets <= dims; d += kSets) {
+#pragma GCC unroll 2
+        for (int s = 0; s < kSets; ++s) {
+            const tvec xv = tload(xT + (d + s) * kTileRows);
+            const float* yd = y + (d + s) * ldt;
+#pragma GCC unroll 32
+            for (int c = 0; c < C; ++c) acc[s][c] += xv * tload(yd + c);
+        }
+    }
+    for (; d < dims; ++d) {
+        const tvec xv = tload(xT + d * kTileRows);
+        const float* yd = y + d * ldt;
+#pragma GCC unroll 32
+        for (int c = 0; c < C; ++c) acc[0][c] += xv * tload(yd + c);
+    }
+    const tvec ninf = tsplat(kNegInf);
+#pragma GCC unroll 32
+    for (int c = 0; c < C; ++c) {
+        const tvec sum = kSets == 2 ? acc[0][c] + acc[kSets - 1][c] : acc[0][c];
+        const tint j = tint{} + (c0 + c);
+        const tvec s = (vlo <= j) & (j < vhi) ? sum : ninf;
+        m = tmax(s, m);  // a NaN score passed over (the exponentials carry it on)
+        tstore(sT + c * kTileRows, s);
+    }
+}
+
+// The widest chunk of offsets computed at once: accumulators, the x vector and a load within
+// the 32 vector registers of AVX-512 (ymm0-31) or the 16 of AVX2.
+#if defined(__AVX512F__)
+constexpr int kOffsetChunk = 24;
+#elif defined(__AVX__)
+constexpr int kOffsetChunk = 12;
+#else
+constexpr int kOffsetChunk = 8;
+#endif
+
+using OffsetChunkFn = void (*)(const float*, int64_t, const float*, int64_t, int32_t, tint, tint,
+                               float*, tvec&);
+
+template <int... Cs>
+constexpr std::array<OffsetChunkFn, sizeof...(Cs)> offset_chunks(std::integer_sequence<int, Cs...>) {
+    return {&offset_chunk<Cs + 1>...};
+}
+
+// The score tile of x^T (dims x kTileRows, lane u the tile's query i + u) against the padded
+// cache yT (key 0's column, rows ldt apart): run k's offsets into rows at[k] .. of sT, masked
+// to each lane's own; returns the lanes' maxima (-inf where a lane sees nothing). A run's
+// offsets go in chunks of about equal width (a window of 33 keys: 17 + 16 on AVX-512, not
+// 24 + 9, whose 9 chains would wait on each other).
+inline tvec offset_scores(const float* xT, int64_t dims, const float* yT, int64_t ldt,
+                          const OffsetTile& t, float* sT) {
+    static constexpr auto chunk = offset_chunks(std::make_integer_sequence<int, kOffsetChunk>{});
+    tvec m = tsplat(kNegInf);
+    for (int64_t k = 0; k < t.runs; ++k) {
+        const int64_t width = t.width[k];
+        if (width == 0) continue;
+        const int64_t parts = ceil_div(width, kOffsetChunk), base = width / parts;
+        const float* y = yT + t.i + t.dlo[k];
+        int64_t c = 0;
+        for (int64_t p = 0; p < parts; ++p) {
+            const int64_t C = base + (p < width % parts ? 1 : 0);
+            chunk[C - 1](xT, dims, y + c, ldt, static_cast<int32_t>(c), t.vlo[k], t.vhi[k],
+                         sT + (t.at[k] + c) * kTileRows, m);
+            c += C;
+        }
+    }
+    return m;
+}
+
+// out (Dv) = lane u's weighted sum of its own value rows: for each run it sees, the
+// probabilities p (sT, lane u's column) of its keys i + u + dlo[k] + [vlo, vhi) times those
+// rows of v (rows ldv apart); 0 where it sees nothing. No other row's value is read (an inf
+// there stays out of this row). The sum over all runs is held in registers, four vectors of
+// out at a time: run by run through simd.h's combine_rows (a load and a store of out a run)
+// a 7 x 7 neighbourhood's forward on 128 x 128 took ~1.2x the time (AMD EPYC Zen 4).
+inline void offset_row_values(const OffsetTile& t, int64_t u, const float* p, const float* v,
+                              int64_t ldv, int64_t Dv, float* out) {
+    const float* pk[kOffsetRuns];
+    const float* vk[kOffsetRuns];
+    int64_t nk[kOffsetRuns], runs = 0;
+    for (int64_t k = 0; k < t.runs; ++k) {
+        const int64_t l = t.vlo[k][u], m = t.vhi[k][u] - l;
+        if (m <= 0) continue;
+        pk[runs] = p + (t.at[k] + l) * kTileRows + u;
+        vk[runs] = v + (t.i + u + t.dlo[k] + l) * ldv;
+        nk[runs++] = m;
+    }
+    int64_t e = 0;
+    for (; e + 4 * kLanes <= Dv; e += 4 * kLanes) {
+        vfloat a0{}, a1{}, a2{}, a3{};
+        for (int64_t k = 0; k < runs; ++k) {
+            const float* x = vk[k] + e;
+            for (int64_t c = 0; c < nk[k]; ++c, x += ldv) {
+                const vfloat wc = splat(pk[k][c * kTileRows]);
+                a0 += wc * load(x);
+                a1 += wc * load(x + kLanes);
+                a2 += wc * load(x + 2 * kLanes);
+                a3 += wc * load(x + 3 * kLanes);
+            }
+        }
+        store(out + e, a0);
+        store(out + e + kLanes, a1);
+        store(out + e + 2 * kLanes, a2);
+        store(out + e + 3 * kLanes, a3);
+    }
+    for (; e < Dv; e += kLanes) {  // one vector at a time, the last one partial
+        const int64_t r = std::min<int64_t>(kLanes, Dv - e);
+        vfloat acc{};
+        for (int64_t k = 0; k < runs; ++k) {
+            for (int64_t c = 0; c < nk[k]; ++c) {
+                acc += splat(pk[k][c * kTileRows]) * load_part(vk[k] + c * ldv + e, r, 0.0f);
+            }
+        }
+        store_part(out + e, acc, r);
+    }
+}
+
+// acc rows u < n (Dv floats each) = offset_row_values of every lane of the tile, run by run
+// over the lanes: a run's value rows (its width + 7) stay in the first-level cache while the 8
+// lanes read them, where lane by lane each lane walked all its runs' rows (225 rows, 56 KiB,
+// for a 15 x 15 neighbourhood) through the second-level cache again. Measured (15 x 15 on
+// 64 x 64, N=4096, H=8, D=64, forward, AMD EPYC Zen 4, fastest of 11 interleaved rounds):
+// 50.8 -> 45.2 ms; a 7 x 7 one's rows fit (kOffsetLaneFloats), and run by run took 1.1x.
+// Value floats of a tile's offsets (t.total x Dv) up to which the forward takes each lane's
+// weighted sum whole in registers (offset_row_values): a 7 x 7 neighbourhood's, 49-98 value
+// rows of 64, stay in the first-level cache from one lane to the next.
+constexpr int64_t kOffsetLaneFloats = 8192;
+
+inline void offset_values(const OffsetTile& t, const float* p, const float* v, int64_t ldv,
+                          int64_t Dv, float* acc) {
+    bool any[kTileRows] = {};
+    for (int64_t k = 0; k < t.runs; ++k) {
+        for (int64_t u = 0; u < t.n; ++u) {
+            const int64_t l = t.vlo[k][u], nk = t.vhi[k][u] - l;
+            if (nk <= 0) continue;
+            const float* pk = p + (t.at[k] + l) * kTileRows + u;
+            const float* vk = v + (t.i + u + t.dlo[k] + l) * ldv;
+            auto row = [vk, ldv](int64_t c) { return vk + c * ldv; };
+            if (any[u]) {
+                combine_rows<true>(acc + u * Dv, Dv, pk, kTileRows, nk, row);
+            } else {
+                combine_rows<false>(acc + u * Dv, Dv, pk, kTileRows, nk, row);
+            }
+            any[u] = true;
+        }
+    }
+    for (int64_t u = 0; u < t.n; ++u) {
+        if (!any[u]) std::fill(acc + u * Dv, acc + (u + 1) * Dv, 0.0f);
+    }
+}
+
+// The runs of queries i..i+n-1 of batch row b (Args::rows): run k of query i + u at
+// [k * kTileRows + u], cut at the causal limit; lanes from n on empty.
+inline void tile_runs(const Args& a, int64_t b, int64_t i, int64_t n, int64_t* lo, int64_t* hi) {
+    for (int64_t k = 0; k < a.rows_k; ++k) {
+        const int64_t* rl = a.rows + k * a.rows_kst + b * a.rows_bst + i;
+        const int64_t* rh = rl + a.rows_half;
+        for (int64_t u = 0; u < kTileRows; ++u) {
+            const int64_t l = u < n ? rl[u] : 0;
+            int64_t h = u < n ? rh[u] : 0;
+            if (a.causal) h = std::min(h, i + u + a.S - a.N + 1);
+            lo[k * kTileRows + u] = l, hi[k * kTileRows + u] = std::max(h, l);
+        }
+    }
+}
+
+// The offset tiles of rows i0..i1 of a block, kTileRows rows a tile, or null where the block
+// does not take the offset path: structured rows (Args::rows, no tiles), at least kTileRows of
+// them, every tile within offset_tile's limits, the tiles computing at most 5/4 of the entries
+// their rows see (a band's tiles compute exactly what they see but where it is clipped; short
+// documents, whose lanes' offsets differ, 23/16 of theirs: the tile path's), and rows of several runs only where nothing comes between the product and
+// the softmax (`plain`: finish_rows takes one run a row). The tiles live until the next call
+// on the thread.
+// Called before key_blocks (whose sort of every row's runs, K x bq intervals, took ~9% of a
+// 7 x 7 neighbourhood's forward on this path): reads the rows' runs itself and sets [first,
+// end), the keys the tiles' lanes see.
+// Rows of one run (windows) keep the row path: on the offset path a window of 9, 17, 33 and
+// 63 keys took 1.10-1.20x, 1.14x, 1.06x and 1.07x the row path's time (N=4096, H=8, D=64,
+// forward, fastest of 9 interleaved rounds, AMD EPYC Zen 4; also with 128-row blocks): the
+// same FMAs an entry (8-lane offsets against 16-lane dot products), plus the transposed
+// queries and keys, and the row's fixed costs (its query, output, logarithm) dominate.
+inline bool offset_candidate(const Args& a, bool plain, int64_t nq) {
+    return a.rows && !a.table && a.rows_k > 1 && plain && nq >= kTileRows;
+}
+
+inline const std::vector<OffsetTile>* offset_path(const Args& a, int64_t b,
+                                                  int64_t i0, int64_t i1, int64_t& first,
+                                                  int64_t& end) {
+    thread_local std::vector<OffsetTile> tiles;
+    if (a.rows_k > kOffsetRuns) return nullptr;
+    tiles.resize(ceil_div(i1 - i0, kTileRows));
+    int64_t computed = 0, seen = 0;
+    first = INT64_MAX, end = INT64_MIN;
+    int64_t lo[kOffsetRuns * kTileRows], hi[kOffsetRuns * kTileRows];
+    for (int64_t r = 0; r < i1 - i0; r += kTileRows) {
+        const int64_t n = std::min(kTileRows, i1 - i0 - r);
+        OffsetTile& t = tiles[r / kTileRows];
+        tile_runs(a, b, i0 + r, n, lo, hi);
+        if (!offset_tile(lo, hi, kTileRows, a.rows_k, i0 + r, n, t)) return nullptr;
+        computed += n * t.total, seen += t.seen;
+        first = std::min(first, t.first), end = std::max(end, t.end);
+    }
+    if (first >= end) first = end = 0;
+    return 4 * computed <= 5 * seen ? &tiles : nullptr;
+}
+
+// The offset path's prefetch, at query i of a block of nq rows from i0 whose keys end at
+// `end`: the next block's query i + nq and the key and value end + (i - i0) (the rows that
+// the next block's span adds: in a band or a 2-D neighbourhood in token order a block's keys
+// follow the previous block's), into the second-level cache, and the out row i +
+// kOffsetAhead for writing. Measured (7 x 7 neighbourhood on 64 x 64, N=4096, H=8, D=64,
+// forward, AMD EPYC Zen 4, fastest of 9 interleaved rounds): 15.0 -> 13.0 ms against the
+// query, out, key and value rows of query i + 64.
+constexpr int64_t kOffsetAhead = 16;
+
+inline void prefetch_offset_row(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t nq,
+                                const float* kb, int64_t ldk, const float* vb, int64_t ldv,
+                                int64_t j) {
+    if (i + nq < a.N) prefetch_row_l2(a.q + qrow(a, head, sq, i + nq) * a.D, a.D);
+    if (i + kOffsetAhead < a.N) {
+        prefetch_row_w(a.out + qrow(a, head, sq, i + kOffsetAhead) * a.Dv, a.Dv);
+    }
+    if (j >= 0 && j < a.S) {
+        prefetch_row_l2(kb + j * ldk, a.D);
+        prefetch_row_l2(vb + j * ldv, a.Dv);
+    }
+}
+
+// The thread's buffers for the offset path: qT, the score tile, the row path's rows.
+inline void offset_buffers(const Args& a, Scratch& w) {
+    const size_t dims = static_cast<size_t>(ceil_div(std::max(a.D, a.Dv), kDimBlock) * kDimBlock);
+    if (w.tq.size() < dims * kTileRows) w.tq.resize(dims * kTileRows);
+    if (w.ts.size() < kOffsetKeys * kTileRows) w.ts.resize(kOffsetKeys * kTileRows);
+    if (w.s.size() < kRowGroup * kRowPathKeys) w.s.resize(kRowGroup * kRowPathKeys);
+}
+
+}  // namespace
