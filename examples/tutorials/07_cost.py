@@ -570,9 +570,9 @@ print(f"computed (blocks)     = {cost.computed_macs:>14,}")
 # end of the span is computed and thrown away (the partial blocks). Smaller blocks waste less,
 # but each block is a call with a fixed cost, so the kernel sizes its query blocks to the mask
 # (16, 32, 64 or 128 rows, whichever its cost estimate finds cheapest): for this window, 32 rows,
-# so the first 8 blocks span 32, 64, …, 256 keys and the other 120 span $w + 31$. (The forward
-# takes the first block, whose rows see at most 32 keys, as four tiles of 8 rows spanning 8, 16,
-# 24 and 32 keys: 640 entries instead of 1,024; the backward computes it whole.) `kernel_work`
+# so the first 8 blocks span 32, 64, …, 256 keys and the other 120 span $w + 31$. (Both passes
+# take the first block, whose rows see at most 32 keys, as four tiles of 8 rows spanning 8, 16,
+# 24 and 32 keys: 640 entries instead of 1,024.) `kernel_work`
 # walks the blocks exactly as the kernel does, with the kernel's own block sizes:
 
 # %%
@@ -591,7 +591,7 @@ print(f"K = {K:,} per head; 4NC² + 2·K·C = {4 * N * C**2 + 2 * K * C:,}")
 # %% [markdown]
 # ```text
 # forward  computed 9,108,480 entries in 1016 blocks of 32×512; allowed 8,127,488 of 134,217,728
-# backward computed 9,111,552 entries in 1984 blocks of 32×256; allowed 8,127,488 of 134,217,728
+# backward computed 9,108,480 entries in 1976 blocks of 32×256; allowed 8,127,488 of 134,217,728
 # K = 1,138,560 per head; 4NC² + 2·K·C = 5,460,852,736
 # ```
 #

@@ -318,8 +318,8 @@ def test_mask_table_and_closed_forms(capsys):
     assert "mask: window:256 & causal, density 0.0606" in out
     # A = N·w - w(w-1)/2 pairs per head; K: the kernel sizes its query blocks to the window,
     # 32 rows: 128 blocks spanning w + 31 keys (the first 8 fewer: 32, 64, ..., 256), of which
-    # the forward takes the first (rows that see at most 32 keys) as 4 tiles of 8 rows spanning
-    # 8, 16, 24, 32 keys (_native/tile_path.h)
+    # both passes take the first (rows that see at most 32 keys) as 4 tiles of 8 rows spanning
+    # 8, 16, 24, 32 keys (_native/tile_path.h, tile_backward.h)
     allowed = next(line for line in out.splitlines() if line.startswith("allowed:"))
     assert "4NC² + 2·A·C = 4·4096·512² + 2·1015936·512 = 5,335,285,760 MACs" in allowed
     assert 4096 * 256 - 256 * 255 // 2 == 1015936
@@ -332,7 +332,7 @@ def test_mask_table_and_closed_forms(capsys):
         assert f"{_evaluate(numbers):,}" == line.split(" = ")[2].split()[0]
     rows = {line.split("  ")[0]: line.split() for line in out.splitlines() if "  " in line}
     assert rows["computed, forward"][-3:] == ["1,016", "of", "32×512"]  # 8 heads' first as tiles
-    assert rows["computed, backward"][-3:] == ["1,984", "of", "32×256"]
+    assert rows["computed, backward"][-3:] == ["1,976", "of", "32×256"]  # and the backward
     assert rows["dense (B·H·N·S)"][2:4] == ["134,217,728", "100.0%"]
 
 

@@ -18,12 +18,12 @@ intervals. A causal window of w keys over blocks of bq rows spans w + bq - 1 key
 so the kernel computes about N·(w + bq - 1) entries for the N·w the mask allows; a query block
 that straddles two documents spans both. Except where every row of a block sees at most
 `ROW_PATH_KEYS[pass_]` keys of a wider span (a narrow window): the kernel then computes each
-row over its own keys alone (_native/row_path.h), N·w entries for a window of w; and, in the
-forward, where every tile of `TILE_ROWS` rows of a block spans at most `TILE_KEYS` keys (short
-documents, a strided mask's short sequences): each tile over the union of its rows' keys
-(_native/tile_path.h); and, in a plain forward, where rows have several runs of keys (a 2-D
-neighbourhood in token order, unions): each tile over the union of its rows' offsets j - i,
-run by run (_native/offset_path.h).
+row over its own keys alone (_native/row_path.h), N·w entries for a window of w; and, in
+both passes, where every tile of `TILE_ROWS` rows of a block spans at most `TILE_KEYS` keys
+(short documents, a strided mask's short sequences): each tile over the union of its rows'
+keys (_native/tile_path.h, tile_backward.h); and, in a plain forward, where rows have several
+runs of keys (a 2-D neighbourhood in token order, unions): each tile over the union of its
+rows' offsets j - i, run by run (_native/offset_path.h).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ PASSES = {
 
 # _native/row_path.h's kRowPathKeys / kRowPathKeysBackward: the widest row of a row-path block
 ROW_PATH_KEYS = {"forward": 64, "backward": 32}
-# _native/tile_path.h's kTileRows, kTileKeys: the forward's tiles of rows and their widest span
+# _native/tile_path.h's kTileRows, kTileKeys: the tiles of rows and their widest span
 TILE_ROWS, TILE_KEYS = 8, 32
 # _native/offset_path.h's kOffsetRuns, kOffsetRunKeys, kOffsetKeys: the forward's offset path
 # (rows of several runs, plain calls): runs a row, the widest union of one run's offsets over
@@ -239,7 +239,7 @@ def _row_path(keys: tuple | None, spans, limit) -> int | None:
 
 
 def _tile_path(keys: tuple | None, rows: int | None) -> int | None:
-    """The entries rows compute on the forward's tile path (_native/tile_path.h's
+    """The entries rows compute on the tile path (_native/tile_path.h's
     `tile_path`): at least TILE_ROWS rows, TILE_ROWS at a time, each tile over the union of
     its rows' keys (rows that see nothing add nothing); None where a tile spans more than
     TILE_KEYS keys, the rows are fewer (or `keys` is None), or, where the row path takes them
@@ -259,10 +259,11 @@ def _tile_path(keys: tuple | None, rows: int | None) -> int | None:
 
 
 def _path(keys: tuple | None, spans, pass_: str) -> tuple[str, int] | None:
-    """("tiles", entries) or ("rows", entries) where a query block takes the forward's tile
-    path or the row path, None for the blocks (_native/forward.h's `forward_block`)."""
+    """("tiles", entries) or ("rows", entries) where a query block takes the tile path or the
+    row path, None for the blocks (_native/forward.h's `forward_block`, backward_block.h's
+    `backward_block`)."""
     rows = _row_path(keys, spans, ROW_PATH_KEYS[pass_])
-    tiles = _tile_path(keys, rows) if pass_ == "forward" else None
+    tiles = _tile_path(keys, rows)  # both passes (tile_path.h, tile_backward.h)
     if tiles is not None:
         return "tiles", tiles
     return None if rows is None else ("rows", rows)

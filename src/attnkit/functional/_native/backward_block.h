@@ -23,6 +23,7 @@
 #include "score_mods.h"
 #include "simd.h"
 #include "softmax_row.h"
+#include "tile_backward.h"
 #include "transposed.h"
 
 namespace {
@@ -131,6 +132,8 @@ inline void copy_dout_row(const Args& a, int64_t row, float* dst) {
     const int64_t step = a.dout_st[3];
     if (step == 1) {
         std::copy(go, go + a.Dv, dst);
+    } else if (step == 0) {  // one value broadcast (out.sum()'s cotangent): ~20 ns a row less
+        std::fill(dst, dst + a.Dv, go[0]);
     } else {
         for (int64_t e = 0; e < a.Dv; ++e) dst[e] = go[e * step];
     }
@@ -154,9 +157,10 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
         const float* o = a.out + row * Dv;
         float* dr = dob + r * Dv;
         copy_dout_row(a, row, dr);
-        float d = 0.0f;  // D_i = rowsum(dO * O) (Algorithm 2, line 4)
-#pragma omp simd reduction(+ : d)
-        for (int64_t e = 0; e < Dv; ++e) d += dr[e] * o[e];
+        // D_i = rowsum(dO * O) (Algorithm 2, line 4), its lanes summed as a tree (the omp simd
+        // reduction it replaces added them one after another: perf, documents of 16 tokens'
+        // backward in cache, ~1/4 of the block's set-up)
+        const float d = dot(dr, o, Dv);
 #pragma omp simd
         for (int64_t e = 0; e < Dv; ++e) dr[e] *= a.inv_keep;
         // a gradient on lse adds P_ij * dlse_i to dS_ij, i.e. subtracts dlse_i from D_i
@@ -172,6 +176,9 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
         prefetch_next_sequence(a, b * a.H + h - (G - 1), b * a.Hkv + kvh, sq, nq, first, end,
                                true, true);
     }
+    // the tile path (tile_backward.h) computes the block and leaves no key blocks
+    backward_tiles(a, b, h, sq, i0, i1, qs, dob, lse, dlt, kb, ldk, vb, ldv, w, dq, dk_acc, dv_acc,
+                   step);
     const uint32_t t = static_cast<uint32_t>(a.keep_t < kNoDropout ? a.keep_t : 0);
     if (row_path(a, w, i0, i1, kRowPathKeysBackward)) {
         const size_t need = kRowGroup * kRowPathKeysBackward;

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "args.h"
+#include "dropout.h"
 #include "simd.h"
 
 namespace {
@@ -65,6 +66,13 @@ void score_mod_add(const Args& a, int64_t post, int64_t h, int64_t i, int64_t j0
 }
 
 inline bool has_score_mod(const Args& a) { return a.softcap > 0.0f || a.alibi || a.rel; }
+
+// Whether a call's scores need nothing between the product and the softmax: no score
+// functions, dense mask, bias or dropout (the forward's tiles' lane-by-lane softmax, the
+// backward's offset path).
+inline bool plain_scores(const Args& a) {
+    return !a.mask && !a.bias && !has_score_mod(a) && a.keep_t >= kNoDropout;
+}
 
 // Forward: the score function on one row of raw scores s (before bias and masks). With g
 // non-null (backward), g[c] = d cap / d s = 1 - tanh^2 is kept for `score_mod_row_bwd`.

@@ -7,8 +7,8 @@
 // 1 thread, N=4096, H=8, D=64, forward, fastest of 15 interleaved rounds, two runs, block path
 // -> tiles): documents of 16 tokens 7.4-7.5 -> 3.8-3.9 ms, strided 1/256 (sequences of 16)
 // 5.6-6.0 -> 4.3-4.7 ms; the AVX2 build 7.6-7.7 -> 3.9-4.1 and 5.5-6.2 -> 4.9-5.4 ms. Narrow
-// windows keep the row path (tile_path's note), the backward the row path and blocks
-// (tile_product's note).
+// windows keep the row path (tile_path's note). The backward takes the same blocks as tiles
+// (tile_backward.h).
 //
 // Legend: kTileRows rows of a tile (the lanes of tvec), kTileKeys the widest span a tile takes,
 // kDimBlock the dimensions packed together; tile_keys a tile's span [jlo, jhi); tile_path
@@ -16,7 +16,9 @@
 // kDimBlock); pack_keys the span's keys in kDimBlock-dimension slices; tile_scores the score
 // tile sT (key-major: span x kTileRows), masked to each row's [lo, hi), and the rows' maxima;
 // tile_product the whole tile; tile_softmax its exponentials; packed_values a contiguous copy
-// of interleaved value rows; prefetch_tile_row the path's prefetch.
+// of interleaved value rows; prefetch_tile_row the path's prefetch; tile_gemm the small
+// products of both passes' tiles (gemm_acc.h's register tiles, kTileGemmRows x
+// kTileGemmVectors).
 
 #pragma once
 
@@ -25,6 +27,7 @@
 #include <cstring>
 
 #include "args.h"
+#include "gemm_acc.h"
 #include "row_path.h"
 #include "scratch.h"
 #include "simd.h"
@@ -79,6 +82,21 @@ inline void tstore(float* p, tvec v) { std::memcpy(p, &v, sizeof v); }
 // exp lane by lane: exp_v's body (simd.h, exp_clamped) on a tile vector.
 inline tvec texp(tvec x) {
     return exp_clamped<tvec, tint>(tmin(tsplat(88.0f), tmax(tsplat(kExpLo), x)));
+}
+
+// The small products' register tiles: MR rows x NV vectors of C (16 accumulators of AVX-512's
+// 32 zmm; 8 of AVX2's 16 ymm, with the B row's vectors and a broadcast).
+#if ATTNKIT_VBYTES == 64
+constexpr int kTileGemmRows = 4, kTileGemmVectors = 4;
+#else
+constexpr int kTileGemmRows = 4, kTileGemmVectors = 2;
+#endif
+
+// C (M x N) [+]= A (M x K) . B (K x N), A(m, k) = a[m * sam + k * sak], B's rows ldb apart.
+template <bool Set>
+inline void tile_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t sam, int64_t sak,
+                      const float* b, int64_t ldb, float* c, int64_t ldc) {
+    gemm_tiles<Set, kTileGemmRows, kTileGemmVectors>(M, N, K, a, sam, sak, b, ldb, c, ldc);
 }
 
 // The keys [jlo, jhi) of a tile's rows u < n: the union of their keys (rows that see nothing
@@ -245,12 +263,10 @@ inline void tile_scores_all(const float* qT, const float* kp, int64_t np, int64_
 // y (rows ldy apart), each row masked to its own [lo[u], hi[u]), into out (key-major); returns
 // the rows' maxima (-inf where a row sees nothing). y's packed copy in `packed` (its first row
 // and count in packed_y, packed_n) is kept for the next tile when it spans the same keys (the
-// tiles of a short sequence: a strided mask). S = (scale q) k^T in the forward.
-// The backward keeps the row path and the blocks: a backward of tiles (S and dP~ = dO' v^T as
-// two such products, the row path's stages after them) was measured (N=4096, H=8, D=64, fwd +
-// bwd, fastest of 11 interleaved rounds, against the forward alone on tiles) 19.5 -> 19.0 ms on
-// documents of 16 tokens and 19.2-19.8 -> 21.4-21.8 ms on strided 1/256 (dS k and the dK, dV
-// rows read and written a row at a time, 64 KiB apart), with a contiguous copy of the keys.
+// tiles of a short sequence: a strided mask). S = (scale q) k^T in the forward, S and
+// dP~ = dO' v^T in the backward (tile_backward.h; a first backward of tiles that took the row
+// path's stages after these two products, dS k and the dK, dV rows a row at a time, 64 KiB
+// apart on strided 1/256, was slower there: 19.2-19.8 -> 21.4-21.8 ms forward + backward).
 inline tvec tile_product(const float* x, int64_t n, int64_t dims, const float* y, int64_t ldy,
                          int64_t jlo, int64_t span, const int64_t* lo, const int64_t* hi,
                          float* xT, float* packed, const float*& packed_y, int64_t& packed_n,
