@@ -130,7 +130,8 @@ def kernel_work(
         grad: whether the call's inputs want gradients: without, a 2-D neighbourhood's
             forward runs in token order (`reordered.natural_runs`), not reordered.
         plain: the call has no bias, dropout or score function (nor a dense part in the mask):
-            its backward computes bands of 33 to 64 keys a row on the offset path (the same
+            its forward computes rows of several runs on the offset path, and its backward
+            bands of 33 to 64 keys a row (the same
             entries as the row path; AVX-512 builds of the kernel, unless
             ATTNKIT_OFFSET_BACKWARD=0); False: on the blocks, as the forward does them.
     """
@@ -157,8 +158,9 @@ def kernel_work(
     if pass_ == "forward" and (plan is None or plan.tiles is None):
         structured = plan is not None and (plan.rows is not None or plan.table is not None)
         bq, bk = forward_blocks(n, causal, structured)
-    bands = pass_ == "backward" and plain and (plan is None or plan.dense is None)
-    bands = bands and offset_bands()  # AVX-512 builds (the kernel's default routing)
+    plain = plain and (plan is None or plan.dense is None)  # the kernel's `plain_scores`
+    # the backward's offset path: AVX-512 builds (the kernel's default routing)
+    bands = pass_ == "backward" and plain and offset_bands()
     if plan is not None and plan.tiles is None:  # rows alone: query blocks sized to them
         pick = backward_query_block if bands else query_block
         bq = min(bq, pick(plan.rows, bq))
@@ -168,7 +170,7 @@ def kernel_work(
         for i0 in range(0, n, bq):
             i1 = min(i0 + bq, n)
             spans = [(j0, j1) for j0, j1, _, _ in key_blocks(one, i0, i1, n, s, bq, bk, causal)]
-            path = _offset_path(one, i0, i1, n, s, causal) if pass_ == "forward" else None
+            path = _offset_path(one, i0, i1, n, s, causal) if pass_ == "forward" and plain else None
             keys = _row_keys(one, i0, i1, n, s, causal, spans)
             path = path or _path(keys, spans, pass_, bands, i0)
             if path is not None:  # each row or tile over its own keys, no blocks
@@ -299,8 +301,8 @@ def _offset_path(plan: MaskPlan | None, i0, i1, n, s, causal) -> tuple[str, int]
     rows; each tile of TILE_ROWS rows computes, for each run, the union over its rows of the
     run's offsets from the row's query, j - i; a run's union at most OFFSET_RUN_KEYS, all runs'
     at most OFFSET_KEYS, the block's tiles at most 5/4 of the entries its rows see), else None.
-    A call with a bias, dense mask, dropout or score function keeps the blocks: this counts a
-    plain call's."""
+    Only for plain calls: one with a bias, dense mask, dropout or score function keeps the
+    blocks."""
     if plan is None or plan.table is not None or plan.rows is None:
         return None
     runs = plan.rows.shape[1]

@@ -141,14 +141,16 @@ void finish_tile_rows(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i
 }
 
 // Forward of an offset tile t (offset_path.h: queries i..i+n-1 of the block of nq rows from
-// i0, whose keys end at `end`; pre-scaled rows qs, D apart) against the padded cache kT (key 0's column, rows ldt apart):
-// the scores, the softmax lane by lane and each row's weighted sum of its own value rows; with
-// more than plain scores (one run a row, offset_path), finish_tile_rows. lo, hi: the rows'
-// runs (tile_runs). acc: kTileRows rows of Dv.
+// i0, whose keys end at `end`; pre-scaled rows qs, D apart) against the padded cache kT (key
+// 0's column, rows ldt apart): the scores, the softmax lane by lane and each row's weighted
+// sum of its own value rows, lane by lane where a tile's value rows fit the first-level
+// cache, else run by run (offset_values); with more than plain scores (one run a row),
+// finish_tile_rows. lo, hi: the rows' runs (tile_runs). acc: kTileRows rows of Dv.
 void forward_offsets(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t nq,
-                     int64_t end, const float* qs, const float* kT, int64_t ldt, const float* kb, int64_t ldk,
-                     const float* vb, int64_t ldv, const OffsetTile& t, const int64_t* lo,
-                     const int64_t* hi, Scratch& w, float* acc) {
+                     int64_t end, const float* qs, const float* kT, int64_t ldt,
+                     const float* kb, int64_t ldk, const float* vb, int64_t ldv,
+                     const OffsetTile& t, const int64_t* lo, const int64_t* hi, Scratch& w,
+                     float* acc) {
     const int64_t head = b * a.H + h, Dv = a.Dv, i = t.i, n = t.n;
     w.work += n * t.total;
     float* sT = w.ts.data();
@@ -245,7 +247,8 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
         offset_candidate(a, plain_scores(a), nq) ? offset_path(a, b, i0, i1, first, end) : nullptr;
     if (tiles) {
         if (a.groups > 1 && i1 == a.N) {  // the last block of sequence sq
-            prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
+            prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false,
+                                   false);
         }
         offset_buffers(a, w);
         int64_t ldt;
@@ -254,8 +257,8 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
         for (const OffsetTile& t : *tiles) {
             const int64_t r = t.i - i0;
             if (!plain_scores(a)) tile_runs(a, b, t.i, t.n, lo, hi);  // finish_tile_rows's
-            forward_offsets(a, b, h, sq, i0, nq, end, qs + r * D, kT, ldt, kb, ldk, vb, ldv, t, lo, hi, w,
-                            acc);
+            forward_offsets(a, b, h, sq, i0, nq, end, qs + r * D, kT, ldt, kb, ldk, vb, ldv, t, lo,
+                            hi, w, acc);
         }
         return;
     }

@@ -1,23 +1,29 @@
 // The offset path: a tile of kTileRows consecutive query positions i..i+7 of a sequence, one a
 // lane of a 32-byte vector (tile_path.h's tvec), whose keys are addressed by their offset
-// delta = j - i from the lane's own query. A band (a window, a causal window, a dilated
-// window's interleaved sequences) gives every lane the same offsets, so each FMA of the
-// product computes kTileRows allowed entries and nothing is masked:
+// delta = j - i from the lane's own query. Where every lane has the same offsets (a band; the
+// interior of a 2-D neighbourhood in token order, whose 8 queries of an image row share their
+// kh runs of kw keys shifted by one a lane) each FMA of the product computes kTileRows
+// allowed entries and nothing is masked:
 //     sT[c][u] = sum_d qT[d][u] * kT[d][i + u + delta_c]   (an unaligned 8-float load)
-// from the keys transposed once per sequence (transposed.h's caches, padded here so that a
-// lane's offsets never read outside them). Lanes whose keys differ (a window clipped at the
-// sequence's ends, a 2-D neighbourhood's border tiles) compute the union of their offsets,
-// each lane masked (-inf) to its own. Rows with several runs of keys (Args::rows_k) have one
-// range of offsets a run. The softmax is tile_path.h's, lane by lane; each row's weighted sum
-// of values reads only its own keys' value rows (forward.h's forward_offsets).
+// over keys transposed once (offset_window: a sliding padded transposition for a sequence's
+// blocks in order, the forward's; offset_ready: transposed.h's per-sequence cache, padded).
+// Lanes whose keys differ (a run clipped at a sequence's ends, a neighbourhood's border tiles)
+// compute the union of their offsets, each lane masked (-inf) to its own. Rows with several
+// runs of keys (Args::rows_k) have one range of offsets a run. The softmax is tile_path.h's,
+// lane by lane; each row's weighted sum reads only its own keys' value rows.
+// The forward (forward.h's forward_offsets) takes rows of several runs in plain calls: 2-D
+// neighbourhoods in token order (attnkit/functional/reordered.py's natural_runs), unions of
+// row intervals; rows of one run (windows) keep the row path (offset_candidate's note).
 //
 // Legend: kOffsetRunKeys the widest union of offsets of one run a tile takes, kOffsetKeys of
 // all runs together, kOffsetRuns the most runs; OffsetTile a tile's offsets (per run: first
 // offset dlo, width, row `at` in the score tile, each lane's own [vlo, vhi) numbered from dlo);
-// offset_tile builds it from the rows' runs; kOffsetPad the zero columns either side of a
-// padded cache; offset_ready makes keys ready in one; offset_scores the masked product (any
-// x^T against any padded cache: the forward's q k^T, a backward's dO' v^T too);
-// offset_row_values a lane's weighted sum over its own value rows.
+// offset_tile builds it from the rows' runs (the padded caches, kOffsetPad, offset_ready and
+// offset_window, are in transposed.h); offset_scores the masked
+// product (any x^T against any padded cache: the forward's q k^T, a backward's dO' v^T too);
+// offset_row_values a lane's weighted sum over its own value rows, offset_values a tile's run
+// by run; tile_runs a tile's runs from Args::rows; offset_candidate, offset_path whether a
+// block takes the path; prefetch_offset_row its prefetch.
 
 #pragma once
 
@@ -46,11 +52,6 @@ constexpr int64_t kOffsetKeys = 512;
 static_assert(kOffsetRunKeys <= kRowPathKeys, "finish_rows takes a run of a row");
 // Runs a row may have on the offset path (attnkit/functional/_runs.py's MAX_RUNS).
 constexpr int64_t kOffsetRuns = 16;
-// Zero columns either side of a padded cache: lane u reads keys i + u + delta for every
-// delta of a run's union [dlo, dhi), the offsets of lanes v: from lo_v + u - v >= lo_v - 7 to
-// hi_v + u - v - 1 <= hi_v + 6 (lo_v, hi_v: lane v's keys), within kTileRows - 1 of the keys
-// the tile's lanes see.
-constexpr int64_t kOffsetPad = 8;
 
 // A tile's offsets: queries i..i+n-1 (n <= kTileRows, lane u query i + u); run k's offsets
 // dlo[k] .. dlo[k] + width[k] in rows at[k] .. of the score tile (key-major, kTileRows floats a
@@ -63,12 +64,10 @@ struct OffsetTile {
     tint vlo[kOffsetRuns], vhi[kOffsetRuns];
 };
 
-// t from runs k < K of rows u < n (query i + u): keys [lo[k * ld + u], hi[k * ld + u]) (empty
-// where lo >= hi). False where a run's union is wider than kOffsetRunKeys, all runs' wider than
-// kOffsetKeys, or K > kOffsetRuns.
 typedef int64_t tlong __attribute__((vector_size(kTileRows * 8)));
 
-// The smallest and largest lane of x, and the lanes' sum (three halvings each).
+// Every lane of x folded into each lane by op (0: the smallest, 1: the largest, 2: the sum),
+// in three halvings.
 template <typename V>
 inline V lanes_fold(V x, int op) {
     const V swap4 = __builtin_shuffle(x, tint{4, 5, 6, 7, 0, 1, 2, 3});
@@ -80,10 +79,10 @@ inline V lanes_fold(V x, int op) {
 }
 
 // t from runs k < K of rows u < n (query i + u): keys [lo[k * ld + u], hi[k * ld + u]) (empty
-// where lo >= hi). False where a
-// run's union is wider than kOffsetRunKeys, all runs' wider than kOffsetKeys, or K >
-// kOffsetRuns. Lane by lane in vectors: the scalar walk, twice over each run's lanes, was
-// ~8% of a 7 x 7 neighbourhood's forward (perf).
+// where lo >= hi). False where a run's union is wider than kOffsetRunKeys, all runs' wider
+// than kOffsetKeys, or K > kOffsetRuns. Lane by lane in vectors (and the runs read in place,
+// not copied: 7 x 7 on 64 x 64 forward 2.69 -> 2.47 x density x dense; the scalar walk, twice
+// over each run's lanes, and the copies were ~13% of it, perf).
 inline bool offset_tile(const int64_t* lo, const int64_t* hi, int64_t ld, int64_t K, int64_t i,
                         int64_t n, OffsetTile& t) {
     if (K > kOffsetRuns) return false;
@@ -111,66 +110,10 @@ inline bool offset_tile(const int64_t* lo, const int64_t* hi, int64_t ld, int64_
         t.vhi[k] = seen ? rh - dlo : tint{};
     }
     t.first = INT64_MAX, t.end = INT64_MIN;
-    for (int u = 0; u < kTileRows; ++u) t.first = std::min(t.first, first[u]), t.end = std::max(t.end, end[u]);
+    for (int u = 0; u < kTileRows; ++u) {
+        t.first = std::min(t.first, first[u]), t.end = std::max(t.end, end[u]);
+    }
     return t.total <= kOffsetKeys;
-}
-
-// Makes keys [j0, j1) of x (rows ldx apart, `width` floats each) ready in the padded cache c
-// (transposed.h's make_ready, kOffsetPad zero columns either side); returns key 0's column:
-// key j's d-th float at [d * ld + j] for -kOffsetPad <= j < S + kOffsetPad, ld =
-// offset_ld(a).
-inline int64_t offset_ld(const Args& a) { return transposed_ld(a) + 2 * kOffsetPad; }
-
-inline const float* offset_ready(const Args& a, Transposed& c, const float* x, int64_t ldx,
-                                 int64_t width, int64_t j0, int64_t j1) {
-    c.pad = kOffsetPad;
-    j0 = std::max<int64_t>(j0, 0), j1 = std::min(j1, a.S);
-    if (j0 < j1) make_ready(a, c, x, ldx, width, j0, j1 - j0);
-    return c.t.data() + kOffsetPad;
-}
-
-// Keys the sliding cache holds at least (offset_window): 64 dimensions of 512 keys, 128 KiB,
-// within the second-level cache; a block whose keys span more (a 2-D neighbourhood's: a query
-// block of 128 spans ~kernel + 1 canvas rows) gets twice its span.
-constexpr int64_t kOffsetWindow = 512;
-
-// Makes keys [j0, j1) of x (rows ldx apart, `width` floats each) ready in c as a sliding
-// cache, for the query blocks of one sequence in order: the keys past those it holds are
-// appended (transposed), and where they would not fit within its `cap` keys, or the block
-// starts before them, it starts again at j0. Returns key 0's column (key j's d-th float at
-// [d * ldt + j]; kOffsetPad zero columns either side of what it holds) and sets ldt.
-// The per-sequence cache (offset_ready) writes and reads back a sequence's whole transposed
-// keys, 1.1 MiB at S=4096, D=64, out of the second-level cache: measured (window of 9 keys,
-// N=4096, H=8, D=64, forward, AMD EPYC Zen 4) 6.9 ms on it against 5.7 sliding.
-inline const float* offset_window(Transposed& c, const float* x, int64_t ldx, int64_t width,
-                                  int64_t j0, int64_t j1, int64_t& ldt) {
-    const int64_t cap = std::max(kOffsetWindow, 2 * (j1 - j0));
-    ldt = std::max(c.cap, cap) + 2 * kOffsetPad + 16;
-    if (cap > c.cap || c.t.size() < static_cast<size_t>(width * ldt)) {  // grown: start again
-        c.cap = std::max(c.cap, cap);
-        c.t.resize(width * ldt);
-        c.src = nullptr;
-    }
-    float* t = c.t.data();
-    if (c.src != x || j0 < c.first || j1 - c.first > c.cap) {  // start again at j0
-        c.src = x, c.first = c.end = j0;
-        for (int64_t d = 0; d < width; ++d) std::fill(t + d * ldt, t + d * ldt + kOffsetPad, 0.0f);
-    }
-    if (j1 > c.end) {
-        transpose_keys(x + c.end * ldx, ldx, j1 - c.end, width, t + kOffsetPad + c.end - c.first,
-                       ldt);
-        c.end = j1;
-        const int64_t past = kOffsetPad + c.end - c.first;  // zero columns after the keys
-        for (int64_t d = 0; d < width; ++d) {
-            std::fill(t + d * ldt + past, t + d * ldt + past + kOffsetPad, 0.0f);
-        }
-    }
-    return t + kOffsetPad - c.first;
-}
-
-// Whether a sequence's keys of `width` floats fit a padded cache (kMaxTransposed).
-inline bool offset_cacheable(const Args& a, int64_t width) {
-    return offset_ld(a) * width <= kMaxTransposed;
 }
 
 // Offsets c0..c0+C of one run against the tile's lanes: for each dimension d the lanes' x
@@ -228,7 +171,8 @@ using OffsetChunkFn = void (*)(const float*, int64_t, const float*, int64_t, int
                                float*, tvec&);
 
 template <int... Cs>
-constexpr std::array<OffsetChunkFn, sizeof...(Cs)> offset_chunks(std::integer_sequence<int, Cs...>) {
+constexpr std::array<OffsetChunkFn, sizeof...(Cs)> offset_chunks(
+    std::integer_sequence<int, Cs...>) {
     return {&offset_chunk<Cs + 1>...};
 }
 
@@ -354,28 +298,27 @@ inline void tile_runs(const Args& a, int64_t b, int64_t i, int64_t n, int64_t* l
     }
 }
 
-// The offset tiles of rows i0..i1 of a block, kTileRows rows a tile, or null where the block
-// does not take the offset path: structured rows (Args::rows, no tiles), at least kTileRows of
-// them, every tile within offset_tile's limits, the tiles computing at most 5/4 of the entries
-// their rows see (a band's tiles compute exactly what they see but where it is clipped; short
-// documents, whose lanes' offsets differ, 23/16 of theirs: the tile path's), and rows of several runs only where nothing comes between the product and
-// the softmax (`plain`: finish_rows takes one run a row). The tiles live until the next call
-// on the thread.
-// Called before key_blocks (whose sort of every row's runs, K x bq intervals, took ~9% of a
-// 7 x 7 neighbourhood's forward on this path): reads the rows' runs itself and sets [first,
-// end), the keys the tiles' lanes see.
-// Rows of one run (windows) keep the row path: on the offset path a window of 9, 17, 33 and
-// 63 keys took 1.10-1.20x, 1.14x, 1.06x and 1.07x the row path's time (N=4096, H=8, D=64,
-// forward, fastest of 9 interleaved rounds, AMD EPYC Zen 4; also with 128-row blocks): the
-// same FMAs an entry (8-lane offsets against 16-lane dot products), plus the transposed
-// queries and keys, and the row's fixed costs (its query, output, logarithm) dominate.
+// Whether a block of nq rows may take the offset path: structured rows of several runs
+// (Args::rows, no tiles), at least kTileRows of them, and nothing between the product and the
+// softmax (`plain`: finish_rows takes one run a row). Rows of one run (windows) keep the row
+// path: on the offset path a window of 9, 17, 33 and 63 keys took 1.10-1.20x, 1.14x, 1.06x
+// and 1.07x the row path's time (N=4096, H=8, D=64, forward, fastest of 9 interleaved rounds,
+// AMD EPYC Zen 4; also with 128-row blocks): the same FMAs an entry (8-lane offsets against
+// 16-lane dot products), plus the transposed queries and keys, and the row's fixed costs (its
+// query, output, logarithm) dominate.
 inline bool offset_candidate(const Args& a, bool plain, int64_t nq) {
     return a.rows && !a.table && a.rows_k > 1 && plain && nq >= kTileRows;
 }
 
-inline const std::vector<OffsetTile>* offset_path(const Args& a, int64_t b,
-                                                  int64_t i0, int64_t i1, int64_t& first,
-                                                  int64_t& end) {
+// The offset tiles of rows i0..i1 of a candidate block (batch row b), kTileRows rows a tile,
+// or null where the block does not take the offset path: every tile within offset_tile's
+// limits, and the tiles computing at most 5/4 of the entries their rows see (a neighbourhood's
+// border tiles compute ~1.5x theirs, its interior exactly; short documents, whose lanes'
+// offsets differ, 23/16: the tile path's). Sets [first, end), the keys the lanes see. Called
+// before key_blocks, whose sort of every row's runs (K x bq intervals) took ~9% of a 7 x 7
+// neighbourhood's forward. The tiles live until the next call on the thread.
+inline const std::vector<OffsetTile>* offset_path(const Args& a, int64_t b, int64_t i0,
+                                                  int64_t i1, int64_t& first, int64_t& end) {
     thread_local std::vector<OffsetTile> tiles;
     if (a.rows_k > kOffsetRuns) return nullptr;
     tiles.resize(ceil_div(i1 - i0, kTileRows));
