@@ -118,6 +118,23 @@ def test_a_bias_keeps_a_band_off_the_offset_path():
 
 
 @needs_kernel
+def test_a_bias_keeps_rows_of_several_runs_off_the_forward_offset_path():
+    """Rows of three runs (a 3 x 3 neighbourhood on a 15 x 20 image, in token order): a plain
+    forward takes the offset path, one with a bias the blocks, and `kernel_work(plain=...)`
+    says which."""
+    n, mask = 300, masks.neighborhood_2d(15, 20, 3).natural
+    q, k, v = (torch.randn(1, 2, n, 8) for _ in range(3))
+    counts = []
+    for bias in (None, torch.randn(1, 2, n, n)):
+        with torch.no_grad(), native.count_work() as counted:
+            attnkit.attention(q, k, v, mask=mask, bias=bias, backend="chunked")
+        counts.append(counted.item())
+    plain, biased = (kernel_work(mask, heads=2, plain=p) for p in (True, False))
+    assert counts == [plain.computed, biased.computed]
+    assert plain.computed < biased.computed
+
+
+@needs_kernel
 def test_one_head_of_one_row_and_the_block_counts():
     n = 1000
     mask = masks.window(n, 256, causal=True)
