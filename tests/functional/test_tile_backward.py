@@ -9,35 +9,23 @@ non-finite inputs; and that the backward's blocks do take the path (`kernel_work
 
 from __future__ import annotations
 
-import importlib
-from unittest import mock
-
 import pytest
 import torch
 
 import attnkit
-from attnkit import masks, score_mods
+from attnkit import masks
 from attnkit.analysis.kernel_work import TILE_ROWS, kernel_work
 from attnkit.functional import native
 from attnkit.functional.chunked import chunked_attention
-
-# the module (attnkit.analysis's `kernel_work` is the function)
-kernel_work_module = importlib.import_module("attnkit.analysis.kernel_work")
+from tests.functional.test_tile_path import (
+    LANE_FEATURES,
+    _documents,
+    _inputs,
+    _takes_tiles,
+    with_feature,
+)
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no compiled kernel")
-
-
-def _inputs(n, s, d=16, dv=12, seed=0, hkv=2):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(2, 4, n, d, generator=g, dtype=torch.float64)  # 4 query heads on hkv
-    k = torch.randn(2, hkv, s, d, generator=g, dtype=torch.float64)
-    v = torch.randn(2, hkv, s, dv, generator=g, dtype=torch.float64)
-    return q, k, v
-
-
-def _documents(n, length, causal=False):
-    """Documents of `length` tokens (the last one shorter)."""
-    return masks.document(torch.arange(n) // length, causal=causal)
 
 
 def _grads(q, k, v, mask=None, causal=False, dtype=torch.float32, **kw):
@@ -60,28 +48,13 @@ def _check(q, k, v, mask=None, causal=False, atol=2e-5, **kw):
     return got
 
 
-def _backward_tiles(mask, n, s, causal=False):
-    """Whether the backward (as `kernel_work` walks it) puts some query block on the tile
-    path."""
-    taken = []
-
-    def path(*args):
-        taken.append(real(*args))
-        return taken[-1]
-
-    real = kernel_work_module._path
-    with mock.patch.object(kernel_work_module, "_path", path):
-        kernel_work(mask, n=n, s=s, causal=causal, pass_="backward")
-    return any(t is not None and t[0] == "tiles" for t in taken)
-
-
 @pytest.mark.parametrize("d, dv", [(8, 8), (40, 44), (64, 64), (80, 72), (128, 128)], ids=str)
 @pytest.mark.parametrize("length", [1, 8, 9, 16, 32])
 def test_documents_against_float64(length, d, dv):
     """Documents of 8, 16, 32 tokens: tiles of whole documents; of 9: tiles where a block's
     tiles compute at most 5/4 of its entries; of 1: the row path."""
     n = 97  # the last document and the last tile shorter
-    assert _backward_tiles(_documents(n, length), n, n) == (length >= 8)
+    assert _takes_tiles(_documents(n, length), n, n, pass_="backward") == (length >= 8)
     _check(*_inputs(n, n, d=d, dv=dv), mask=_documents(n, length))
 
 
@@ -91,7 +64,7 @@ def test_causal_documents(length):
     entries they see (documents of 16 and 32: some tiles; of 8: the row path)."""
     n = 90
     mask = _documents(n, length, causal=True)
-    assert _backward_tiles(mask, n, n) == (length > 8)
+    assert _takes_tiles(mask, n, n, pass_="backward") == (length > 8)
     _check(*_inputs(n, n, d=64, dv=40), mask=mask)
 
 
@@ -120,7 +93,7 @@ def test_a_cotangent_on_lse():
 def test_short_calls_n_not_s(n, s, causal):
     """Calls of at most 32 keys: one block of tiles (bottom-right causal: with N > S the first
     rows see nothing, their gradient 0)."""
-    assert _backward_tiles(None, n, s, causal)
+    assert _takes_tiles(None, n, s, causal, pass_="backward")
     _check(*_inputs(n, s, d=40, dv=24), causal=causal)
 
 
@@ -140,44 +113,13 @@ def test_rows_that_see_nothing_get_zero_gradients():
     assert blind.any() and torch.all(got[0][blind] == 0)
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        {"bias": "bias"},
-        {"score_mod": score_mods.softcap(2.0)},
-        {"score_mod": score_mods.alibi(torch.tensor([0.5, 0.25, 0.125, 0.0625]))},
-        {"dense": True},
-    ],
-    ids=["bias", "softcap", "alibi", "dense mask"],
-)
+@LANE_FEATURES
 def test_features_that_leave_the_lane_gradients(kw):
     """Bias, score functions and dense masks (with rows they empty): each lane's scores through
     the row path's stages."""
     n = 77
-    mask = _documents(n, 16)
-    if kw.pop("bias", None):
-        kw["bias"] = torch.randn(1, 4, n, n, dtype=torch.float64)
-    if kw.pop("dense", None):
-        keep = torch.rand(2, 1, n, n, generator=torch.Generator().manual_seed(2)) < 0.7
-        keep[0, :, 3] = False  # a row that sees nothing
-        mask = mask & keep
+    mask, kw = with_feature(kw, n, empty_row=True)
     _check(*_inputs(n, n), mask=mask, **kw)
-
-
-def test_dropout_drops_the_entries_of_the_pytorch_kernel():
-    n = 90
-    results = []
-    for kernel in ("native", "torch"):
-        q, k, v = (t.float().requires_grad_() for t in _inputs(n, n, seed=4))
-        torch.manual_seed(7)
-        out, _ = chunked_attention(
-            q, k, v, mask=_documents(n, 16), bias=None, causal=False, scale=0.25,
-            dropout_p=0.4, training=True, kernel=kernel,
-        )  # fmt: skip
-        cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
-        results.append(torch.autograd.grad((out * cot).sum(), (q, k, v)))
-    for a, b in zip(*results, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
 def test_two_threads_split_a_head_the_same():

@@ -26,17 +26,17 @@ kernel_work_module = importlib.import_module("attnkit.analysis.kernel_work")
 pytestmark = pytest.mark.skipif(not native.available(), reason="no compiled kernel")
 
 
-def _inputs(n, s, d=16, dv=12, seed=0):
+def _inputs(n, s, d=16, dv=12, seed=0, hkv=2):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(2, 4, n, d, generator=g, dtype=torch.float64)  # 4 query heads on 2
-    k = torch.randn(2, 2, s, d, generator=g, dtype=torch.float64)
-    v = torch.randn(2, 2, s, dv, generator=g, dtype=torch.float64)
+    q = torch.randn(2, 4, n, d, generator=g, dtype=torch.float64)  # 4 query heads on hkv
+    k = torch.randn(2, hkv, s, d, generator=g, dtype=torch.float64)
+    v = torch.randn(2, hkv, s, dv, generator=g, dtype=torch.float64)
     return q, k, v
 
 
-def _documents(n, length):
+def _documents(n, length, causal=False):
     """Documents of `length` tokens (the last one shorter)."""
-    return masks.document(torch.arange(n) // length)
+    return masks.document(torch.arange(n) // length, causal=causal)
 
 
 def _check(q, k, v, mask=None, causal=False, atol=2e-6, **kw):
@@ -57,8 +57,8 @@ def _check(q, k, v, mask=None, causal=False, atol=2e-6, **kw):
     return got
 
 
-def _takes_tiles(mask, n, s, causal=False):
-    """Whether the forward (as `kernel_work` walks it) puts some query block on the tile path
+def _takes_tiles(mask, n, s, causal=False, pass_="forward"):
+    """Whether the pass (as `kernel_work` walks it) puts some query block on the tile path
     (a last block of fewer than TILE_ROWS rows goes the block path)."""
     taken = []
 
@@ -68,7 +68,7 @@ def _takes_tiles(mask, n, s, causal=False):
 
     real = kernel_work_module._path
     with mock.patch.object(kernel_work_module, "_path", path):
-        kernel_work(mask, n=n, s=s, causal=causal, pass_="forward")
+        kernel_work(mask, n=n, s=s, causal=causal, pass_=pass_)
     return any(t is not None and t[0] == "tiles" for t in taken)
 
 
@@ -116,7 +116,9 @@ def test_rows_that_see_nothing_and_padding():
     _check(*_inputs(n, n), mask=mask)
 
 
-@pytest.mark.parametrize(
+# What takes a tile's scores out of its lanes, through the row path's stages (both passes):
+# a bias, score functions, a dense mask (`with_feature` builds the call's arguments).
+LANE_FEATURES = pytest.mark.parametrize(
     "kw",
     [
         {"bias": "bias"},
@@ -126,21 +128,36 @@ def test_rows_that_see_nothing_and_padding():
     ],
     ids=["bias", "softcap", "alibi", "dense mask"],
 )
+
+
+def with_feature(kw: dict, n: int, empty_row: bool = False) -> tuple:
+    """(mask, keyword arguments) of a call on documents of 16 tokens with `kw` (a
+    LANE_FEATURES case) made real: a (1, 4, n, n) bias, or the documents & a random dense
+    mask (with `empty_row`, query 3 of batch row 0 seeing nothing)."""
+    kw, mask = dict(kw), _documents(n, 16)
+    if kw.pop("bias", None):
+        kw["bias"] = torch.randn(1, 4, n, n, dtype=torch.float64)
+    if kw.pop("dense", None):
+        keep = torch.rand(2, 1, n, n, generator=torch.Generator().manual_seed(2)) < 0.7
+        if empty_row:
+            keep[0, :, 3] = False
+        mask = mask & keep
+    return mask, kw
+
+
+@LANE_FEATURES
 def test_features_that_leave_the_lane_softmax(kw):
     """Bias, score functions and dense masks: the tile's scores copied to rows, the row path's
     softmax."""
     n = 77
     q, k, v = _inputs(n, n)
-    mask = _documents(n, 16)
-    if kw.pop("bias", None):
-        kw["bias"] = torch.randn(1, 4, n, n, dtype=torch.float64)
-    if kw.pop("dense", None):
-        keep = torch.rand(2, 1, n, n, generator=torch.Generator().manual_seed(2)) < 0.7
-        mask = mask & keep
+    mask, kw = with_feature(kw, n)
     _check(q, k, v, mask=mask, **kw)
 
 
 def test_dropout_drops_the_entries_of_the_pytorch_kernel():
+    """Both passes' tiles with dropout (each lane through the row path's stages): out, lse and
+    the gradients equal the PyTorch kernel's."""
     n = 90
     results = []
     for kernel in ("native", "torch"):
