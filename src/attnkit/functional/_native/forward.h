@@ -33,14 +33,22 @@ namespace {
 
 using namespace attnkit_simd;
 
+// The factor that turns a row's unnormalised output into out, from its sum l: l == 0 exactly
+// when the row saw nothing (out 0, never 0 / 0); a NaN score makes l NaN and out acc * 0.
+inline float out_factor(const Args& a, float l) { return l > 0.0f ? a.inv_keep / l : 0.0f; }
+
+// A row's lse from its running max m and sum l: -inf where it saw nothing; NaN stays NaN
+// (and backward keeps the row).
+inline float row_lse(float m, float l) {
+    return l > 0.0f ? m + std::log(l) : (l == 0.0f ? kNegInf : l);
+}
+
 // out and lse of one row from its running max m and sum l and unnormalised output acc.
 void write_row(const Args& a, int64_t row, const float* acc, float m, float l) {
     float* o = a.out + row * a.Dv;
-    // l == 0 exactly when the row saw nothing: out 0 and lse -inf, never 0 / 0. A NaN
-    // score makes l NaN: out (acc * 0) and lse stay NaN, and backward keeps the row.
-    const float f = l > 0.0f ? a.inv_keep / l : 0.0f;
+    const float f = out_factor(a, l);
     for (int64_t e = 0; e < a.Dv; ++e) o[e] = acc[e] * f;
-    a.lse[row] = l > 0.0f ? m + std::log(l) : (l == 0.0f ? kNegInf : l);
+    a.lse[row] = row_lse(m, l);
 }
 
 // Whether rows u < n each see at most `most` keys.
@@ -172,6 +180,44 @@ void forward_offsets(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0
     }
 }
 
+// Each row's weighted sum over its own value rows (at vt, ldt apart, key jlo first) from the
+// key-major softmax numerators sT, into out, and its lse: rows that see the same keys (a
+// document's, a sequence's) kValueRows at a time (tile_values), each value row read once for
+// them; a key's value row is never read by a row that does not see it (an inf there stays out
+// of the other rows).
+void tile_rows_out(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t n, int64_t nq,
+                   const float* kb, int64_t ldk, const float* vb, int64_t ldv, const int64_t* lo,
+                   const int64_t* hi, int64_t jlo, const float* sT, const float* vt, int64_t ldt,
+                   tvec m, tvec l) {
+    const int64_t Dv = a.Dv;
+    for (int64_t u = 0; u < n;) {
+        int64_t r = 1;  // rows u..u+r-1 see the same keys
+        while (r < kValueRows && u + r < n && lo[u + r] == lo[u] && hi[u + r] == hi[u]) ++r;
+        if (r == 3) r = 2;
+        float f[kValueRows];
+        float* out[kValueRows];
+        for (int64_t t = 0; t < r; ++t) {
+            prefetch_tile_row(a, head, sq, i + u + t, nq, kb, ldk, vb, ldv);
+            const int64_t row = qrow(a, head, sq, i + u + t);
+            f[t] = out_factor(a, l[u + t]), out[t] = a.out + row * Dv;
+            a.lse[row] = row_lse(m[u + t], l[u + t]);
+        }
+        const int64_t nk = hi[u] - lo[u];
+        const float* p = sT + (lo[u] - jlo) * kTileRows + u;
+        const float* x = vt + (lo[u] - jlo) * ldt;
+        if (nk == 0) {
+            for (int64_t t = 0; t < r; ++t) std::fill(out[t], out[t] + Dv, 0.0f);
+        } else if (r == 4) {  // only where kValueRows is 4
+            tile_values<kValueRows>(p, nk, x, ldt, Dv, f, out);
+        } else if (r == 2) {
+            tile_values<2>(p, nk, x, ldt, Dv, f, out);
+        } else {
+            tile_values<1>(p, nk, x, ldt, Dv, f, out);
+        }
+        u += r;
+    }
+}
+
 // Forward of the tile of queries i..i+n-1 (n <= kTileRows) of a block of nq rows (pre-scaled
 // rows qs, D apart), query i + u over keys [lo[u], hi[u]): the rows' scores over the union of
 // their keys as one register-blocked product (tile_path.h), each masked to its own keys. On
@@ -207,18 +253,7 @@ void forward_tile(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, in
         vt = packed_values(w, vb + jlo * ldv, ldv, span, Dv);
         ldt = Dv;
     }
-    for (int64_t u = 0; u < n; ++u) {
-        prefetch_tile_row(a, head, sq, i + u, nq, kb, ldk, vb, ldv);
-        float* au = acc + u * Dv;
-        const int64_t nk = hi[u] - lo[u];
-        if (nk == 0) {
-            std::fill(au, au + Dv, 0.0f);
-        } else {
-            weighted_sum(sT + (lo[u] - jlo) * kTileRows + u, nk, vt + (lo[u] - jlo) * ldt, ldt,
-                         Dv, au, kTileRows);
-        }
-        write_row(a, qrow(a, head, sq, i + u), au, m[u], l[u]);
-    }
+    tile_rows_out(a, head, sq, i, n, nq, kb, ldk, vb, ldv, lo, hi, jlo, sT, vt, ldt, m, l);
 }
 
 // Whether the block path's S reads the thread's transposed keys (transposed.h): where the

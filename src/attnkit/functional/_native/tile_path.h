@@ -310,6 +310,55 @@ inline tvec tile_softmax(float* sT, int64_t span, tvec m) {
     return l;
 }
 
+// Rows sharing one run of keys whose weighted sums tile_values takes together (their
+// accumulators, R x 4 vectors, within AVX-512's 32 registers or AVX2's 16).
+#if ATTNKIT_VBYTES == 64
+constexpr int kValueRows = 4;
+#else
+constexpr int kValueRows = 2;
+#endif
+
+// out_r (n) = f[r] * sum over c < nk of p[c * kTileRows + r] * row c of x (rows ld apart), for
+// R rows r of a key-major tile that see the same nk keys: each value row loaded once for the R
+// rows, the sums scaled straight into the output rows (no pass over an accumulator row). Every
+// output float is one chain over the keys in order, as weighted_sum's, then one multiply:
+// write_row's numbers, bit for bit.
+template <int R>
+inline void tile_values(const float* p, int64_t nk, const float* x, int64_t ld, int64_t n,
+                        const float* f, float* const* out) {
+    int64_t e = 0;
+    for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
+        vfloat acc[R][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = vfloat{};
+        for (int64_t c = 0; c < nk; ++c) {
+            const float* xc = x + c * ld + e;
+            const vfloat x0 = load(xc), x1 = load(xc + kLanes), x2 = load(xc + 2 * kLanes),
+                         x3 = load(xc + 3 * kLanes);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+                const vfloat wr = splat(p[c * kTileRows + r]);
+                acc[r][0] += wr * x0, acc[r][1] += wr * x1, acc[r][2] += wr * x2, acc[r][3] += wr * x3;
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const vfloat fr = splat(f[r]);
+            for (int k = 0; k < 4; ++k) store(out[r] + e + k * kLanes, acc[r][k] * fr);
+        }
+    }
+    for (; e < n; e += kLanes) {  // one vector at a time, the last one partial
+        const int64_t m = std::min<int64_t>(kLanes, n - e);
+        vfloat acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = vfloat{};
+        for (int64_t c = 0; c < nk; ++c) {
+            const vfloat xc = load_part(x + c * ld + e, m, 0.0f);
+            for (int r = 0; r < R; ++r) acc[r] += splat(p[c * kTileRows + r]) * xc;
+        }
+        for (int r = 0; r < R; ++r) store_part(out[r] + e, acc[r] * splat(f[r]), m);
+    }
+}
+
 // Value rows c < nk of v (rows ldv apart) copied to w.tv, Dv apart (kept for the next tile
 // when it reads the same rows).
 inline const float* packed_values(Scratch& w, const float* v, int64_t ldv, int64_t nk,
