@@ -3,7 +3,7 @@ each span at most 32 keys and that the row path does not take (short documents, 
 mask's short interleaved sequences, calls of at most 32 keys) get each tile's scores as one
 register-blocked product over the union of its rows' keys. Against the float64 reference at
 head widths that are not multiples of the packing (8, 40, 80), odd sizes, GQA, causal, rows
-that see nothing, non-finite q and k, and every feature that leaves the lane-by-lane softmax
+that see nothing, non-finite q, k and v, and every feature that leaves the lane-by-lane softmax
 (bias, dense masks, score functions, dropout); and the work the kernel counts there."""
 
 from __future__ import annotations
@@ -195,6 +195,28 @@ def test_a_non_finite_q_or_k_row_reaches_only_the_rows_that_read_it(where, bad):
     want = attnkit.attention(*(x.double() for x in args), v.double(), mask=mask,
                              backend="reference").out[hit]  # fmt: skip
     assert want.isnan().any()
+    torch.testing.assert_close(got[hit].double(), want, rtol=0, atol=2e-6, equal_nan=True)
+    assert torch.equal(got[~hit], clean[~hit])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["", "causal"])
+def test_a_non_finite_value_row_reaches_only_the_rows_that_see_its_key(causal):
+    """The rows of a tile that see the same keys read each value row once for all of them
+    (tile_values); a row that does not see a key never reads its value row: an inf in value
+    row 20 reaches the rows of its document that see key 20 (all 16, or 20..31 when causal,
+    rows of different spans) as in the float64 reference, and no other row's bits."""
+    n = 64
+    q, k, v = (t.float() for t in _inputs(n, n, d=64, dv=72))
+    mask = _documents(n, 16, causal=causal)
+    clean = attnkit.attention(q, k, v, mask=mask, backend="chunked").out
+    bad = v.clone()
+    bad[0, 1, 20, 3] = float("inf")
+    got = attnkit.attention(q, k, bad, mask=mask, backend="chunked").out
+    hit = torch.zeros(2, 4, n, dtype=torch.bool)
+    hit[0, 2:4, 20 if causal else 16 : 32] = True  # kv head 1 serves query heads 2, 3
+    want = attnkit.attention(q.double(), k.double(), bad.double(), mask=mask,
+                             backend="reference").out[hit]  # fmt: skip
+    assert want[:, 3].isinf().all()
     torch.testing.assert_close(got[hit].double(), want, rtol=0, atol=2e-6, equal_nan=True)
     assert torch.equal(got[~hit], clean[~hit])
 
