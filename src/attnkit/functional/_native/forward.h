@@ -233,15 +233,17 @@ void tile_rows_out(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t n
 // span (documents of 16, AMD EPYC Zen 4, 1 thread: 102 ns a row either way in cache, 4.5 and
 // 4.7 ms at N=4096, H=8).
 void forward_tile(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, int64_t n,
-                  int64_t nq, const float* qs, const float* kb, int64_t ldk, const float* vb,
-                  int64_t ldv, const int64_t* lo, const int64_t* hi, Scratch& w, float* acc) {
+                  int64_t nq, const float* qs, float qscale, const float* kb, int64_t ldk,
+                  const float* vb, int64_t ldv, const int64_t* lo, const int64_t* hi,
+                  Scratch& w, float* acc) {
     const int64_t head = b * a.H + h, Dv = a.Dv;
     int64_t jlo, jhi;
     tile_keys(lo, hi, n, jlo, jhi);
     const int64_t span = jhi - jlo;
     w.work += n * span;
     float* sT = w.ts.data();
-    const tvec m = tile_scores_masked(a, w, qs, n, kb + jlo * ldk, ldk, jlo, span, lo, hi);
+    const tvec m =
+        tile_scores_masked(a, w, qs, qscale, n, kb + jlo * ldk, ldk, jlo, span, lo, hi);
     if (!plain_scores(a)) {
         finish_tile_rows(a, b, h, sq, i, n, nq, kb, ldk, vb, ldv, lo, hi, w, acc,
                          [&](int64_t u) { return sT + (lo[u] - jlo) * kTileRows + u; });
@@ -295,11 +297,11 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     const float* kb = a.k + row_of(a, b * a.Hkv + kvh, a.S, sq, 0) * D;
     const float* vb = a.v + row_of(a, b * a.Hkv + kvh, a.S, sq, 0) * Dv;
     float *s = w.s.data(), *qs = w.qs.data(), *acc = w.acc.data();
-    load_q(a, b, h, sq, i0, nq, qs);
     int64_t first, end;
     const std::vector<OffsetTile>* tiles =
         offset_candidate(a, plain_scores(a), nq) ? offset_path(a, b, i0, i1, first, end) : nullptr;
     if (tiles) {
+        load_q(a, b, h, sq, i0, nq, qs);
         if (a.groups > 1 && i1 == a.N) {  // the last block of sequence sq
             prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false,
                                    false);
@@ -323,13 +325,25 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     }
     const bool rows = row_path(a, w, i0, i1, kRowPathKeys);
     if (tile_path(a, w, i0, i1, rows)) {
+        // the tiles transpose (and scale) the queries from q's own rows, with no copy of the
+        // block first; through load_q's copy where a row map moves them (qrows) and where
+        // sequences interleave (their rows D * groups apart, read whole: strided 1/256 took
+        // 1.08x the time when read 32 bytes of a row at a time by the transposes)
+        const float* q = qs;
+        float qscale = 1.0f;
+        if (a.qrows || a.groups > 1) {
+            load_q(a, b, h, sq, i0, nq, qs);
+        } else {
+            q = a.q + qrow(a, b * a.H + h, sq, i0) * D, qscale = a.scale;
+        }
         tile_buffers(a, w);
         each_tile(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
-            forward_tile(a, b, h, sq, i0 + r, n, nq, qs + r * D, kb, ldk, vb, ldv, lo, hi, w,
-                         w.acc.data());
+            forward_tile(a, b, h, sq, i0 + r, n, nq, q + r * D, qscale, kb, ldk, vb, ldv, lo, hi,
+                         w, w.acc.data());
         });
         return;
     }
+    load_q(a, b, h, sq, i0, nq, qs);
     if (rows) {
         if (w.s.size() < kRowGroup * kRowPathKeys) w.s.resize(kRowGroup * kRowPathKeys);
         each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {

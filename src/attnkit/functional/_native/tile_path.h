@@ -168,11 +168,13 @@ inline void tile_buffers(const Args& a, Scratch& w) {
     at_least(w.s, kRowGroup * kRowPathKeys);
 }
 
-// qT[d * kTileRows + u] = qs[u * D + d] for rows u < n, 0 in the other lanes and in the
-// dimensions D..D' (D' = dblocks * kDimBlock). With AVX, 8 x 8 blocks transposed in registers
-// (simd.h's transpose8): the scalar copy it replaces was
-// ~20% of a window of 9 keys' forward (perf, in cache, H=1: 512 single-float stores a tile).
-inline void transpose_q(const float* qs, int64_t n, int64_t D, int64_t dblocks, float* qT) {
+// qT[d * kTileRows + u] = scale * qs[u * D + d] for rows u < n, 0 in the other lanes and in
+// the dimensions D..D' (D' = dblocks * kDimBlock). With AVX, 8 x 8 blocks transposed in
+// registers (simd.h's transpose8): the scalar copy it replaces was ~20% of a window of 9 keys'
+// forward (perf, in cache, H=1: 512 single-float stores a tile). The scale (the forward's,
+// reading q's own rows) multiplies the transposed floats: load_q's numbers, bit for bit.
+inline void transpose_q(const float* qs, int64_t n, int64_t D, int64_t dblocks, float* qT,
+                        float scale = 1.0f) {
     int64_t d0 = 0;
 #if defined(__AVX__)
     static_assert(kTileRows == 8, "an 8 x 8 transpose");
@@ -181,6 +183,11 @@ inline void transpose_q(const float* qs, int64_t n, int64_t D, int64_t dblocks, 
     std::fill(qT + d0 * kTileRows, qT + dblocks * kDimBlock * kTileRows, 0.0f);
     for (int64_t u = 0; u < n; ++u) {
         for (int64_t d = d0; d < D; ++d) qT[d * kTileRows + u] = qs[u * D + d];
+    }
+    if (scale != 1.0f) {
+        for (int64_t e = 0; e < D * kTileRows; e += kTileRows) {
+            tstore(qT + e, tload(qT + e) * scale);
+        }
     }
 }
 
@@ -259,18 +266,19 @@ inline void tile_scores_all(const float* qT, const float* kp, int64_t np, int64_
     for (; c < np; c += 8) tile_scores<8>(qT, kp, np, dblocks, c, vlo, vhi, sT, m);
 }
 
-// The product tile of rows u < n of x (dims wide, dims apart) with keys [jlo, jlo + span) of
-// y (rows ldy apart), each row masked to its own [lo[u], hi[u]), into out (key-major); returns
-// the rows' maxima (-inf where a row sees nothing). y's packed copy in `packed` (its first row
-// and count in packed_y, packed_n) is kept for the next tile when it spans the same keys (the
-// tiles of a short sequence: a strided mask). S = (scale q) k^T in the forward, S and
-// dP~ = dO' v^T in the backward (tile_backward.h; a first backward of tiles that took the row
-// path's stages after these two products, dS k and the dK, dV rows a row at a time, 64 KiB
-// apart on strided 1/256, was slower there: 19.2-19.8 -> 21.4-21.8 ms forward + backward).
+// The product tile of rows u < n of x (dims wide, dims apart, times scale) with keys
+// [jlo, jlo + span) of y (rows ldy apart), each row masked to its own [lo[u], hi[u]), into out
+// (key-major); returns the rows' maxima (-inf where a row sees nothing). y's packed copy in
+// `packed` (its first row and count in packed_y, packed_n) is kept for the next tile when it
+// spans the same keys (the tiles of a short sequence: a strided mask). S = (scale q) k^T in
+// the forward, S and dP~ = dO' v^T in the backward (tile_backward.h; a first backward of tiles
+// that took the row path's stages after these two products, dS k and the dK, dV rows a row at
+// a time, 64 KiB apart on strided 1/256, was slower there: 19.2-19.8 -> 21.4-21.8 ms forward +
+// backward).
 inline tvec tile_product(const float* x, int64_t n, int64_t dims, const float* y, int64_t ldy,
                          int64_t jlo, int64_t span, const int64_t* lo, const int64_t* hi,
                          float* xT, float* packed, const float*& packed_y, int64_t& packed_n,
-                         float* out) {
+                         float* out, float scale = 1.0f) {
     tvec m = tsplat(kNegInf);
     if (span == 0) return m;
     const int64_t dblocks = ceil_div(dims, kDimBlock), np = ceil_div(span, 8) * 8;
@@ -279,7 +287,7 @@ inline tvec tile_product(const float* x, int64_t n, int64_t dims, const float* y
         vlo[u] = static_cast<int32_t>(lo[u] - jlo);
         vhi[u] = static_cast<int32_t>(hi[u] - jlo);
     }
-    transpose_q(x, n, dims, dblocks, xT);
+    transpose_q(x, n, dims, dblocks, xT, scale);
     if (packed_y != y || packed_n != span) {
         pack_keys(y, ldy, span, np, dims, dblocks, packed);
         packed_y = y, packed_n = span;
@@ -288,13 +296,14 @@ inline tvec tile_product(const float* x, int64_t n, int64_t dims, const float* y
     return m;
 }
 
-// The forward's score tile: rows u < n of the pre-scaled queries qs (D apart) against the keys
-// [jlo, jlo + span) at k (rows ldk apart), into w.ts.
-inline tvec tile_scores_masked(const Args& a, Scratch& w, const float* qs, int64_t n,
-                               const float* k, int64_t ldk, int64_t jlo, int64_t span,
-                               const int64_t* lo, const int64_t* hi) {
-    return tile_product(qs, n, a.D, k, ldk, jlo, span, lo, hi, w.tq.data(), w.tk.data(),
-                        w.packed_k, w.packed_k_n, w.ts.data());
+// The forward's score tile: rows u < n of the queries q (D apart, times qscale: the call's
+// scale for q's own rows, 1 for load_q's) against the keys [jlo, jlo + span) at k (rows ldk
+// apart), into w.ts.
+inline tvec tile_scores_masked(const Args& a, Scratch& w, const float* q, float qscale,
+                               int64_t n, const float* k, int64_t ldk, int64_t jlo,
+                               int64_t span, const int64_t* lo, const int64_t* hi) {
+    return tile_product(q, n, a.D, k, ldk, jlo, span, lo, hi, w.tq.data(), w.tk.data(),
+                        w.packed_k, w.packed_k_n, w.ts.data(), qscale);
 }
 
 // The forward's softmax numerators on the key-major tile sT (span keys), in place: exp(s - m)
