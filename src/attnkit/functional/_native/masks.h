@@ -119,30 +119,6 @@ inline int64_t key_end(const Args& a, int64_t i1) {
 void stretches(const Args& a, int64_t nq, const int64_t* lo, const int64_t* hi, int64_t end,
                std::vector<std::pair<int64_t, int64_t>>& out) {
     out.clear();
-    if (a.rows_k == 1) {
-        // one run a row, in order (windows, causal, documents): merged as the rows are read,
-        // the same stretches as below without a pair a row, the sort check and a second pass
-        // (those were ~2/3 of a documents-of-16 forward's block set-up, perf, in cache)
-        int64_t first = 0, last = 0;  // the stretch being grown (none: first == last)
-        bool ordered = true;
-        for (int64_t r = 0; r < nq && ordered; ++r) {
-            const int64_t l = lo[r], h = std::min(hi[r], end);
-            if (l >= h) continue;
-            if (first < last && l < first) {
-                ordered = false;
-            } else if (first < last && l <= last) {
-                last = std::max(last, h);
-            } else {
-                if (first < last) out.push_back({first, last});
-                first = l, last = h;
-            }
-        }
-        if (ordered) {
-            if (first < last) out.push_back({first, last});
-            return;
-        }
-        out.clear();
-    }
     for (int64_t k = 0; k < a.rows_k; ++k) {
         for (int64_t r = 0; r < nq; ++r) {
             const int64_t l = lo[k * a.bq + r], h = std::min(hi[k * a.bq + r], end);
