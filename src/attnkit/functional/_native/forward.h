@@ -4,10 +4,11 @@
 //
 // Legend: forward_block one query block (rows i0..i1 of head (b, h), sequence sq);
 // forward_rows up to kRowGroup of its rows on the row path, finish_rows their softmax, values
-// and output; forward_tile a tile of up to kTileRows rows; plain_scores whether a call needs
-// nothing between the product and the softmax; write_row a row's out and lse from
-// its running max m, sum l and unnormalised output acc. kb, vb the keys and values of the
-// sequence, ldk, ldv apart (Args::groups interleaving).
+// and output; forward_tile a tile of up to kTileRows rows, tile_rows_out its rows' weighted
+// sums straight into out; plain_scores whether a call needs nothing between the product and
+// the softmax; write_row a row's out and lse from its running max m, sum l and unnormalised
+// output acc (out_factor, row_lse). kb, vb the keys and values of the sequence, ldk, ldv apart
+// (Args::groups interleaving).
 
 #pragma once
 

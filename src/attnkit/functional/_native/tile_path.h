@@ -15,8 +15,9 @@
 // whether a block takes the path; transpose_q qT (D' x kTileRows, D' = D rounded up to
 // kDimBlock); pack_keys the span's keys in kDimBlock-dimension slices; tile_scores the score
 // tile sT (key-major: span x kTileRows), masked to each row's [lo, hi), and the rows' maxima;
-// tile_product the whole tile; tile_softmax its exponentials; packed_values a contiguous copy
-// of interleaved value rows; prefetch_tile_row the path's prefetch; tile_gemm the small
+// tile_product the whole tile; tile_softmax its exponentials; tile_values the weighted sums of
+// up to kValueRows rows that see the same keys, scaled into their output rows; packed_values a
+// contiguous copy of interleaved value rows; prefetch_tile_row the path's prefetch; tile_gemm the small
 // products of both passes' tiles (gemm_acc.h's register tiles, kTileGemmRows x
 // kTileGemmVectors).
 
