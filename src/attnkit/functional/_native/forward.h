@@ -20,6 +20,7 @@
 #include "blas.h"
 #include "dropout.h"
 #include "masks.h"
+#include "narrow_path.h"
 #include "offset_path.h"
 #include "row_path.h"
 #include "scratch.h"
@@ -267,13 +268,22 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
         blocks_span(w, first, end);
         prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
     }
-    const bool rows = row_path(a, w, i0, i1, kRowPathKeys);
+    int64_t widest;
+    const bool rows = row_path(a, w, i0, i1, kRowPathKeys, &widest);
     if (tile_path(a, w, i0, i1, rows)) {
         tile_buffers(a, w);
         each_tile(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
             forward_tile(a, b, h, sq, i0 + r, n, nq, qs + r * D, kb, ldk, vb, ldv, lo, hi, w,
                          w.acc.data());
         });
+        return;
+    }
+    if (rows && narrow_path(a, widest)) {
+        if (widest <= kLanes) {
+            forward_narrow<1>(a, b, h, sq, i0, i1, qs, kb, ldk, vb, ldv, w);
+        } else {
+            forward_narrow<kNarrowVectors>(a, b, h, sq, i0, i1, qs, kb, ldk, vb, ldv, w);
+        }
         return;
     }
     if (rows) {

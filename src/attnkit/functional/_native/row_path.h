@@ -60,8 +60,10 @@ inline void blocks_span(const Scratch& w, int64_t& first, int64_t& end) {
 }
 
 // Whether rows i0..i1 take the row path: no tiles, every row's keys at most `limit`
-// (kRowPathKeys, kRowPathKeysBackward), and the blocks' span wider than the widest row.
-bool row_path(const Args& a, const Scratch& w, int64_t i0, int64_t i1, int64_t limit) {
+// (kRowPathKeys, kRowPathKeysBackward), and the blocks' span wider than the widest row (its
+// keys into *widest_out where given).
+bool row_path(const Args& a, const Scratch& w, int64_t i0, int64_t i1, int64_t limit,
+              int64_t* widest_out = nullptr) {
     if (a.table || a.rows_k > 1) return false;  // rows with several runs: the blocks
     int64_t first, end, widest = 0;
     blocks_span(w, first, end);
@@ -70,6 +72,7 @@ bool row_path(const Args& a, const Scratch& w, int64_t i0, int64_t i1, int64_t l
         row_span(a, w, r, i0 + r, first, end, lo, hi);
         widest = std::max(widest, hi - lo);
     }
+    if (widest_out) *widest_out = widest;
     return widest <= limit && end - first > widest;
 }
 

@@ -1,0 +1,161 @@
+// The narrow path: the forward of a row-path block (row_path.h) with plain scores (no score
+// functions, dense mask, bias or dropout) whose rows each see at most kNarrowVectors vectors
+// of keys (a window of up to 16 or 32 keys on AVX-512, 8 or 16 on AVX2), one row at a time
+// with the row in registers from the product to the output: the scores of four keys summed
+// into one 128-bit vector (sums4) and placed in the row's score vectors, the softmax on those
+// registers, the weighted sum of the values normalised on its way to out. Where a row of the
+// row path (forward_rows, finish_rows) stores its scores, reloads them, calls its score
+// functions and masks and stores an unnormalised output that write_row reads again.
+//
+// Legend: kNarrowVectors the widest row in vectors; narrow_path whether a block takes it;
+// narrow_scores a row's scores; forward_narrow a block's rows. x86 with AVX2 or AVX-512 only
+// (sums4, keep_below); elsewhere the row path computes these blocks.
+
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "args.h"
+#include "row_path.h"
+#include "scratch.h"
+#include "score_mods.h"
+#include "simd.h"
+#include "softmax_row.h"
+
+namespace {
+
+using namespace attnkit_simd;
+
+constexpr int kNarrowVectors = 2;
+
+#if defined(__AVX2__)
+constexpr bool kNarrowPath = true;
+#else
+constexpr bool kNarrowPath = false;
+#endif
+
+// Whether a block on the row path whose widest row sees `widest` keys takes the narrow path:
+// plain scores (no dropout).
+inline bool narrow_path(const Args& a, int64_t widest) {
+    return kNarrowPath && plain_scores(a) && widest <= kNarrowVectors * kLanes;
+}
+
+#if defined(__AVX2__)
+// The scores x . row c of y (rows ld apart, D wide) for c < nk (1 <= nk <= NV * kLanes) in
+// sv[0..NV), key c in lane c % kLanes of vector c / kLanes, the lanes from nk on -inf. Four
+// keys at a time sharing the loads of x; a group's keys past nk read row nk - 1 again (no
+// read past the row's keys) and are masked.
+template <int NV>
+inline void narrow_scores(const float* x, const float* y, int64_t ld, int64_t D, int64_t nk,
+                          vfloat* sv) {
+    constexpr int kGroups = NV * kLanes / 4;
+    __m128 g[kGroups];
+    const __m128 none = _mm_set1_ps(kNegInf);
+    for (int c4 = 0; c4 < kGroups; ++c4) {
+        const int64_t c = 4 * c4;
+        if (c >= nk) {
+            g[c4] = none;
+            continue;
+        }
+        const float* y0 = y + c * ld;
+        const float* y1 = y + std::min<int64_t>(c + 1, nk - 1) * ld;
+        const float* y2 = y + std::min<int64_t>(c + 2, nk - 1) * ld;
+        const float* y3 = y + std::min<int64_t>(c + 3, nk - 1) * ld;
+        vfloat a0{}, a1{}, a2{}, a3{};
+        int64_t e = 0;
+        for (; e + kLanes <= D; e += kLanes) {
+            const vfloat xv = load(x + e);
+            a0 += xv * load(y0 + e);
+            a1 += xv * load(y1 + e);
+            a2 += xv * load(y2 + e);
+            a3 += xv * load(y3 + e);
+        }
+        if (e < D) {  // the last partial vector, as dots' (simd.h)
+            const int64_t t = D - e;
+            const vfloat xv = load_part(x + e, t, 0.0f);
+            a0 += xv * load_part(y0 + e, t, 0.0f);
+            a1 += xv * load_part(y1 + e, t, 0.0f);
+            a2 += xv * load_part(y2 + e, t, 0.0f);
+            a3 += xv * load_part(y3 + e, t, 0.0f);
+        }
+        g[c4] = sums4(a0, a1, a2, a3);
+    }
+    for (int v = 0; v < NV; ++v) {
+#if defined(__AVX512F__)
+        __m512 s = _mm512_castps128_ps512(g[4 * v]);
+        s = _mm512_insertf32x4(s, g[4 * v + 1], 1);
+        s = _mm512_insertf32x4(s, g[4 * v + 2], 2);
+        sv[v] = _mm512_insertf32x4(s, g[4 * v + 3], 3);
+#else
+        sv[v] = _mm256_set_m128(g[2 * v + 1], g[2 * v]);
+#endif
+        const int64_t left = nk - v * kLanes;  // keys in this vector
+        if (left < kLanes) sv[v] = keep_below(sv[v], std::max<int64_t>(left, 0), kNegInf);
+    }
+}
+
+// Forward of the rows i0..i1 of a block of head (b, h), sequence sq, on the narrow path (every
+// row at most NV vectors of keys: narrow_path): pre-scaled queries qs (D apart), keys and
+// values kb, vb (ldk, ldv apart). out and lse as write_row writes them: the same softmax as
+// finish_rows's, lane by lane (exp_v, one reduce_add of the rows' exponentials), the weighted
+// sum times inv_keep / l.
+template <int NV>
+void forward_narrow(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t i1,
+                    const float* qs, const float* kb, int64_t ldk, const float* vb, int64_t ldv,
+                    Scratch& w) {
+    constexpr int64_t G = kRowGroup;
+    const int64_t head = b * a.H + h, nq = i1 - i0, D = a.D, Dv = a.Dv;
+    int64_t first, end;
+    blocks_span(w, first, end);
+    alignas(64) float p[G][NV * kLanes];
+    for (int64_t r = 0; r < nq; r += G) {
+        const int64_t n = std::min(G, nq - r);
+        int64_t lo[G], nk[G];
+        vfloat sv[G][NV];
+        for (int64_t u = 0; u < n; ++u) {
+            int64_t hi;
+            row_span(a, w, r + u, i0 + r + u, first, end, lo[u], hi);
+            nk[u] = hi - lo[u];
+            w.work += nk[u];
+            prefetch_forward(a, head, sq, i0 + r + u, nq, kb, ldk, vb, ldv, hi);
+            if (nk[u] > 0) narrow_scores<NV>(qs + (r + u) * D, kb + lo[u] * ldk, ldk, D, nk[u], sv[u]);
+        }
+        float m[G], l[G];
+        for (int64_t u = 0; u < n; ++u) {
+            if (nk[u] == 0) continue;
+            vfloat mv = splat(kNegInf);
+            for (int v = 0; v < NV; ++v) mv = vmax(sv[u][v], mv);  // NaN lanes passed over
+            m[u] = hmax(mv, kNegInf);
+            const float m_safe = m[u] == kNegInf ? 0.0f : m[u];
+            vfloat sum{};
+            for (int v = 0; v < NV; ++v) {
+                const vfloat pv = exp_v(sv[u][v] - splat(m_safe));
+                sum += pv;
+                store(p[u] + v * kLanes, pv);
+            }
+            l[u] = reduce_add(sum);
+        }
+        for (int64_t u = 0; u < n; ++u) {
+            const int64_t row = qrow(a, head, sq, i0 + r + u);
+            float* o = a.out + row * Dv;
+            if (nk[u] == 0) {  // the row sees nothing: out 0, lse -inf (write_row's l == 0)
+                std::fill(o, o + Dv, 0.0f);
+                a.lse[row] = kNegInf;
+                continue;
+            }
+            const float f = l[u] > 0.0f ? a.inv_keep / l[u] : 0.0f;
+            const float* x = vb + lo[u] * ldv;
+            combine_rows<false, true>(o, Dv, p[u], 1, nk[u], [x, ldv](int64_t c) { return x + c * ldv; }, f);
+            a.lse[row] = l[u] > 0.0f ? m[u] + std::log(l[u]) : (l[u] == 0.0f ? kNegInf : l[u]);
+        }
+    }
+}
+#else
+template <int NV>
+void forward_narrow(const Args&, int64_t, int64_t, int64_t, int64_t, int64_t, const float*,
+                    const float*, int64_t, const float*, int64_t, Scratch&) {}
+#endif
+
+}  // namespace
