@@ -242,11 +242,11 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     const float* kb = a.k + row_of(a, b * a.Hkv + kvh, a.S, sq, 0) * D;
     const float* vb = a.v + row_of(a, b * a.Hkv + kvh, a.S, sq, 0) * Dv;
     float *s = w.s.data(), *qs = w.qs.data(), *acc = w.acc.data();
-    load_q(a, b, h, sq, i0, nq, qs);
     int64_t first, end;
     const std::vector<OffsetTile>* tiles =
         offset_candidate(a, plain_scores(a), nq) ? offset_path(a, b, i0, i1, first, end) : nullptr;
     if (tiles) {
+        load_q(a, b, h, sq, i0, nq, qs);
         if (a.groups > 1 && i1 == a.N) {  // the last block of sequence sq
             prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false,
                                    false);
@@ -270,20 +270,22 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
     }
     int64_t widest;
     const bool rows = row_path(a, w, i0, i1, kRowPathKeys, &widest);
-    if (tile_path(a, w, i0, i1, rows)) {
+    const bool tiled = tile_path(a, w, i0, i1, rows);
+    if (!tiled && rows && narrow_path(a, widest)) {  // reads q itself
+        if (widest <= kLanes) {
+            forward_narrow<1>(a, b, h, sq, i0, i1, kb, ldk, vb, ldv, w);
+        } else {
+            forward_narrow<kNarrowVectors>(a, b, h, sq, i0, i1, kb, ldk, vb, ldv, w);
+        }
+        return;
+    }
+    load_q(a, b, h, sq, i0, nq, qs);
+    if (tiled) {
         tile_buffers(a, w);
         each_tile(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
             forward_tile(a, b, h, sq, i0 + r, n, nq, qs + r * D, kb, ldk, vb, ldv, lo, hi, w,
                          w.acc.data());
         });
-        return;
-    }
-    if (rows && narrow_path(a, widest)) {
-        if (widest <= kLanes) {
-            forward_narrow<1>(a, b, h, sq, i0, i1, qs, kb, ldk, vb, ldv, w);
-        } else {
-            forward_narrow<kNarrowVectors>(a, b, h, sq, i0, i1, qs, kb, ldk, vb, ldv, w);
-        }
         return;
     }
     if (rows) {

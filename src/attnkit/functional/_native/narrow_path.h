@@ -30,6 +30,7 @@ using namespace attnkit_simd;
 
 constexpr int kNarrowVectors = 2;
 
+
 #if defined(__AVX2__)
 constexpr bool kNarrowPath = true;
 #else
@@ -43,44 +44,47 @@ inline bool narrow_path(const Args& a, int64_t widest) {
 }
 
 #if defined(__AVX2__)
-// The scores x . row c of y (rows ld apart, D wide) for c < nk (1 <= nk <= NV * kLanes) in
-// sv[0..NV), key c in lane c % kLanes of vector c / kLanes, the lanes from nk on -inf. Four
-// keys at a time sharing the loads of x; a group's keys past nk read row nk - 1 again (no
-// read past the row's keys) and are masked.
+// The K <= 4 dot products (scale x) . row k of y (rows ld apart, D wide) as the first K lanes of
+// a 128-bit vector (the others repeat the first's): K independent chains of multiply-adds,
+// sharing the loads of x, reduced together (sums4).
+template <int K>
+inline __m128 group_dots(const float* x, vfloat sc, const float* y, int64_t ld, int64_t D) {
+    vfloat acc[K] = {};
+    int64_t e = 0;
+    for (; e + kLanes <= D; e += kLanes) {
+        const vfloat xv = load(x + e) * sc;
+        for (int k = 0; k < K; ++k) acc[k] += xv * load(y + k * ld + e);
+    }
+    if (e < D) {  // the last partial vector, as dots' (simd.h)
+        const vfloat xv = load_part(x + e, D - e, 0.0f) * sc;
+        for (int k = 0; k < K; ++k) acc[k] += xv * load_part(y + k * ld + e, D - e, 0.0f);
+    }
+    return sums4(acc[0], acc[K > 1 ? 1 : 0], acc[K > 2 ? 2 : 0], acc[K > 3 ? 3 : 0]);
+}
+
+// The scores (scale x) . row c of y (rows ld apart, D wide; scale x is load_q's, in registers)
+// for c < nk (1 <= nk <= NV * kLanes) in sv[0..NV), key c in lane c % kLanes of vector
+// c / kLanes, the lanes from nk on -inf: four keys at a time, the last group only its own.
 template <int NV>
-inline void narrow_scores(const float* x, const float* y, int64_t ld, int64_t D, int64_t nk,
-                          vfloat* sv) {
+inline void narrow_scores(const float* x, float scale, const float* y, int64_t ld, int64_t D,
+                          int64_t nk, vfloat* sv) {
+    const vfloat sc = splat(scale);
     constexpr int kGroups = NV * kLanes / 4;
     __m128 g[kGroups];
-    const __m128 none = _mm_set1_ps(kNegInf);
     for (int c4 = 0; c4 < kGroups; ++c4) {
-        const int64_t c = 4 * c4;
-        if (c >= nk) {
-            g[c4] = none;
-            continue;
+        const int64_t c = 4 * c4, left = nk - c;
+        const float* yc = y + c * ld;
+        if (left >= 4) {
+            g[c4] = group_dots<4>(x, sc, yc, ld, D);
+        } else if (left == 3) {
+            g[c4] = group_dots<3>(x, sc, yc, ld, D);
+        } else if (left == 2) {
+            g[c4] = group_dots<2>(x, sc, yc, ld, D);
+        } else if (left == 1) {
+            g[c4] = group_dots<1>(x, sc, yc, ld, D);
+        } else {
+            g[c4] = _mm_set1_ps(kNegInf);
         }
-        const float* y0 = y + c * ld;
-        const float* y1 = y + std::min<int64_t>(c + 1, nk - 1) * ld;
-        const float* y2 = y + std::min<int64_t>(c + 2, nk - 1) * ld;
-        const float* y3 = y + std::min<int64_t>(c + 3, nk - 1) * ld;
-        vfloat a0{}, a1{}, a2{}, a3{};
-        int64_t e = 0;
-        for (; e + kLanes <= D; e += kLanes) {
-            const vfloat xv = load(x + e);
-            a0 += xv * load(y0 + e);
-            a1 += xv * load(y1 + e);
-            a2 += xv * load(y2 + e);
-            a3 += xv * load(y3 + e);
-        }
-        if (e < D) {  // the last partial vector, as dots' (simd.h)
-            const int64_t t = D - e;
-            const vfloat xv = load_part(x + e, t, 0.0f);
-            a0 += xv * load_part(y0 + e, t, 0.0f);
-            a1 += xv * load_part(y1 + e, t, 0.0f);
-            a2 += xv * load_part(y2 + e, t, 0.0f);
-            a3 += xv * load_part(y3 + e, t, 0.0f);
-        }
-        g[c4] = sums4(a0, a1, a2, a3);
     }
     for (int v = 0; v < NV; ++v) {
 #if defined(__AVX512F__)
@@ -97,14 +101,13 @@ inline void narrow_scores(const float* x, const float* y, int64_t ld, int64_t D,
 }
 
 // Forward of the rows i0..i1 of a block of head (b, h), sequence sq, on the narrow path (every
-// row at most NV vectors of keys: narrow_path): pre-scaled queries qs (D apart), keys and
-// values kb, vb (ldk, ldv apart). out and lse as write_row writes them: the same softmax as
+// row at most NV vectors of keys: narrow_path): the queries read from q and scaled in
+// registers (no load_q), keys and values kb, vb (ldk, ldv apart). out and lse as write_row writes them: the same softmax as
 // finish_rows's, lane by lane (exp_v, one reduce_add of the rows' exponentials), the weighted
 // sum times inv_keep / l.
 template <int NV>
 void forward_narrow(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, int64_t i1,
-                    const float* qs, const float* kb, int64_t ldk, const float* vb, int64_t ldv,
-                    Scratch& w) {
+                    const float* kb, int64_t ldk, const float* vb, int64_t ldv, Scratch& w) {
     constexpr int64_t G = kRowGroup;
     const int64_t head = b * a.H + h, nq = i1 - i0, D = a.D, Dv = a.Dv;
     int64_t first, end;
@@ -120,7 +123,8 @@ void forward_narrow(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
             nk[u] = hi - lo[u];
             w.work += nk[u];
             prefetch_forward(a, head, sq, i0 + r + u, nq, kb, ldk, vb, ldv, hi);
-            if (nk[u] > 0) narrow_scores<NV>(qs + (r + u) * D, kb + lo[u] * ldk, ldk, D, nk[u], sv[u]);
+            const float* x = a.q + qrow(a, head, sq, i0 + r + u) * D;
+            if (nk[u] > 0) narrow_scores<NV>(x, a.scale, kb + lo[u] * ldk, ldk, D, nk[u], sv[u]);
         }
         float m[G], l[G];
         for (int64_t u = 0; u < n; ++u) {
@@ -155,7 +159,7 @@ void forward_narrow(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
 #else
 template <int NV>
 void forward_narrow(const Args&, int64_t, int64_t, int64_t, int64_t, int64_t, const float*,
-                    const float*, int64_t, const float*, int64_t, Scratch&) {}
+                    int64_t, const float*, int64_t, Scratch&) {}
 #endif
 
 }  // namespace

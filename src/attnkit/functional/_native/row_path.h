@@ -116,7 +116,7 @@ constexpr int64_t kAhead = 8;
 // The forward's, at query i of a block of nq rows: the query i + nq (the next block's, same
 // head and sequence: load_q reads a block's queries at once), out of query i + kAhead, the
 // key and value hi - 1 + kAhead.
-void prefetch_forward(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t nq,
+inline void prefetch_forward(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t nq,
                       const float* kb, int64_t ldk, const float* vb, int64_t ldv, int64_t hi) {
     if (i + nq < a.N) prefetch_row_l2(a.q + qrow(a, head, sq, i + nq) * a.D, a.D);
     if (i + kAhead < a.N) prefetch_row_w(a.out + qrow(a, head, sq, i + kAhead) * a.Dv, a.Dv);
