@@ -2,7 +2,8 @@
 // window) is computed a row at a time over each row's own keys, kRowGroup rows stage by stage,
 // instead of by matrix products over key blocks. Which blocks take it, how their rows are
 // walked, and the software prefetch that keeps the rows' data coming (forward.h's
-// forward_rows and backward_block.h's backward_rows compute the rows).
+// forward_rows and backward_block.h's backward_rows compute the rows; narrow_path.h's
+// forward_narrow the forward's rows of at most 2 vectors of keys with plain scores).
 //
 // Legend: kRowPathKeys, kRowPathKeysBackward the widest row the path takes; row_span a row's
 // keys [lo, hi); blocks_span the key blocks' span [first, end); row_path whether a block takes
