@@ -39,7 +39,6 @@ from attnkit.functional._blocks import (
     BACKWARD_ROW_KEYS,
     FORWARD_BLOCK_K,
     FORWARD_BLOCK_Q,
-    FORWARD_ROW_KEYS,
     forward_blocks,
 )
 from attnkit.functional._grid import (
@@ -69,7 +68,7 @@ PASSES = {
 # takes blocks of wider rows, up to BACKWARD_BAND_KEYS, where a tile of 8 rows is a band's
 # (_native/offset_backward.h; keys within its caches: S up to ~32K at D=64), counting each
 # row's own keys as the row path does.
-ROW_PATH_KEYS = {"forward": FORWARD_ROW_KEYS, "backward": BACKWARD_ROW_KEYS}
+ROW_PATH_KEYS = {"forward": 64, "backward": BACKWARD_ROW_KEYS}
 # _native/tile_path.h's kTileRows, kTileKeys: the tiles of rows and their widest span
 TILE_ROWS, TILE_KEYS = 8, 32
 # _native/offset_path.h's kOffsetRuns, kOffsetRunKeys, kOffsetKeys: the forward's offset path

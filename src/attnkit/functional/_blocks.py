@@ -36,9 +36,6 @@ BACKWARD_BLOCK_Q, BACKWARD_BLOCK_K = 128, 256
 # first and last keys' sums in part, (bq + w - 1) / bq of their share, and its per-block set-up
 # is paid once for more rows.
 BACKWARD_ROW_KEYS, BACKWARD_BAND_KEYS = 32, 64
-# The forward's row path (_native/row_path.h's kRowPathKeys): query blocks whose rows see at
-# most this many keys each go a row at a time.
-FORWARD_ROW_KEYS = 64
 
 # The grid on which a structured mask's partial blocks are stored as tiles (both kernels walk
 # it, forward and backward, when there are tiles): the compiled kernel's backward blocks.

@@ -26,7 +26,6 @@ from torch import Tensor
 from attnkit.functional._blocks import (
     BACKWARD_BAND_KEYS,
     BACKWARD_ROW_KEYS,
-    FORWARD_ROW_KEYS,
     STRUCTURED_BLOCK_K,
     STRUCTURED_BLOCK_Q,
 )
@@ -129,16 +128,16 @@ def choose_block_q(rows: Tensor, s: int) -> int:
     128, 64, 32, 16 that minimises the estimated forward time. A block's keys are estimated
     as the sum over k of its rows' k-th runs' spans (an overestimate where they overlap).
 
-    A band (a window: one run a row, `_bands`) of at most FORWARD_ROW_KEYS keys a row keeps
+    A band (a window: one run a row, `_bands`) of at most BACKWARD_ROW_KEYS keys a row keeps
     STRUCTURED_BLOCK_Q: its rows go a row at a time over their own keys in both passes (the
-    row path and the narrow path, or the backward's offset path), whose work does not grow
-    with the block, and a block's set-up (its runs, key blocks and path checks) is paid once
-    for 128 rows instead of 16. Measured (AMD EPYC Zen 4, 1 thread, N=4096, H=8, D=64, 16 ->
+    row path, the forward's narrow path), whose work does not grow with the block, and a
+    block's set-up (its runs, key blocks and path checks) is paid once for 128 rows instead of
+    16. (Wider bands' backward takes the blocks where the offset path is off: AVX2 builds.) Measured (AMD EPYC Zen 4, 1 thread, N=4096, H=8, D=64, 16 ->
     128 rows interleaved in one process, thread CPU time): windows of 1, 9 and 17 keys forward
     0.93x, 0.94x and 0.95x the time, forward + backward 0.94x, 0.91x and 0.91x."""
     if rows.shape[1] == 1:
         widest, band = _bands(rows)
-        if band and widest <= FORWARD_ROW_KEYS:
+        if band and widest <= BACKWARD_ROW_KEYS:
             return STRUCTURED_BLOCK_Q
     lo, hi = rows[0].cpu().flatten(0, 1), rows[1].cpu().flatten(0, 1)  # (K·B|1, N)
     seen = lo < hi
