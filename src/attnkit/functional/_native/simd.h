@@ -305,12 +305,14 @@ inline void dots(const float* x, const float* y, int64_t ld, int64_t n, int64_t 
     for (; c < nk; ++c) s[c] = dot(x, y + c * ld, n);
 }
 
-// out (n) = [out +] sum over u < m of w[u * ws] * row(u) (each row n wide): n in chunks of four
-// vectors, so that four independent chains of multiply-adds run at once, the sum held in
-// registers across the rows (accumulating in memory would chain every row's update to the
-// previous one's store: one load and one store of out per vector, not one per row).
-template <bool kAccumulate, typename Row>
-inline void combine_rows(float* out, int64_t n, const float* w, int64_t ws, int64_t m, Row row) {
+// out (n) = [out +] the sum of w * row over the terms (w, row) that terms(f) hands to f, each
+// row n wide: n in chunks of four vectors, so that four independent chains of multiply-adds
+// run at once, the sum held in registers across the rows (accumulating in memory would chain
+// every row's update to the previous one's store: one load and one store of out per vector,
+// not one per row). The terms come in the same order for every chunk, so the sums' order is
+// the visitor's.
+template <bool kAccumulate, typename Terms>
+inline void combine_terms(float* out, int64_t n, Terms terms) {
     int64_t e = 0;
     for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
         vfloat a0{}, a1{}, a2{}, a3{};
@@ -318,14 +320,14 @@ inline void combine_rows(float* out, int64_t n, const float* w, int64_t ws, int6
             a0 = load(out + e), a1 = load(out + e + kLanes);
             a2 = load(out + e + 2 * kLanes), a3 = load(out + e + 3 * kLanes);
         }
-        for (int64_t u = 0; u < m; ++u) {
-            const vfloat wu = splat(w[u * ws]);
-            const float* xu = row(u) + e;
+        terms([&](float w, const float* x) {
+            const vfloat wu = splat(w);
+            const float* xu = x + e;
             a0 += wu * load(xu);
             a1 += wu * load(xu + kLanes);
             a2 += wu * load(xu + 2 * kLanes);
             a3 += wu * load(xu + 3 * kLanes);
-        }
+        });
         store(out + e, a0);
         store(out + e + kLanes, a1);
         store(out + e + 2 * kLanes, a2);
@@ -335,9 +337,17 @@ inline void combine_rows(float* out, int64_t n, const float* w, int64_t ws, int6
         const int64_t r = std::min<int64_t>(kLanes, n - e);
         vfloat acc{};
         if (kAccumulate) acc = load_part(out + e, r, 0.0f);
-        for (int64_t u = 0; u < m; ++u) acc += splat(w[u * ws]) * load_part(row(u) + e, r, 0.0f);
+        terms([&](float w, const float* x) { acc += splat(w) * load_part(x + e, r, 0.0f); });
         store_part(out + e, acc, r);
     }
+}
+
+// out (n) = [out +] sum over u < m of w[u * ws] * row(u): combine_terms over m rows.
+template <bool kAccumulate, typename Row>
+inline void combine_rows(float* out, int64_t n, const float* w, int64_t ws, int64_t m, Row row) {
+    combine_terms<kAccumulate>(out, n, [&](auto&& f) {
+        for (int64_t u = 0; u < m; ++u) f(w[u * ws], row(u));
+    });
 }
 
 // out (n) = sum over c < nk of p[c * ps] * row c of x (rows ld apart): a row's weighted sum of
