@@ -1,0 +1,222 @@
+// The backward's offset path for rows of several runs of keys (a 2-D neighbourhood in token
+// order: 8 queries of a canvas row share their kh runs of kw keys shifted by one a lane; unions
+// of row intervals), issue 36, items 2 and 7. The forward's offset tiles (offset_path.h's
+// offset_path: each tile's runs, the union of its lanes' offsets a run, each lane masked to
+// its own) carry the query lanes, as in the bands' path (offset_backward.h) but run by run:
+//   S and dP~ offset_path.h's offset_scores (masked entries -inf), P = exp(S - lse) (0 where
+//   masked), dS = P (dP~ - D_i) (0 where P is: a masked dP~ is -inf), dQT = sum over the runs
+//   and their offsets of dS kT (offset_runs_sum; masked entries add 0).
+// The key lanes (offset_sums.h's key_lanes) need each run's P and dS kept by offset and query
+// with one range of offsets for a run of consecutive queries: a slot (RunSlot) holds run k of
+// consecutive tiles whose run k has the same offsets (a canvas row's interior tiles; each
+// border tile, whose union is wider, its own), zero at every other query's column, so that a
+// key tile reads its queries along a diagonal. Each slot's key lanes add its keys' dK, dV rows
+// once. Rows that see nothing (lse -inf) give 0; lanes past the block's rows are empty.
+//
+// Exactness: every entry a lane does not see is a product by an exact 0 (its P and dS), so a
+// finite key or query outside a row's runs adds nothing; a NaN or inf one within a tile's
+// union may reach the lanes that do not see it (as on the blocks, whose masked entries are
+// products by 0 too).
+//
+// Legend: runs_switch the environment's switch (offset_backward.h's offset_switch);
+// runs_fit whether a call may take the path; RunSlot, RunsBlock a block's slots and their P
+// and dS rows, runs_slots the slots of a block's tiles; offset_runs_sum a tile's dQT;
+// runs_tile one query tile; offset_runs the whole block.
+
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "args.h"
+#include "offset_backward.h"
+#include "offset_path.h"
+#include "offset_sums.h"
+#include "scratch.h"
+#include "score_mods.h"
+#include "tile_path.h"
+#include "transposed.h"
+
+namespace {
+
+// The default routing of rows of several runs (ATTNKIT_OFFSET_BACKWARD unset): on AVX-512
+// builds. See offset_runs' note for the measurements.
+#if defined(__AVX512F__)
+constexpr bool kRunsDefault = true;
+#else
+constexpr bool kRunsDefault = false;
+#endif
+
+// Whether a block of nq rows may take the path: plain rows of several runs (offset_path.h's
+// offset_candidate), keys and values fitting the padded caches, and the switch on ("1": on,
+// "0": off, unset: kRunsDefault).
+inline bool runs_fit(const Args& a, int64_t nq) {
+    const int on = offset_switch();
+    return (on == 1 || (on == -1 && kRunsDefault)) && offset_candidate(a, plain_scores(a), nq) &&
+           offset_cacheable(a, std::max(a.D, a.Dv));
+}
+
+// Run k's offsets [dlo, dlo + W) for the tiles of block columns [c0, c1): P and dS row c
+// (offset dlo + c) at [at + c * ld], query column c0 + x at base + x, zero at every other.
+struct RunSlot {
+    int64_t dlo, W, c0, c1, at, ld, base;
+};
+
+// A block's slots, the slot of tile t's run k at of[t * kOffsetRuns + k] (-1: none), and
+// the slots' P and dS rows.
+struct RunsBlock {
+    std::vector<RunSlot> slots;
+    std::vector<int32_t> of;
+    std::vector<float> p, ds;
+};
+
+inline RunsBlock& runs_block() {
+    thread_local RunsBlock rb;
+    return rb;
+}
+
+// The slots of a block's tiles (queries from i0): run k of a tile joins run k's last slot
+// where that ends at the tile and has its offsets, else opens one; the rows zeroed.
+inline void runs_slots(const std::vector<OffsetTile>& tiles, int64_t i0, RunsBlock& rb) {
+    rb.slots.clear();
+    rb.of.assign(tiles.size() * kOffsetRuns, -1);
+    int32_t open[kOffsetRuns];
+    std::fill(open, open + kOffsetRuns, -1);
+    for (size_t t = 0; t < tiles.size(); ++t) {
+        const OffsetTile& ot = tiles[t];
+        const int64_t col = ot.i - i0;
+        for (int64_t k = 0; k < ot.runs; ++k) {
+            if (ot.width[k] == 0) continue;
+            int32_t s = open[k];
+            if (s < 0 || rb.slots[s].dlo != ot.dlo[k] || rb.slots[s].W != ot.width[k] ||
+                rb.slots[s].c1 != col) {
+                s = open[k] = static_cast<int32_t>(rb.slots.size());
+                rb.slots.push_back(RunSlot{ot.dlo[k], ot.width[k], col, col, 0, 0, 0});
+            }
+            rb.slots[s].c1 = col + kTileRows;
+            rb.of[t * kOffsetRuns + k] = s;
+        }
+    }
+    int64_t at = 0;
+    for (RunSlot& s : rb.slots) {  // key_lanes reads W - 1 columns before, 16 past the keys
+        s.base = ceil_div(s.W, kTileRows) * kTileRows;
+        s.ld = s.base + ceil_div(s.c1 - s.c0 + s.W + 2 * kTileRows, kTileRows) * kTileRows;
+        s.at = at;
+        at += s.W * s.ld;
+    }
+    rb.p.assign(at, 0.0f);
+    rb.ds.assign(at, 0.0f);
+}
+
+// out (D x kTileRows) = dQT of tile t: sum over its runs k and their offsets c of dS (key-major
+// rows t.at[k] + c) times kT at the lane's key i + u + dlo[k] + c (the padded cache kT, key 0's
+// column, rows ldt apart), Dc dimensions at a time.
+template <int Dc>
+inline void offset_runs_sum(const OffsetTile& t, const float* ds, const float* kT, int64_t ldt,
+                            float* out) {
+    tvec acc[Dc];
+#pragma GCC unroll 16
+    for (int d = 0; d < Dc; ++d) acc[d] = tvec{};
+    for (int64_t k = 0; k < t.runs; ++k) {
+        const float* w = ds + t.at[k] * kTileRows;
+        const float* y = kT + t.i + t.dlo[k];
+        for (int64_t c = 0; c < t.width[k]; ++c) {
+            const tvec s = tload(w + c * kTileRows);
+#pragma GCC unroll 16
+            for (int d = 0; d < Dc; ++d) acc[d] += s * tload(y + c + d * ldt);
+        }
+    }
+#pragma GCC unroll 16
+    for (int d = 0; d < Dc; ++d) tstore(out + d * kTileRows, acc[d]);
+}
+
+// offset_runs_sum over dimensions d < D (chunks of 8, 4 and 1: offset_sums.h's offset_sum_all).
+inline void offset_runs_sum_all(const OffsetTile& t, const float* ds, const float* kT,
+                                int64_t ldt, int64_t D, float* out) {
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) offset_runs_sum<8>(t, ds, kT + d * ldt, ldt, out + d * kTileRows);
+    if (d + 4 <= D) offset_runs_sum<4>(t, ds, kT + d * ldt, ldt, out + d * kTileRows), d += 4;
+    for (; d < D; ++d) offset_runs_sum<1>(t, ds, kT + d * ldt, ldt, out + d * kTileRows);
+}
+
+// Query tile ot of the block from i0 (pre-scaled rows qs, dO' rows dob, their lse and D_i,
+// all from the tile's first row): S, dP~, P, dS; P and dS into its slots; dQ (unscaled, ot.n
+// rows of D) into dq.
+inline void runs_tile(const Args& a, OffsetBlock& ob, RunsBlock& rb, int64_t t,
+                      const OffsetTile& ot, int64_t i0, const float* qs, const float* dob,
+                      const float* kT, const float* vT, int64_t ldt, const float* lse,
+                      const float* di, float* dq) {
+    const int64_t D = a.D, Dv = a.Dv, col = ot.i - i0, n = ot.n;
+    float *s = ob.s.data(), *dp = ob.dp.data(), *ds = ob.dst.data();
+    float *tq = ob.tq.data(), *tdo = ob.tdo.data(), *acc = ob.acc.data();
+    tile_operands(a, ob, col, qs, dob, tq, tdo, n);
+    offset_scores(tq, D, kT, ldt, ot, s);     // S = (scale q) k^T, -inf where masked
+    offset_scores(tdo, Dv, vT, ldt, ot, dp);  // dP~ = dO' v^T
+    float lanes_l[kTileRows] = {}, lanes_d[kTileRows] = {};  // a lane that sees nothing: 0
+    for (int64_t u = 0; u < n; ++u) {
+        lanes_l[u] = lse[u] == kNegInf ? 0.0f : lse[u], lanes_d[u] = di[u];
+    }
+    const tvec lv = tload(lanes_l), dv = tload(lanes_d), zero{};
+    for (int64_t k = 0; k < ot.runs; ++k) {
+        if (ot.width[k] == 0) continue;
+        const RunSlot& slot = rb.slots[rb.of[t * kOffsetRuns + k]];
+        float* sp = rb.p.data() + slot.at + slot.base + (col - slot.c0);
+        float* sd = rb.ds.data() + slot.at + slot.base + (col - slot.c0);
+        for (int64_t c = 0; c < ot.width[k]; ++c) {
+            const int64_t r = (ot.at[k] + c) * kTileRows;
+            const tvec p = texp(tload(s + r) - lv);  // Algorithm 2, line 11: 0 where masked
+            const tvec g = p != zero ? p * (tload(dp + r) - dv) : zero;  // line 13
+            tstore(ds + r, g);
+            tstore(sp + c * slot.ld, p);
+            tstore(sd + c * slot.ld, g);
+        }
+    }
+    offset_runs_sum_all(ot, ds, kT, ldt, D, acc);  // dQT = dS kT
+    transpose_keys(acc, kTileRows, D, n, dq, D);
+}
+
+// Measured ...
+// The rows i0..i1 of a block on the path (its offset tiles `tiles`, offset_path.h's
+// offset_path; [first, end) the keys they see): each query tile (runs_tile), then each slot's
+// key lanes. Arguments as backward_block.h's backward_rows' for the whole block.
+inline void offset_runs(const Args& a, const std::vector<OffsetTile>& tiles, int64_t i0,
+                        int64_t i1, const float* qs, const float* dob, const float* lse,
+                        const float* di, const float* kb, int64_t ldk, const float* vb,
+                        int64_t ldv, int64_t first, int64_t end, Scratch& w, float* dq,
+                        float* dk_acc, float* dv_acc, int64_t step) {
+    const int64_t nq = i1 - i0, D = a.D, Dv = a.Dv;
+    RunsBlock& rb = runs_block();
+    runs_slots(tiles, i0, rb);
+    int64_t widest = 0;
+    for (const RunSlot& slot : rb.slots) widest = std::max(widest, slot.W);
+    OffsetBlock& ob = offset_block();
+    offset_start(a, ob, nq, 0, widest + kTileRows);  // qT, dOT: the slots' W + 16 past nq
+    const int64_t dims = ceil_div(std::max(D, Dv), kDimBlock) * kDimBlock;
+    for (std::vector<float>* buf : {&ob.s, &ob.dp, &ob.dst}) {
+        if (buf->size() < static_cast<size_t>(kOffsetKeys * kTileRows)) {
+            buf->resize(kOffsetKeys * kTileRows);
+        }
+    }
+    const float* kT = offset_ready(a, w.okt, kb, ldk, D, first, end);
+    const float* vT = offset_ready(a, w.ovt, vb, ldv, Dv, first, end);
+    const int64_t ldt = offset_ld(a);
+    for (size_t t = 0; t < tiles.size(); ++t) {
+        const OffsetTile& ot = tiles[t];
+        const int64_t r = ot.i - i0;
+        w.work += ot.n * ot.total;
+        runs_tile(a, ob, rb, static_cast<int64_t>(t), ot, i0, qs + r * D, dob + r * Dv, kT, vT,
+                  ldt, lse + r, di + r, dq + r * D);
+    }
+    float* acc = ob.acc.data();
+    for (const RunSlot& slot : rb.slots) {
+        const int64_t x = slot.at + slot.base, y = ob.P + slot.c0;
+        const KeyRows kr{rb.ds.data() + x,  rb.p.data() + x, ob.qT.data() + y,
+                         ob.doT.data() + y, slot.ld,         ob.L,
+                         slot.W,            i0 + slot.c0 + slot.dlo,
+                         slot.c1 - slot.c0 + slot.W - 1};
+        key_lanes(a, kr, first, end, acc, acc + dims * kTileRows, dk_acc, dv_acc, step);
+    }
+}
+
+}  // namespace
