@@ -76,6 +76,13 @@ inline RunsBlock& runs_block() {
     return rb;
 }
 
+// Whether every lane of tile t sees every offset of its runs (the interior of a
+// neighbourhood, a partial tile's lanes aside): its P and dS go into the slots; else (border
+// tiles, whose lanes see 2/3 of a wider union) each lane's keys' dK, dV rows are added from
+// its own entries (runs_scatter): in a slot of its own such a tile's key lanes summed ~4 key
+// tiles over the wider union, a 64-wide canvas' key lanes 2.5x the work of its entries.
+inline bool lanes_share(const OffsetTile& t) { return t.seen == t.n * t.total; }
+
 // The slots of a block's tiles (queries from i0): run k of a tile joins run k's last slot
 // where that ends at the tile and has its offsets, else opens one; the rows zeroed.
 inline void runs_slots(const std::vector<OffsetTile>& tiles, int64_t i0, RunsBlock& rb) {
@@ -86,6 +93,7 @@ inline void runs_slots(const std::vector<OffsetTile>& tiles, int64_t i0, RunsBlo
     for (size_t t = 0; t < tiles.size(); ++t) {
         const OffsetTile& ot = tiles[t];
         const int64_t col = ot.i - i0;
+        if (!lanes_share(ot)) continue;  // its keys' rows added lane by lane (runs_scatter)
         for (int64_t k = 0; k < ot.runs; ++k) {
             if (ot.width[k] == 0) continue;
             int32_t s = open[k];
@@ -140,13 +148,44 @@ inline void offset_runs_sum_all(const OffsetTile& t, const float* ds, const floa
     for (; d < D; ++d) offset_runs_sum<1>(t, ds, kT + d * ldt, ldt, out + d * kTileRows);
 }
 
+// dK, dV of tile t's lanes whose offsets differ: for each key of each run, the lanes that see
+// it, their dS times their (scaled) query rows qs and P times their dO' rows dob added to its
+// rows of dk_acc, dv_acc (simd.h's add_weighted_rows; key j at row j * step). p, ds: the
+// tile's P and dS (key-major).
+inline void runs_scatter(const Args& a, const OffsetTile& t, const float* p, const float* ds,
+                         const float* qs, const float* dob, float* dk_acc, float* dv_acc,
+                         int64_t step) {
+    for (int64_t k = 0; k < t.runs; ++k) {
+        // key i + dlo + m (m < width + 7) meets lane u at offset c = m - u
+        for (int64_t m = 0; m < t.width[k] + kTileRows - 1; ++m) {
+            const float* xq[kTileRows];
+            const float* xo[kTileRows];
+            float cs[kTileRows], cp[kTileRows];
+            int64_t seen = 0;
+            for (int64_t u = 0; u < t.n; ++u) {
+                const int64_t c = m - u;
+                if (c < t.vlo[k][u] || c >= t.vhi[k][u]) continue;
+                const int64_t r = (t.at[k] + c) * kTileRows + u;
+                cs[seen] = ds[r], cp[seen] = p[r];
+                xq[seen] = qs + u * a.D, xo[seen] = dob + u * a.Dv;
+                ++seen;
+            }
+            if (seen == 0) continue;
+            const int64_t j = t.i + t.dlo[k] + m;
+            add_weighted_rows(dk_acc + j * a.D * step, a.D, xq, cs, seen);   // dK += dS^T (sq)
+            add_weighted_rows(dv_acc + j * a.Dv * step, a.Dv, xo, cp, seen);  // dV += P^T dO'
+        }
+    }
+}
+
 // Query tile ot of the block from i0 (pre-scaled rows qs, dO' rows dob, their lse and D_i,
-// all from the tile's first row): S, dP~, P, dS; P and dS into its slots; dQ (unscaled, ot.n
+// all from the tile's first row): S, dP~, P, dS; P and dS into its slots (a tile whose
+// lanes' offsets differ: its dK, dV added by runs_scatter); dQ (unscaled, ot.n
 // rows of D) into dq.
 inline void runs_tile(const Args& a, OffsetBlock& ob, RunsBlock& rb, int64_t t,
                       const OffsetTile& ot, int64_t i0, const float* qs, const float* dob,
                       const float* kT, const float* vT, int64_t ldt, const float* lse,
-                      const float* di, float* dq) {
+                      const float* di, float* dq, float* dk_acc, float* dv_acc, int64_t step) {
     const int64_t D = a.D, Dv = a.Dv, col = ot.i - i0, n = ot.n;
     float *s = ob.s.data(), *dp = ob.dp.data(), *ds = ob.dst.data();
     float *tq = ob.tq.data(), *tdo = ob.tdo.data(), *acc = ob.acc.data();
@@ -158,22 +197,29 @@ inline void runs_tile(const Args& a, OffsetBlock& ob, RunsBlock& rb, int64_t t,
         lanes_l[u] = lse[u] == kNegInf ? 0.0f : lse[u], lanes_d[u] = di[u];
     }
     const tvec lv = tload(lanes_l), dv = tload(lanes_d), zero{};
+    const bool slotted = lanes_share(ot);
     for (int64_t k = 0; k < ot.runs; ++k) {
         if (ot.width[k] == 0) continue;
-        const RunSlot& slot = rb.slots[rb.of[t * kOffsetRuns + k]];
-        float* sp = rb.p.data() + slot.at + slot.base + (col - slot.c0);
-        float* sd = rb.ds.data() + slot.at + slot.base + (col - slot.c0);
-        for (int64_t c = 0; c < ot.width[k]; ++c) {
-            const int64_t r = (ot.at[k] + c) * kTileRows;
+        float *sp = s, *sd = ds;  // the slot's rows, or the tile's own (runs_scatter)
+        int64_t ld = kTileRows;
+        if (slotted) {
+            const RunSlot& slot = rb.slots[rb.of[t * kOffsetRuns + k]];
+            sp = rb.p.data() + slot.at + slot.base + (col - slot.c0) - ot.at[k] * slot.ld;
+            sd = rb.ds.data() + slot.at + slot.base + (col - slot.c0) - ot.at[k] * slot.ld;
+            ld = slot.ld;
+        }
+        for (int64_t c = ot.at[k]; c < ot.at[k] + ot.width[k]; ++c) {
+            const int64_t r = c * kTileRows;
             const tvec p = texp(tload(s + r) - lv);  // Algorithm 2, line 11: 0 where masked
             const tvec g = p != zero ? p * (tload(dp + r) - dv) : zero;  // line 13
             tstore(ds + r, g);
-            tstore(sp + c * slot.ld, p);
-            tstore(sd + c * slot.ld, g);
+            tstore(sp + c * ld, p);
+            tstore(sd + c * ld, g);
         }
     }
     offset_runs_sum_all(ot, ds, kT, ldt, D, acc);  // dQT = dS kT
     transpose_keys(acc, kTileRows, D, n, dq, D);
+    if (!slotted) runs_scatter(a, ot, s, ds, qs, dob, dk_acc, dv_acc, step);
 }
 
 // Measured ...
@@ -206,7 +252,7 @@ inline void offset_runs(const Args& a, const std::vector<OffsetTile>& tiles, int
         const int64_t r = ot.i - i0;
         w.work += ot.n * ot.total;
         runs_tile(a, ob, rb, static_cast<int64_t>(t), ot, i0, qs + r * D, dob + r * Dv, kT, vT,
-                  ldt, lse + r, di + r, dq + r * D);
+                  ldt, lse + r, di + r, dq + r * D, dk_acc, dv_acc, step);
     }
     float* acc = ob.acc.data();
     for (const RunSlot& slot : rb.slots) {
