@@ -149,7 +149,7 @@ def kernel_work(
         if own not in (1, value):
             raise ValueError(f"mask has {name} {own}: the call's {name} must be {own}, got {value}")
     if isinstance(mask, Reordered) and not causal and n > 0:
-        natural = not grad and pass_ == "forward" or grad and offset_bands()
+        natural = (not grad and pass_ == "forward") or (grad and offset_bands())
         if mask.natural is not None and natural:
             got = kernel_work(mask.natural, pass_=pass_, batch=batch, heads=heads)
             return replace(got, allowed=_allowed(mask, n, s, False, got.dense))
