@@ -45,6 +45,7 @@ from attnkit.functional._blocks import (
 from attnkit.functional._grid import (
     backward_query_block,
     offset_bands,
+    offset_runs,
     query_block,
     shared_tiles,
 )
@@ -166,6 +167,7 @@ def kernel_work(
     plain = plain and (plan is None or plan.dense is None)  # the kernel's `plain_scores`
     # the backward's offset path: AVX-512 builds (the kernel's default routing)
     bands = pass_ == "backward" and plain and offset_bands()
+    runs = pass_ == "backward" and plain and offset_runs()  # rows of several runs
     if plan is not None and plan.tiles is None:  # rows alone: query blocks sized to them
         pick = backward_query_block if bands else query_block
         bq = min(bq, pick(plan.rows, bq))
@@ -175,7 +177,7 @@ def kernel_work(
         for i0 in range(0, n, bq):
             i1 = min(i0 + bq, n)
             spans = [(j0, j1) for j0, j1, _, _ in key_blocks(one, i0, i1, n, s, bq, bk, causal)]
-            offsets = plain if pass_ == "forward" else bands  # offset_path.h, offset_runs.h
+            offsets = plain if pass_ == "forward" else runs  # offset_path.h, offset_runs.h
             path = _offset_path(one, i0, i1, n, s, causal) if offsets else None
             keys = _row_keys(one, i0, i1, n, s, causal, spans)
             path = path or _path(keys, spans, pass_, bands, i0)

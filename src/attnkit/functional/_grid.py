@@ -37,6 +37,7 @@ __all__ = [
     "choose_block_q",
     "choose_tile_grid",
     "offset_bands",
+    "offset_runs",
     "query_block",
     "set_query_block",
     "shared_tiles",
@@ -102,6 +103,12 @@ def offset_bands() -> bool:
     from attnkit.functional._kernel_cache import kernel_isa  # the kernel's build, not loaded
 
     return os.environ.get("ATTNKIT_OFFSET_BACKWARD") != "0" and kernel_isa() == "avx512"
+
+
+def offset_runs() -> bool:
+    """Whether the compiled backward takes rows of several runs on its offset path
+    (_native/offset_runs.h's runs_fit): ATTNKIT_OFFSET_BACKWARD=1, else `offset_bands`."""
+    return os.environ.get("ATTNKIT_OFFSET_BACKWARD") == "1" or offset_bands()
 
 
 def backward_query_block(rows: Tensor | None, default: int) -> int:
