@@ -117,8 +117,9 @@ def backward_query_block(rows: Tensor | None, default: int) -> int:
     each run's span, one canvas row's and the kernel's rows more) and for a band (rows of one
     run, at least half of the 8-row tiles sharing their offsets) whose rows see at most
     BACKWARD_BAND_KEYS keys and some more than BACKWARD_ROW_KEYS (the offset path's), else
-    `query_block`'s. Measured (15 x 15 on 64 x 64, 1 thread, AMD EPYC Zen 4, fwd+bwd): 128-row
-    blocks 213 ms, the forward's 32 rows 313 ms."""
+    `query_block`'s. Measured (fwd+bwd, 1 thread, AMD EPYC Zen 4, loaded machine): the forward's
+    16-32-row blocks took 1.23x the time of 128-row ones for 15 x 15 on 128 x 128, 1.27x for
+    7 x 7 on 64 x 64 (15 x 15 on 64 x 64: 0.85-1.47x, noisy)."""
     if rows is not None and rows.shape[1] > 1:
         return default
     if rows is not None and rows.shape[1] == 1:
