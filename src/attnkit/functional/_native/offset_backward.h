@@ -253,7 +253,8 @@ inline void query_tiles(const Args& a, OffsetBlock& ob, const OffsetTile& ot, in
                    di + k * kTileRows, ds + k * tile);
     }
     if (pair) {  // dQT = dS kT: tile t + 8's offset m is tile t's m + 8
-        offset_sum_pair_all(ds, ds + tile, kTileRows, W, kt, ldt, 1, D, acc, acc + second);
+        offset_sum_pair_all(ds, ds + tile, kTileRows, {0, W}, {0, W}, kt, ldt, 1, D, acc,
+                            acc + second);
     } else {
         offset_sum_all(ds, kTileRows, W, kt, ldt, 1, D, acc);
     }

@@ -54,26 +54,32 @@ inline void offset_sum_all(const float* w, int64_t ws, int64_t W, const float* y
     for (; d < dims; ++d) offset_sum<1>(w, ws, W, y + d * ldy, ldy, ys, out + d * kTileRows);
 }
 
+// The offsets [lo, hi) of a tile's sum that may add anything (the others' weights are 0).
+struct Offsets {
+    int64_t lo, hi;
+};
+
 // Two tiles' offset_sum at once, where one's operand rows run kTileRows floats behind the
-// other's: y + m * ys (m < W + kTileRows) is the early tile's offset m and the late tile's
-// offset m - kTileRows (two key tiles side by side; two query tiles), so that each load of y
-// feeds two multiply-adds (offset_sum: one; its loads, unaligned and half of them across two
-// cache lines, held it to ~1 FMA a cycle in cache, AMD EPYC Zen 4).
+// other's: y + m * ys is the early tile's offset m (in e) and the late tile's offset
+// m - kTileRows (in l; e.lo <= l.lo + kTileRows, e.hi <= l.hi + kTileRows) (two key tiles
+// side by side; two query tiles), so that each load of y feeds two multiply-adds
+// (offset_sum: one; its loads, unaligned and half of them across two cache lines, held it to
+// ~1 FMA a cycle in cache, AMD EPYC Zen 4).
 template <int Dc>
-inline void offset_sum_pair(const float* w_early, const float* w_late, int64_t ws, int64_t W,
-                            const float* y, int64_t ldy, int64_t ys, float* out_early,
+inline void offset_sum_pair(const float* w_early, const float* w_late, int64_t ws, Offsets e,
+                            Offsets l, const float* y, int64_t ldy, int64_t ys, float* out_early,
                             float* out_late) {
     tvec ae[Dc], al[Dc];
 #pragma GCC unroll 16
     for (int d = 0; d < Dc; ++d) ae[d] = al[d] = tvec{};
-    const int64_t both = std::min<int64_t>(W, kTileRows);
-    for (int64_t m = 0; m < both; ++m) {  // the early tile alone
+    const int64_t both = std::min(e.hi, l.lo + kTileRows);
+    for (int64_t m = e.lo; m < both; ++m) {  // the early tile alone
         const tvec s = tload(w_early + m * ws);
         const float* ym = y + m * ys;
 #pragma GCC unroll 16
         for (int d = 0; d < Dc; ++d) ae[d] += s * tload(ym + d * ldy);
     }
-    for (int64_t m = kTileRows; m < W; ++m) {  // both
+    for (int64_t m = std::max(e.lo, l.lo + kTileRows); m < e.hi; ++m) {  // both
         const tvec se = tload(w_early + m * ws), sl = tload(w_late + (m - kTileRows) * ws);
         const float* ym = y + m * ys;
 #pragma GCC unroll 16
@@ -85,7 +91,7 @@ inline void offset_sum_pair(const float* w_early, const float* w_late, int64_t w
             al[d] += sl * yv;
         }
     }
-    for (int64_t m = std::max<int64_t>(W, kTileRows); m < W + kTileRows; ++m) {  // the late one
+    for (int64_t m = std::max(e.hi, l.lo + kTileRows); m < l.hi + kTileRows; ++m) {  // late
         const tvec s = tload(w_late + (m - kTileRows) * ws);
         const float* ym = y + m * ys;
 #pragma GCC unroll 16
@@ -105,22 +111,22 @@ inline void offset_sum_pair(const float* w_early, const float* w_late, int64_t w
 constexpr int kPairDims = 8;
 
 // offset_sum_pair over every dimension d < dims (chunks of kPairDims, 4, 1).
-inline void offset_sum_pair_all(const float* w_early, const float* w_late, int64_t ws, int64_t W,
-                                const float* y, int64_t ldy, int64_t ys, int64_t dims,
-                                float* out_early, float* out_late) {
+inline void offset_sum_pair_all(const float* w_early, const float* w_late, int64_t ws,
+                                Offsets e, Offsets l, const float* y, int64_t ldy, int64_t ys,
+                                int64_t dims, float* out_early, float* out_late) {
     int64_t d = 0;
     auto at = [&](int64_t d0) { return d0 * kTileRows; };
     for (; d + kPairDims <= dims; d += kPairDims) {
-        offset_sum_pair<kPairDims>(w_early, w_late, ws, W, y + d * ldy, ldy, ys,
+        offset_sum_pair<kPairDims>(w_early, w_late, ws, e, l, y + d * ldy, ldy, ys,
                                    out_early + at(d), out_late + at(d));
     }
     if (kPairDims > 4 && d + 4 <= dims) {
-        offset_sum_pair<4>(w_early, w_late, ws, W, y + d * ldy, ldy, ys, out_early + at(d),
+        offset_sum_pair<4>(w_early, w_late, ws, e, l, y + d * ldy, ldy, ys, out_early + at(d),
                            out_late + at(d));
         d += 4;
     }
     for (; d < dims; ++d) {
-        offset_sum_pair<1>(w_early, w_late, ws, W, y + d * ldy, ldy, ys, out_early + at(d),
+        offset_sum_pair<1>(w_early, w_late, ws, e, l, y + d * ldy, ldy, ys, out_early + at(d),
                            out_late + at(d));
     }
 }
@@ -175,18 +181,27 @@ inline void key_lanes(const Args& a, const KeyRows& r, int64_t first, int64_t en
         hi = std::min({j_first + c0 + kTileRows, end, j_first + keys});
         return lo < hi;
     };
+    // the offsets at which key tile c0 meets a query of the run (c0 + l - m in [0, queries)):
+    // a run's first and last W - 1 keys meet fewer (15 x 15 on 64 x 64: 103 offsets of 120)
+    const int64_t queries = keys - W + 1;
+    auto offsets = [&](int64_t c0) {
+        return Offsets{std::max<int64_t>(0, c0 - queries + 1), std::min(W, c0 + kTileRows)};
+    };
     for (int64_t c0 = 0; c0 < keys; c0 += 2 * kTileRows) {  // two key tiles at once
         int64_t lo, hi, lo2, hi2;
         const bool one = span(c0, lo, hi);
         const bool two = c0 + kTileRows < keys && span(c0 + kTileRows, lo2, hi2);
         for (const auto& part : parts) {
             if (two) {  // early: the second tile (offset m at column c0 + 8 - m)
-                offset_sum_pair_all(part.w + c0 + kTileRows, part.w + c0, r.ld - 1, W,
+                offset_sum_pair_all(part.w + c0 + kTileRows, part.w + c0, r.ld - 1,
+                                    offsets(c0 + kTileRows), offsets(c0),
                                     part.y + c0 + kTileRows, r.ldy, -1, part.dims, acc2, acc);
                 add_key_rows(acc2, part.dims, j_first + c0 + kTileRows, lo2, hi2, part.acc,
                              part.dims * step);
             } else {
-                offset_sum_all(part.w + c0, r.ld - 1, W, part.y + c0, r.ldy, -1, part.dims, acc);
+                const Offsets o = offsets(c0);  // from offset o.lo on
+                offset_sum_all(part.w + c0 + o.lo * (r.ld - 1), r.ld - 1, o.hi - o.lo,
+                               part.y + c0 - o.lo, r.ldy, -1, part.dims, acc);
             }
             if (one) add_key_rows(acc, part.dims, j_first + c0, lo, hi, part.acc, part.dims * step);
         }
