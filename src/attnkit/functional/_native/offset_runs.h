@@ -86,7 +86,8 @@ inline RunsBlock& runs_block() {
 inline bool lanes_share(const OffsetTile& t) { return t.seen == t.n * t.total; }
 
 // The slots of a block's tiles (queries from i0): run k of a tile joins run k's last slot
-// where that ends at the tile and has its offsets, else opens one; the rows zeroed.
+// where that ends at the tile and has its offsets, else opens one; the rows zeroed outside
+// the tiles' columns.
 inline void runs_slots(const std::vector<OffsetTile>& tiles, int64_t i0, RunsBlock& rb) {
     rb.slots.clear();
     rb.of.assign(tiles.size() * kOffsetRuns, -1);
@@ -115,8 +116,17 @@ inline void runs_slots(const std::vector<OffsetTile>& tiles, int64_t i0, RunsBlo
         s.at = at;
         at += s.W * s.ld;
     }
-    rb.p.assign(at, 0.0f);
-    rb.ds.assign(at, 0.0f);
+    rb.p.resize(at);
+    rb.ds.resize(at);
+    for (const RunSlot& slot : rb.slots) {  // the tiles write columns base .. base + c1 - c0
+        for (std::vector<float>* buf : {&rb.p, &rb.ds}) {
+            float* row = buf->data() + slot.at;
+            for (int64_t c = 0; c < slot.W; ++c, row += slot.ld) {
+                std::fill(row, row + slot.base, 0.0f);
+                std::fill(row + slot.base + slot.c1 - slot.c0, row + slot.ld, 0.0f);
+            }
+        }
+    }
 }
 
 // dK, dV of tile t's lanes whose offsets differ: for each key of each run, the lanes that see
