@@ -14,7 +14,7 @@ import attnkit
 from attnkit import masks
 from attnkit.analysis import kernel_work
 from attnkit.functional import native
-from attnkit.functional._grid import offset_bands
+from attnkit.functional._grid import offset_runs
 from attnkit.functional._row_masks import RowRuns
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no compiled kernel")
@@ -78,7 +78,7 @@ def test_neighbourhoods_in_token_order_against_float64(height, width, kernel, d,
     _check(got, _reference(q, k, v, cot, mask.dense().bool()))
     assert counted == kernel_work(mask, heads=4, pass_="backward").computed
     forward = kernel_work(mask, heads=4)
-    if forward.computed < 1.25 * forward.allowed and offset_bands():  # the offset paths
+    if forward.computed < 1.25 * forward.allowed and offset_runs():  # the offset paths
         assert counted == forward.computed
 
 
@@ -104,7 +104,7 @@ def test_rows_that_see_nothing_and_tiny_calls():
 
 def test_a_training_step_runs_in_token_order_where_the_backward_takes_the_runs():
     """A NATTEN call with gradients (the reordered mask as users pass it): forward and backward
-    in token order on AVX-512 builds (`offset_bands`), reordered elsewhere; the count is
+    in token order on AVX-512 and AVX2 builds (`offset_runs`), reordered elsewhere; the count is
     `kernel_work`'s either way, and the gradients the float64 reference's."""
     mask = masks.neighborhood_2d(32, 40, 7)
     q, k, v, cot = _inputs(2, 2, 32 * 40, 32, 32, seed=3)
@@ -117,5 +117,5 @@ def test_a_training_step_runs_in_token_order_where_the_backward_takes_the_runs()
     natural = sum(
         kernel_work(mask.natural, heads=2, pass_=p).computed for p in ("forward", "backward")
     )
-    assert (counted.item() == natural) == offset_bands()
+    assert (counted.item() == natural) == offset_runs()
     _check((out.detach(), *grads), _reference(q, k, v, cot, mask.dense().bool()))

@@ -132,7 +132,7 @@ def kernel_work(
         grad: whether the call's inputs want gradients: without, a 2-D neighbourhood's
             forward runs in token order (`reordered.natural_runs`), not reordered; with,
             both passes do where the backward's offset path takes rows of several runs
-            (`_grid.offset_bands`: AVX-512 builds), else both run reordered.
+            (`_grid.offset_runs`: AVX-512 and AVX2 builds), else both run reordered.
         plain: the call has no bias, dropout or score function (nor a dense part in the mask):
             its forward computes rows of several runs on the offset path, and its backward
             bands of 33 to 64 keys a row (the same entries as the row path) and rows of
@@ -150,7 +150,7 @@ def kernel_work(
         if own not in (1, value):
             raise ValueError(f"mask has {name} {own}: the call's {name} must be {own}, got {value}")
     if isinstance(mask, Reordered) and not causal and n > 0:
-        natural = (not grad and pass_ == "forward") or (grad and offset_bands())
+        natural = (not grad and pass_ == "forward") or (grad and offset_runs())
         if mask.natural is not None and natural:
             got = kernel_work(mask.natural, pass_=pass_, batch=batch, heads=heads)
             return replace(got, allowed=_allowed(mask, n, s, False, got.dense))
@@ -169,7 +169,7 @@ def kernel_work(
     bands = pass_ == "backward" and plain and offset_bands()
     runs = pass_ == "backward" and plain and offset_runs()  # rows of several runs
     if plan is not None and plan.tiles is None:  # rows alone: query blocks sized to them
-        pick = backward_query_block if bands else query_block
+        pick = backward_query_block if pass_ == "backward" and plain else query_block
         bq = min(bq, pick(plan.rows, bq))
     walks = _walks(plan)
     computed = blocks = 0

@@ -19,10 +19,10 @@
 // whose tile does not share its offsets (a window's clipped ends, a partial tile, a row that
 // sees nothing) keep the row path (backward_block.h's offset_rows).
 //
-// Legend: kBandKeys the widest row of an offset block; offset_switch the environment's
-// switch; offsets_fit whether a call may take the path; shared_offsets a tile's offsets
-// [dlo, dhi); OffsetBlock a block's buffers and layout (pad P, row length L), offset_start,
-// offset_zero; pair_dots two query tiles' scores; tile_operands, tile_grads a query tile's
+// Legend: kBandKeys the widest row of an offset block; offset_env, offset_switch the
+// environment's switch; offsets_fit whether a call may take the path; shared_offsets a
+// tile's offsets [dlo, dhi); OffsetBlock a block's buffers and layout (pad P, row length L),
+// offset_start, offset_zero; pair_dots two query tiles' scores; tile_operands, tile_grads a query tile's
 // qT, dO'T and its P, dS; query_tiles one or two query tiles; key_tiles the key lanes
 // (offset_sums.h's sums over offsets and key_lanes).
 
@@ -78,10 +78,16 @@ constexpr int kOffsetDefault = -1;
 constexpr int kOffsetDefault = 0;
 #endif
 
-inline int offset_switch() {
+// The switch as set: 1, 0, or -1 (unset, or another value).
+inline int offset_env() {
     const char* on = std::getenv("ATTNKIT_OFFSET_BACKWARD");
-    if (!on || !on[0] || on[1]) return kOffsetDefault;
-    return on[0] == '1' ? 1 : on[0] == '0' ? 0 : kOffsetDefault;
+    if (!on || !on[0] || on[1]) return -1;
+    return on[0] == '1' ? 1 : on[0] == '0' ? 0 : -1;
+}
+
+inline int offset_switch() {
+    const int on = offset_env();
+    return on == -1 ? kOffsetDefault : on;
 }
 
 // Whether a call's backward may take the offset path: plain scores, rows of one run (no

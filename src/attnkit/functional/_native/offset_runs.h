@@ -19,9 +19,9 @@
 // union may reach the lanes that do not see it (as on the blocks, whose masked entries are
 // products by 0 too).
 //
-// Legend: runs_switch the environment's switch (offset_backward.h's offset_switch);
-// runs_fit whether a call may take the path; RunSlot, RunsBlock a block's slots and their P
-// and dS rows, runs_slots the slots of a block's tiles; runs_scatter a border tile's dK, dV;
+// Legend: kRunsDefault the default routing; runs_fit whether a block may take the path (the
+// environment's switch: offset_backward.h's offset_env); RunSlot, RunsBlock a block's slots
+// and their P and dS rows, runs_slots the slots of a block's tiles; runs_scatter a border tile's dK, dV;
 // runs_tile one query tile; offset_runs the whole block.
 
 #pragma once
@@ -41,10 +41,11 @@
 
 namespace {
 
-// The default routing of rows of several runs (ATTNKIT_OFFSET_BACKWARD unset): on AVX-512
-// builds (offset_runs' note). AVX2 builds keep training reordered (attnkit's
-// chunked._natural_forward through _grid.offset_bands): not measured there yet.
-#if defined(__AVX512F__)
+// The default routing of rows of several runs (ATTNKIT_OFFSET_BACKWARD unset): on AVX-512 and
+// AVX2 builds (offset_runs' note; attnkit/functional/_grid.py's offset_runs). Measured on the
+// AVX2 build (x86-64-v3, AMD EPYC Zen 4, 1 thread, loaded machine), forward + backward in
+// token order against reordered: 15 x 15 on 64 x 64 0.88x, 7 x 7 0.56x.
+#if defined(__AVX512F__) || defined(__AVX2__)
 constexpr bool kRunsDefault = true;
 #else
 constexpr bool kRunsDefault = false;
@@ -54,7 +55,7 @@ constexpr bool kRunsDefault = false;
 // offset_candidate), keys and values fitting the padded caches, and the switch on ("1": on,
 // "0": off, unset: kRunsDefault).
 inline bool runs_fit(const Args& a, int64_t nq) {
-    const int on = offset_switch();
+    const int on = offset_env();
     return (on == 1 || (on == -1 && kRunsDefault)) && offset_candidate(a, plain_scores(a), nq) &&
            offset_cacheable(a, std::max(a.D, a.Dv));
 }
