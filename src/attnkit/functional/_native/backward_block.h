@@ -5,8 +5,8 @@
 //
 // Legend: backward_block one query block; backward_rows up to kRowGroup of its rows on the row
 // path, add_dk_dv their dK, dV; prefetch_backward the row path's prefetch; write_dq a
-// block's dq; copy_dout_row a row of dO, whatever its strides. dob dO' = dO * inv_keep, dlt D_i (less dlse), step the rows
-// between a sequence's positions in dk_acc, dv_acc.
+// block's dq; copy_dout_row a row of dO, whatever its strides. dob dO' = dO * inv_keep, dlt
+// D_i (less dlse), step the rows between a sequence's positions in dk_acc, dv_acc.
 
 #pragma once
 

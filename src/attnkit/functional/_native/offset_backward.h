@@ -22,9 +22,9 @@
 // Legend: kBandKeys the widest row of an offset block; offset_env, offset_switch the
 // environment's switch; offsets_fit whether a call may take the path; shared_offsets a
 // tile's offsets [dlo, dhi); OffsetBlock a block's buffers and layout (pad P, row length L),
-// offset_start, offset_zero; pair_dots two query tiles' scores; tile_operands, tile_grads a query tile's
-// qT, dO'T and its P, dS; query_tiles one or two query tiles; key_tiles the key lanes
-// (offset_sums.h's sums over offsets and key_lanes).
+// offset_start, offset_zero; pair_dots two query tiles' scores; tile_operands, tile_grads a
+// query tile's qT, dO'T and its P, dS; query_tiles one or two query tiles; key_tiles the key
+// lanes (offset_sums.h's sums over offsets and key_lanes).
 
 #pragma once
 

@@ -21,8 +21,8 @@
 //
 // Legend: kRunsDefault the default routing; runs_fit whether a block may take the path (the
 // environment's switch: offset_backward.h's offset_env); RunSlot, RunsBlock a block's slots
-// and their P and dS rows, runs_slots the slots of a block's tiles; runs_scatter a border tile's dK, dV;
-// runs_tile one query tile; offset_runs the whole block.
+// and their P and dS rows, runs_slots the slots of a block's tiles; runs_scatter a border
+// tile's dK, dV; runs_tile one query tile; offset_runs the whole block.
 
 #pragma once
 
