@@ -15,7 +15,7 @@ from attnkit import masks
 from attnkit.analysis import kernel_work
 from attnkit.functional import native
 from attnkit.functional._grid import offset_runs
-from attnkit.functional._row_masks import RowRuns
+from attnkit.functional._row_masks import RowIntervals, RowRuns
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no compiled kernel")
 
@@ -119,3 +119,33 @@ def test_a_training_step_runs_in_token_order_where_the_backward_takes_the_runs()
     )
     assert (counted.item() == natural) == offset_runs()
     _check((out.detach(), *grads), _reference(q, k, v, cot, mask.dense().bool()))
+
+
+@pytest.mark.parametrize("n, s", [(300, 300), (300, 1025)])
+def test_unions_causal_bottom_right_and_a_batch_of_runs(n, s):
+    """A causal window `|` the first keys (two runs a row, the lanes' first runs differing by
+    one key a lane), N != S bottom-right with the call's causal limit on top, one batch row's
+    rows emptied every 11th; GQA, Dv != D."""
+    mask = masks.window(n, 40, s, causal=True) | masks.prefix(n, 4, s)
+    rows = torch.arange(n)
+    empty = torch.where(rows % 11 == 3, 0, s)
+    mask = (
+        mask & RowIntervals(torch.zeros(n), empty, s) & masks.padding(torch.tensor([s, s - 9]), s)
+    )
+    g = torch.Generator().manual_seed(s)
+    q = torch.randn(2, 4, n, 24, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 1, s, 24, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 1, s, 40, generator=g, dtype=torch.float64)
+    cot = torch.randn(2, 4, n, 40, generator=g, dtype=torch.float64)
+    allowed = mask.dense().bool() & torch.ones(n, s, dtype=torch.bool).tril(s - n)
+    qf, kf, vf = (t.float().requires_grad_() for t in (q, k, v))
+    with native.count_work() as counted:
+        out = attnkit.attention(qf, kf, vf, mask=mask, causal=True, backend="chunked").out
+        grads = torch.autograd.grad(out, (qf, kf, vf), cot.float())
+    _check((out.detach(), *grads), _reference(q, k, v, cot, allowed))
+    work = sum(
+        kernel_work(mask, causal=True, batch=2, heads=4, pass_=p).computed
+        for p in ("forward", "backward")
+    )
+    assert counted.item() == work
+    assert bool((grads[0][:, :, rows % 11 == 3] == 0).all())  # dq of the rows that see nothing

@@ -24,7 +24,7 @@ documents, a strided mask's short sequences): each tile over the union of its ro
 (_native/tile_path.h, tile_backward.h); and, in a plain forward, where rows have several runs
 of keys (a 2-D neighbourhood in token order, unions): each tile over the union of its rows'
 offsets j - i, run by run (_native/offset_path.h), and so does a plain backward on AVX-512
-builds (_native/offset_runs.h).
+and AVX2 builds (_native/offset_runs.h).
 """
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ def kernel_work(
             its forward computes rows of several runs on the offset path, and its backward
             bands of 33 to 64 keys a row (the same entries as the row path) and rows of
             several runs (the forward's entries) on its offset paths (AVX-512 builds of the
-            kernel, unless ATTNKIT_OFFSET_BACKWARD=0); False: on the blocks, as the forward
-            does them.
+            kernel; rows of several runs on AVX2 builds too; unless
+            ATTNKIT_OFFSET_BACKWARD=0); False: on the blocks, as the forward does them.
     """
     if pass_ not in PASSES:
         raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
