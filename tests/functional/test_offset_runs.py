@@ -149,3 +149,18 @@ def test_unions_causal_bottom_right_and_a_batch_of_runs(n, s):
     )
     assert counted.item() == work
     assert bool((grads[0][:, :, rows % 11 == 3] == 0).all())  # dq of the rows that see nothing
+
+
+def test_two_threads_share_a_head():
+    """Two threads on one kv head: its query blocks split into runs whose dk, dv sums go
+    through private slots (partition.h), which hold only the keys their blocks see."""
+    mask = masks.neighborhood_2d(40, 64, 7).natural
+    q, k, v, cot = _inputs(1, 1, 40 * 64, 32, 32, seed=7)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got, counted = _kernel(q, k, v, cot, mask)
+    finally:
+        torch.set_num_threads(saved)
+    _check(got, _reference(q, k, v, cot, mask.dense().bool()))
+    assert counted == kernel_work(mask, pass_="backward").computed
