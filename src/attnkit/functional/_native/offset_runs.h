@@ -211,9 +211,12 @@ inline void runs_tile(const Args& a, OffsetBlock& ob, RunsBlock& rb, int64_t t,
     if (!slotted) runs_scatter(a, ot, s, ds, qs, dob, dk_acc, dv_acc, step);
 }
 
-// Measured (benchmarks/bench_natten.py, AMD EPYC Zen 4, 1 thread, H=8, D=64, loaded shared
-// machine, medians of 5 interleaved rounds): forward + backward in token order against the
-// reordered tiles 15 x 15 on 64 x 64 0.92x, on 128 x 128 0.84x; 7 x 7 0.42x and 0.56x. With
+// Measured (AMD EPYC Zen 4, 1 thread, H=8, D=64, loaded shared machine, fastest and median of
+// 5-11 interleaved rounds): forward + backward in token order against the reordered tiles
+// 15 x 15 on 64 x 64 0.85-0.90x, on 128 x 128 0.80-0.82x; 7 x 7 0.41-0.44x and 0.57-0.59x;
+// the backward ~2.7-3.3x the token-order forward. The forward's sliding caches
+// (offset_window) in place of offset_ready took 1.23x the time at 15 x 15 on 128 x 128, and
+// pair_dots for two interior tiles' S and dP~ 1.01-1.07x (tried, not kept). With
 // the forward's 16-32-row query blocks instead of 128 rows: 15 x 15 on 128 x 128 1.23x, 7 x 7
 // on 64 x 64 1.27x, 15 x 15 on 64 x 64 0.85-1.47x in three noisy runs (each slot's key lanes
 // sum its keys' span: W - 1 keys more than its queries).
