@@ -14,10 +14,10 @@
 // key tile reads its queries along a diagonal. Each slot's key lanes add its keys' dK, dV rows
 // once. Rows that see nothing (lse -inf) give 0; lanes past the block's rows are empty.
 //
-// Exactness: every entry a lane does not see is a product by an exact 0 (its P and dS), so a
-// finite key or query outside a row's runs adds nothing; a NaN or inf one within a tile's
-// union may reach the lanes that do not see it (as on the blocks, whose masked entries are
-// products by 0 too).
+// Exactness: dQ reads only each row's own keys; in S, dP~ and the key lanes every entry a lane
+// does not see is selected away or a product by an exact 0 (its P and dS), so a finite key or
+// query outside a row's runs adds nothing, while a NaN or inf query may reach the dK, dV of
+// keys near those it sees (as on the blocks, whose masked entries are products by 0 too).
 //
 // Legend: kRunsDefault the default routing; runs_fit whether a block may take the path (the
 // environment's switch: offset_backward.h's offset_env); RunSlot, RunsBlock a block's slots
