@@ -326,14 +326,15 @@ inline void dots(const float* x, const float* y, int64_t ld, int64_t n, int64_t 
     for (; c < nk; ++c) s[c] = dot(x, y + c * ld, n);
 }
 
-// out (n) = [out +] sum over u < m of w[u * ws] * row(u) (each row n wide): n in chunks of four
-// vectors, so that four independent chains of multiply-adds run at once, the sum held in
-// registers across the rows (accumulating in memory would chain every row's update to the
-// previous one's store: one load and one store of out per vector, not one per row). kScaled:
-// the sum times f is stored (the narrow path's output row, normalised on its way out).
-template <bool kAccumulate, bool kScaled = false, typename Row>
-inline void combine_rows(float* out, int64_t n, const float* w, int64_t ws, int64_t m, Row row,
-                         float f = 1.0f) {
+// out (n) = [out +] the sum of w * row over the terms (w, row) that terms(f) hands to f, each
+// row n wide: n in chunks of four vectors, so that four independent chains of multiply-adds
+// run at once, the sum held in registers across the rows (accumulating in memory would chain
+// every row's update to the previous one's store: one load and one store of out per vector,
+// not one per row). The terms come in the same order for every chunk, so the sums' order is
+// the visitor's. kScaled: the sum times f is stored (the narrow path's output row, normalised
+// on its way out).
+template <bool kAccumulate, bool kScaled = false, typename Terms>
+inline void combine_terms(float* out, int64_t n, Terms terms, float f = 1.0f) {
     const vfloat fv = splat(f);
     int64_t e = 0;
     for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
@@ -342,14 +343,14 @@ inline void combine_rows(float* out, int64_t n, const float* w, int64_t ws, int6
             a0 = load(out + e), a1 = load(out + e + kLanes);
             a2 = load(out + e + 2 * kLanes), a3 = load(out + e + 3 * kLanes);
         }
-        for (int64_t u = 0; u < m; ++u) {
-            const vfloat wu = splat(w[u * ws]);
-            const float* xu = row(u) + e;
+        terms([&](float w, const float* x) {
+            const vfloat wu = splat(w);
+            const float* xu = x + e;
             a0 += wu * load(xu);
             a1 += wu * load(xu + kLanes);
             a2 += wu * load(xu + 2 * kLanes);
             a3 += wu * load(xu + 3 * kLanes);
-        }
+        });
         if (kScaled) a0 *= fv, a1 *= fv, a2 *= fv, a3 *= fv;
         store(out + e, a0);
         store(out + e + kLanes, a1);
@@ -360,10 +361,19 @@ inline void combine_rows(float* out, int64_t n, const float* w, int64_t ws, int6
         const int64_t r = std::min<int64_t>(kLanes, n - e);
         vfloat acc{};
         if (kAccumulate) acc = load_part(out + e, r, 0.0f);
-        for (int64_t u = 0; u < m; ++u) acc += splat(w[u * ws]) * load_part(row(u) + e, r, 0.0f);
+        terms([&](float w, const float* x) { acc += splat(w) * load_part(x + e, r, 0.0f); });
         if (kScaled) acc *= fv;
         store_part(out + e, acc, r);
     }
+}
+
+// out (n) = [out +] sum over u < m of w[u * ws] * row(u) [times f]: combine_terms over m rows.
+template <bool kAccumulate, bool kScaled = false, typename Row>
+inline void combine_rows(float* out, int64_t n, const float* w, int64_t ws, int64_t m, Row row,
+                         float f = 1.0f) {
+    combine_terms<kAccumulate, kScaled>(out, n, [&](auto&& g) {
+        for (int64_t u = 0; u < m; ++u) g(w[u * ws], row(u));
+    }, f);
 }
 
 // out (n) = sum over c < nk of p[c * ps] * row c of x (rows ld apart): a row's weighted sum of
