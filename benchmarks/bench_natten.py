@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """NATTEN (`masks.neighborhood_2d`) and strided masks whose stride does not divide N against
 the dense kernel, as time ÷ (density × dense time per entry): reordered into tiles (queries
-read in place through the row map, `Args::qrows`) and as the call runs now (a forward without
-gradients in token order on the offset path, `Reordered.natural`), interleaved in one
-process (issue 36.2).
+read in place through the row map, `Args::qrows`) and in token order (`Reordered.natural`:
+the forward's offset path, and the backward's for rows of several runs, _native/offset_runs.h,
+where the build takes it: AVX-512, or ATTNKIT_OFFSET_BACKWARD=1), interleaved in one process
+(issue 36, items 2 and 7). A mask without token-order runs (strided) runs as the call does.
 
     PYTHONPATH=src python benchmarks/bench_natten.py                 # 15x15, 64² and 128²
     PYTHONPATH=src python benchmarks/bench_natten.py --sides 128 --kernel 7 --rounds 7
@@ -35,6 +36,10 @@ _NATURAL = chunked._natural_forward
 
 def _reordered(mask, q, k, v):  # never in token order: the reordered tiles
     return False
+
+
+def _token_order(mask, q, k, v):  # always, where the mask has runs in token order
+    return getattr(mask, "natural", None) is not None
 
 
 def _step(n, mask, grad: bool, natural=_NATURAL):
@@ -78,21 +83,35 @@ def main(argv: list[str]) -> None:
         steps[f"dense {p_}"] = _step(args.dense_n, None, grad)
         for name, m in cases.items():
             steps[f"{name} reordered {p_}"] = _step(m.n, m, grad, _reordered)
-            steps[f"{name} now {p_}"] = _step(m.n, m, grad)
+            steps[f"{name} token order {p_}"] = _step(m.n, m, grad, _token_order)
     print(f"timing {len(steps)} steps x {args.rounds} rounds ...", file=sys.stderr)
     ms = time_interleaved(steps, args.rounds)
     for name, m in cases.items():
-        works = [kernel_work(m, heads=8, grad=grad).computed for grad in (True, False)]
-        waste = ", ".join(f"{w / kernel_work(m, heads=8).allowed:.2f}" for w in works)
-        print(f"{name}: density {m.density:.5f}, computed/allowed reordered, now {waste}")
+        allowed = kernel_work(m, heads=8).allowed
+        ways = {"reordered": m.inner, "token order": m.natural or m}
+        waste = ", ".join(
+            f"{way} {_computed(w, allowed)}" for way, w in ways.items() if w is not None
+        )
+        print(f"{name}: density {m.density:.5f}, computed/allowed forward, backward: {waste}")
         for p_ in ("fwd", "fwd+bwd"):
             unit = m.density * ms[f"dense {p_}"] * (m.n / args.dense_n) ** 2
-            was, now = ms[f"{name} reordered {p_}"], ms[f"{name} now {p_}"]
+            was, now = ms[f"{name} reordered {p_}"], ms[f"{name} token order {p_}"]
             print(
-                f"  {p_:8s} reordered {was:8.1f} ms ratio {was / unit:5.2f}   now {now:8.1f} "
-                f"ms ratio {now / unit:5.2f}   ({now / was:.2f}x the time)"
+                f"  {p_:8s} reordered {was:8.1f} ms ratio {was / unit:5.2f}   token order "
+                f"{now:8.1f} ms ratio {now / unit:5.2f}   ({now / was:.2f}x the time)"
             )
-    print(f"timed {len(cases)} masks, reordered and as run now (printed above)")
+        fwd = ms[f"{name} token order fwd"]
+        train = min(ms[f"{name} {way} fwd+bwd"] for way in ("reordered", "token order"))
+        print(f"  the faster training step / the token-order forward: {train / fwd:.2f}")
+    print(f"timed {len(cases)} masks, reordered and in token order (printed above)")
+
+
+def _computed(mask, allowed: int) -> str:
+    """Entries the kernel computes for `mask` (8 heads) per allowed one, forward / backward."""
+    return " / ".join(
+        f"{kernel_work(mask, heads=8, pass_=p).computed / allowed:.2f}"
+        for p in ("forward", "backward")
+    )
 
 
 if __name__ == "__main__":

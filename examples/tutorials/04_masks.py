@@ -516,14 +516,14 @@ for name, m in {"dilated": dil, "strided": frames, "2-D neighbourhood": natten}.
 # | pattern | how the kernel skips it | before | now |
 # | --- | --- | ---: | ---: |
 # | causal, prefix-LM, windows, contiguous documents, their `&`, `\|` of overlapping ones | row intervals: each query block computes its rows' key span only; query blocks of 16–128 rows sized to the spans | causal 1.12, prefix-LM 1.24, window 256 1.66 | 1.10, 1.01, 1.34 |
-# | narrow windows of 9 / 17 keys (`window(n, 5)` / `window(n, 9)`) | row by row: a block whose rows each see at most 64 keys (backward: 32) of a wider span computes each row over its own keys, without matrix products, four rows at a time, fetching the next rows ahead | 4.0–6.6 / 2.3–3.9 | 3.9–4.6 / 2.6–2.8 |
+# | narrow windows of 9 / 17 keys (`window(n, 5)` / `window(n, 9)`) | row by row: a block whose rows each see at most 64 keys (backward: 32) of a wider span computes each row over its own keys, without matrix products, four rows at a time, fetching the next rows ahead; such windows keep blocks of 128 rows (a block's set-up paid once for them); with nothing else on the scores, rows of up to 32 keys (16 on AVX2) stay in registers from the product to the output | 3.9–4.6 / 2.6–2.8 | 3.1–3.5 / 2.3–2.7 |
 # | `\|` of those with gaps between them: a window `\|` a band 1024 keys away, a causal window of 256 `\|` the first 64 keys, two bands far from the diagonal (half-widths 128) | runs of keys: a row sees up to 16 disjoint runs; a query block computes the stretches of keys its rows' runs cover, each row masked to its own runs | on tiles: 1.70–1.74, 1.42–1.55, 1.75–1.79 | 1.35–1.43, 1.48–1.70, 1.43–1.52 |
 # | predicates, scattered documents, `\|` with a predicate or of more than 16 runs | tiles: empty blocks skipped, full ones unmasked, partial ones masked, on the grid (128 × 256 down to 16 × 32) that computes the fewest entries | window 2048 `\|` first 256 keys 1.21 | 1.07 (now runs) |
 # | `dilated_window` (128 keys, dilation 4) | interleaved sequences, read in place: a window within each | 1.8 | 1.5–1.7 |
 # | `strided` (frames of 64 / 256 tokens) | interleaved sequences, read in place: all of each, the next sequence's rows fetched ahead; sequences of at most 32 tokens as tiles (next row) | 1.7–2.1 / 4.8–5.6 | 1.6–1.7 / 2.8–3.0 |
 # | documents of 8–32 tokens, frames of at most 32 tokens (`strided` 1/256) | tiles of 8 rows: where each 8 rows of a block span at most 32 keys, their scores are one small product held in registers (a row a vector lane) and their softmax is taken lane by lane; the backward computes the same tiles, its five products as small register-tiled products, dK and dV summed over the block (forward + backward of documents of 16: 4.0 → 3.3) | documents of 16: 4.7–4.8 | 2.4–2.5 |
 # | `neighborhood_2d` (15 × 15 on 64 × 64) | reordered in 8 × 8 tiles: tiles (as 15 runs of 15 keys in row-major order it costs 5.8: a query block spans 46 keys of each of its 15 rows of keys). The tile is chosen per kernel from the estimated cost of its blocks: 7 × 7 and 9 × 9 take 4 × 4 tiles (forward 8.5 → 6.4 and 5.4 → 4.2; 7 × 7 forward + backward 12.2 → 6.5), 15 × 7 takes 8 × 4 (4.6 → 3.8). Only k and v are gathered (the kernel reads the queries where they lie), and a query tile's adjacent key tiles are one matrix product (three of them instead of 7.6): against the previous version in the same runs 3.0–3.2 → 2.5–2.65 (forward + backward 2.7 → 2.4–2.5) | 4.3 | 2.5–2.65 |
-# | `neighborhood_2d`, forward without gradients (15 × 15 on 64 × 64) | in token order, offsets: each query's 15 runs of 15 keys, 8 queries of an image row a tile (a vector lane each) sharing their runs shifted by one key, so each key is addressed by its offset from the query and every multiply-add of the product computes 8 allowed entries, over the keys transposed once; border tiles mask each lane to its own runs (1.05–1.12 entries computed per allowed one). The backward keeps the reordered tiles. In the same runs: 128 × 128 3.35 → 2.12, 7 × 7 on 64 × 64 6.94 → 2.51 and on 128 × 128 6.66 → 2.46 | 3.20 (reordered) | 1.79 |
+# | `neighborhood_2d` in token order (15 × 15 on 64 × 64; with gradients too on AVX-512 and AVX2 builds) | in token order, offsets: each query's 15 runs of 15 keys, 8 queries of an image row a tile (a vector lane each) sharing their runs shifted by one key, so each key is addressed by its offset from the query and every multiply-add of the product computes 8 allowed entries, over the keys transposed once; border tiles mask each lane to its own runs (1.05–1.12 entries computed per allowed one). The backward does the same: each tile's S and dP~ by offset, dQ each query over its own keys, dK and dV as each key's sum over the offsets of the queries that see it, in vector lanes of 8 keys (border tiles add theirs row by row); forward + backward 15 × 15 on 64 × 64 0.85–0.90× and on 128 × 128 0.80–0.82× the reordered time, 7 × 7 0.41–0.44× and 0.57–0.59× (AVX2 build: 0.88× and, 7 × 7 on 64 × 64, 0.56×); a training step still costs 3.7–4.1× the token-order forward. Forward in the same runs: 128 × 128 3.35 → 2.12, 7 × 7 on 64 × 64 6.94 → 2.51 and on 128 × 128 6.66 → 2.46 | 3.20 (reordered) | 1.79 |
 #
 # What these sparsest masks cost is mostly the cost of touching every row at all. In the same
 # units: reading q, k and v once and writing the output (one fused torch op) takes 0.8–0.9 at 9
@@ -533,7 +533,11 @@ for name, m in {"dilated": dil, "strided": frames, "2-D neighbourhood": natten}.
 # kernel's row path with one key a row 2.8–3.3 (a row's fixed cost: its query, keys and output
 # fetched, its maximum, exponentials, sum and logarithm, ~70 ns); each further key adds about
 # 1.5× what a pair costs in the dense kernel. A window of 9 keys costs 1.2–1.6× that one-key
-# floor: 2× its density is out of reach. Peers do no better on the same work
+# floor: 2× its density is out of reach. Where its ~95 ns a row go (removing one part at a
+# time from a build of the kernel): the products q kᵀ ~40 ns and P v ~19 ns, the rest its
+# loads, stores, softmax and set-up; those 72 multiply-adds of 16 lanes alone take ~25 ns at
+# this core's one a cycle, and reading q, k, v and writing the output ~23 ns, against ~54 ns
+# a row for 2× the density. Peers do no better on the same work
 # (`benchmarks/bench_narrow.py --peers`, same units): SDPA on the tokens cut into independent
 # documents of 8 / 16 (a batch of tiny sequences, no mask) costs 9.5–11.5 / 3.8–4.6 forward
 # and 11.3–11.4 / 4.9–5.8 forward + backward (80 / 32 ns an allowed entry on a quiet run; the
@@ -542,7 +546,7 @@ for name, m in {"dilated": dil, "strided": frames, "2-D neighbourhood": natten}.
 # sparse (one key in 256) reads a sequence's 16 rows 64 KiB apart, beyond the hardware
 # prefetcher: the kernel fetches the next sequence's rows while one computes. Forward + backward
 # against the dense forward + backward, the same runs: windows of 9 / 17 keys 6.4–6.8 / 3.9–4.1
-# → 5.0–5.4 / 3.1–3.3, strided 1/256 4.6–5.0 → 3.8–3.9, strided 1/64 1.7 → 1.5, the dilated
+# → 5.0–5.4 / 3.1–3.3 (now 4.3–4.4 / 2.85–3.0), strided 1/256 4.6–5.0 → 3.8–3.9, strided 1/64 1.7 → 1.5, the dilated
 # window 1.5 → 1.4 (reading q, k, v, the output and its gradient once and writing the three
 # gradients: 1.2 at 9 keys, 0.65–0.7 at 17 keys and 1/256). Building a plan evaluates a
 # predicate on every (query, key) pair once, in chunks of whole blocks of about 512K pairs, and

@@ -618,7 +618,8 @@ for width in (64, 256, 1024, 4096):
 # ($w = 64$: no row sees more than 64 keys, so the kernel computes such blocks a row at a time
 # over each row's own keys, and nearly nothing extra (the backward does the same up to 32 keys a
 # row, and on AVX-512 builds for bands of up to 64 keys, 8 queries at a time with the keys
-# addressed by their offset from each query; `ATTNKIT_OFFSET_BACKWARD=0` turns that off, and `kernel_work(..., plain=False)` counts a call
+# addressed by their offset from each query, as it does for rows of several runs (a 2-D
+# neighbourhood in token order); `ATTNKIT_OFFSET_BACKWARD=0` turns that off, and `kernel_work(..., plain=False)` counts a call
 # with a bias, dropout or a score function, whose backward keeps the blocks there); $w = 4096$ is
 # the whole causal triangle:
 # the kernel computes the diagonal blocks' upper halves too.) Packed documents work the same way. A causal document of $L$ tokens allows

@@ -165,11 +165,17 @@ def test_tiles_put_both_passes_on_the_tile_grid():
 
 
 def test_blocks_follow_a_narrow_mask():
-    """A 9-key window gets short query blocks and a scattered mask a fine tile grid: the
-    entries computed stay within 2.5x of those allowed (128-row blocks: ~8x)."""
+    """A window wider than the row path's rows gets short query blocks and a scattered mask a
+    fine tile grid: the entries computed stay within 2.5x of those allowed (128-row blocks:
+    ~8x). A window both passes' row paths take (at most 32 keys a row) keeps 128-row blocks,
+    each row computing its own keys alone."""
     n = 2048
-    narrow = kernel_work(masks.window(n, 9))
-    assert narrow.block_q < 128 and narrow.computed < 2.5 * narrow.allowed
+    wide = kernel_work(masks.window(n, 40))  # 79 keys a row
+    assert wide.block_q < 128 and wide.computed < 2.5 * wide.allowed
+    for w in (5, 9, 16):  # 9, 17 and 31 keys a row
+        for pass_ in ("forward", "backward"):
+            narrow = kernel_work(masks.window(n, w), pass_=pass_)
+            assert narrow.block_q == 128 and narrow.computed == narrow.allowed
     band = masks.from_function(lambda b, h, q, k: (q // 16) == (k // 16), n)
     tiled = kernel_work(band)
     assert (tiled.block_q, tiled.block_k) != (128, 256)

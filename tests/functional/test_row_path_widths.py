@@ -136,3 +136,39 @@ def test_rows_with_disjoint_keys_in_one_group():
     torch.testing.assert_close(out.double(), ref.detach(), rtol=0, atol=2e-6)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a.double(), b, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("n, s", [(97, 130), (130, 97), (1, 5)], ids=str)
+@pytest.mark.parametrize("keys", [1, 9, 17, 33])
+@pytest.mark.parametrize("causal", [False, True], ids=["", "causal"])
+@pytest.mark.parametrize("d, dv", [(64, 64), (20, 12)], ids=str)
+def test_plain_windows_against_float64(n, s, keys, causal, d, dv):
+    """Windows with nothing else (plain scores: the narrow path, _native/narrow_path.h, up to 16
+    or 32 keys), heads of whole vectors (D = Dv = 64) and with tails, N odd and != S, windows
+    cut by the sequence's ends, GQA; N > S: rows that see nothing."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, n, d, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 2, s, d, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 2, s, dv, generator=g, dtype=torch.float64)
+    mask = _mask(n, s, keys, padded=False)
+    dense = mask.dense() & masks.causal(n, s) if causal else mask.dense()  # (N, S)
+    ref = attnkit.attention(*(t.requires_grad_() for t in (q, k, v)), mask=dense,
+                            backend="reference").out  # fmt: skip
+    scale = d**-0.5
+    scores = q @ k.repeat_interleave(2, 1).transpose(-1, -2) * scale
+    scores = scores.masked_fill(~dense, -torch.inf)
+    cot = torch.randn_like(ref)
+    want = torch.autograd.grad(ref, (q, k, v), cot)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    out, lse = chunked_attention(
+        q32, k32, v32, mask=mask, bias=None, causal=causal, scale=scale, dropout_p=0.0,
+        training=False, kernel="native",
+    )  # fmt: skip
+    got = torch.autograd.grad(out, (q32, k32, v32), cot.float())
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=0, atol=2e-6)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), rtol=0, atol=2e-6)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=2e-5)
+    blind = ~dense.expand(2, 4, n, s).any(-1)  # (B, H, N): rows that see nothing
+    assert blind.any() == (n > s)  # windows aligned bottom-right, as causal: rows past S
+    assert torch.all(out[blind] == 0) and torch.all(lse[blind] == -torch.inf)

@@ -23,7 +23,8 @@ passes, where every tile of `TILE_ROWS` rows of a block spans at most `TILE_KEYS
 documents, a strided mask's short sequences): each tile over the union of its rows' keys
 (_native/tile_path.h, tile_backward.h); and, in a plain forward, where rows have several runs
 of keys (a 2-D neighbourhood in token order, unions): each tile over the union of its rows'
-offsets j - i, run by run (_native/offset_path.h).
+offsets j - i, run by run (_native/offset_path.h), and so does a plain backward on AVX-512
+and AVX2 builds (_native/offset_runs.h).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from attnkit.functional._blocks import (
 from attnkit.functional._grid import (
     backward_query_block,
     offset_bands,
+    offset_runs,
     query_block,
     shared_tiles,
 )
@@ -128,11 +130,14 @@ def kernel_work(
         batch, heads: B and H of the call (the mask's own batch and heads must be 1 or these).
             Key/value heads (GQA) change nothing: every query head walks its own blocks.
         grad: whether the call's inputs want gradients: without, a 2-D neighbourhood's
-            forward runs in token order (`reordered.natural_runs`), not reordered.
+            forward runs in token order (`reordered.natural_runs`), not reordered; with,
+            both passes do where the backward's offset path takes rows of several runs
+            (`_grid.offset_runs`: AVX-512 and AVX2 builds), else both run reordered.
         plain: the call has no bias, dropout or score function (nor a dense part in the mask):
             its forward computes rows of several runs on the offset path, and its backward
-            bands of 33 to 64 keys a row (the same
-            entries as the row path; AVX-512 builds of the kernel, unless
+            bands of 33 to 64 keys a row (the same entries as the row path) and rows of
+            several runs (the forward's entries) on its offset paths (AVX-512 builds of the
+            kernel; rows of several runs on AVX2 builds too; unless
             ATTNKIT_OFFSET_BACKWARD=0); False: on the blocks, as the forward does them.
     """
     if pass_ not in PASSES:
@@ -145,7 +150,8 @@ def kernel_work(
         if own not in (1, value):
             raise ValueError(f"mask has {name} {own}: the call's {name} must be {own}, got {value}")
     if isinstance(mask, Reordered) and not causal and n > 0:
-        if mask.natural is not None and not grad and pass_ == "forward":
+        natural = (not grad and pass_ == "forward") or (grad and offset_runs())
+        if mask.natural is not None and natural:
             got = kernel_work(mask.natural, pass_=pass_, batch=batch, heads=heads)
             return replace(got, allowed=_allowed(mask, n, s, False, got.dense))
         return _reordered(mask, pass_, batch, heads)
@@ -161,8 +167,9 @@ def kernel_work(
     plain = plain and (plan is None or plan.dense is None)  # the kernel's `plain_scores`
     # the backward's offset path: AVX-512 builds (the kernel's default routing)
     bands = pass_ == "backward" and plain and offset_bands()
+    runs = pass_ == "backward" and plain and offset_runs()  # rows of several runs
     if plan is not None and plan.tiles is None:  # rows alone: query blocks sized to them
-        pick = backward_query_block if bands else query_block
+        pick = backward_query_block if pass_ == "backward" and plain else query_block
         bq = min(bq, pick(plan.rows, bq))
     walks = _walks(plan)
     computed = blocks = 0
@@ -170,7 +177,8 @@ def kernel_work(
         for i0 in range(0, n, bq):
             i1 = min(i0 + bq, n)
             spans = [(j0, j1) for j0, j1, _, _ in key_blocks(one, i0, i1, n, s, bq, bk, causal)]
-            path = _offset_path(one, i0, i1, n, s, causal) if pass_ == "forward" and plain else None
+            offsets = plain if pass_ == "forward" else runs  # offset_path.h, offset_runs.h
+            path = _offset_path(one, i0, i1, n, s, causal) if offsets else None
             keys = _row_keys(one, i0, i1, n, s, causal, spans)
             path = path or _path(keys, spans, pass_, bands, i0)
             if path is not None:  # each row or tile over its own keys, no blocks

@@ -37,6 +37,7 @@ __all__ = [
     "choose_block_q",
     "choose_tile_grid",
     "offset_bands",
+    "offset_runs",
     "query_block",
     "set_query_block",
     "shared_tiles",
@@ -97,19 +98,36 @@ def _bands(rows: Tensor) -> tuple[int, bool]:
 
 def offset_bands() -> bool:
     """Whether the compiled backward computes bands on its offset path by default
-    (_native/offset_backward.h's offset_switch): on AVX-512 builds (`_kernel_cache.kernel_isa`),
-    unless ATTNKIT_OFFSET_BACKWARD=0."""
+    (_native/offset_backward.h's offset_switch): on AVX-512 builds
+    (`_kernel_cache.kernel_isa`), unless ATTNKIT_OFFSET_BACKWARD=0."""
     from attnkit.functional._kernel_cache import kernel_isa  # the kernel's build, not loaded
 
     return os.environ.get("ATTNKIT_OFFSET_BACKWARD") != "0" and kernel_isa() == "avx512"
 
 
+def offset_runs() -> bool:
+    """Whether the compiled backward takes rows of several runs on its offset path
+    (_native/offset_runs.h's runs_fit): ATTNKIT_OFFSET_BACKWARD=1, or unless it is 0 on
+    AVX-512 and AVX2 builds (`_kernel_cache.kernel_isa`)."""
+    from attnkit.functional._kernel_cache import kernel_isa  # the kernel's build, not loaded
+
+    switch = os.environ.get("ATTNKIT_OFFSET_BACKWARD")
+    return switch == "1" or (switch != "0" and kernel_isa() in ("avx512", "avx2"))
+
+
 def backward_query_block(rows: Tensor | None, default: int) -> int:
     """The compiled backward's query block for a plain call (`_blocks.BACKWARD_BAND_KEYS`): the
-    full `default` for a band (rows of one run, at least half of the 8-row tiles sharing their
-    offsets) whose rows see at most BACKWARD_BAND_KEYS keys and some more than
-    BACKWARD_ROW_KEYS (the offset path's), else `query_block`'s."""
-    if rows is not None and rows.shape[1] == 1:
+    full `default` for rows of several runs where the backward takes them on its offset path
+    (`offset_runs`; _native/offset_runs.h: its key lanes sum over each run's span, one canvas
+    row's and the kernel's rows more) and for a band (rows of one run, at least half of the
+    8-row tiles sharing their offsets) whose rows see at most BACKWARD_BAND_KEYS keys and some
+    more than BACKWARD_ROW_KEYS where bands take it (`offset_bands`), else `query_block`'s.
+    Measured (fwd+bwd, 1 thread, AMD EPYC Zen 4, loaded machine): the forward's 16-32-row
+    blocks took 1.23x the time of 128-row ones for 15 x 15 on 128 x 128, 1.27x for 7 x 7 on
+    64 x 64 (15 x 15 on 64 x 64: 0.85-1.47x, noisy)."""
+    if rows is not None and rows.shape[1] > 1 and offset_runs():
+        return default
+    if rows is not None and rows.shape[1] == 1 and offset_bands():
         widest, band = _bands(rows)
         if band and BACKWARD_ROW_KEYS < widest <= BACKWARD_BAND_KEYS:
             return default
@@ -126,7 +144,20 @@ def _fold(x: Tensor, bq: int, fill: int, op) -> Tensor:
 def choose_block_q(rows: Tensor, s: int) -> int:
     """Query rows per block for a plan's runs of keys, rows int64 (2, K, B|1, N): the one of
     128, 64, 32, 16 that minimises the estimated forward time. A block's keys are estimated
-    as the sum over k of its rows' k-th runs' spans (an overestimate where they overlap)."""
+    as the sum over k of its rows' k-th runs' spans (an overestimate where they overlap).
+
+    A band (a window: one run a row, `_bands`) of at most BACKWARD_ROW_KEYS keys a row keeps
+    STRUCTURED_BLOCK_Q: its rows go a row at a time over their own keys in both passes (the
+    row path, the forward's narrow path), whose work does not grow with the block, and a
+    block's set-up (its runs, key blocks and path checks) is paid once for 128 rows instead of
+    16 (wider bands' backward takes the blocks where the offset path is off: AVX2 builds).
+    Measured (AMD EPYC Zen 4, 1 thread, N=4096, H=8, D=64, 16 -> 128 rows interleaved in one
+    process, thread CPU time): windows of 1, 9 and 17 keys forward 0.93x, 0.94x and 0.95x the
+    time, forward + backward 0.94x, 0.91x and 0.91x."""
+    if rows.shape[1] == 1:
+        widest, band = _bands(rows)
+        if band and widest <= BACKWARD_ROW_KEYS:
+            return STRUCTURED_BLOCK_Q
     lo, hi = rows[0].cpu().flatten(0, 1), rows[1].cpu().flatten(0, 1)  # (K·B|1, N)
     seen = lo < hi
     lo, hi = torch.where(seen, lo, s), torch.where(seen, hi, 0)

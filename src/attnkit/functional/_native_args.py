@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from attnkit.functional._dropout import NO_DROPOUT
-from attnkit.functional._grid import backward_query_block, offset_bands, query_block
+from attnkit.functional._grid import backward_query_block, query_block
 
 __all__ = ["Args", "count_work", "kernel_args", "point_at_cotangent"]
 
@@ -95,7 +95,6 @@ def kernel_args(
         blocks = tuple(tiles.shape[1:])
     else:  # rows alone: query blocks sized to the rows' spans (`_grid.choose_block_q`)
         plain = bands and mask is None and bias is None and keep_t == NO_DROPOUT
-        plain = plain and offset_bands()  # the kernel's default (offset_switch)
         pick = backward_query_block if plain else query_block
         blocks = (min(blocks[0], pick(rows, blocks[0])), blocks[1])
     a = Args(

@@ -17,6 +17,7 @@ from torch import Tensor
 from attnkit.functional import _chunked_mod, native
 from attnkit.functional._chunked_torch import _as4d, _ChunkedAttention, _Plan
 from attnkit.functional._dropout import NO_DROPOUT, draw_seed, keep_threshold
+from attnkit.functional._grid import offset_runs
 from attnkit.functional._mask_plan import call_plan
 from attnkit.functional.reordered import (
     merge_groups,
@@ -184,8 +185,11 @@ def _native_rows(q, k, v, m: StructuredMask, qrows: Tensor, scale, block_q, bloc
 
 def _natural_forward(mask, q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether a reordered mask's call runs its runs in token order (`Reordered.natural`, a
-    2-D neighbourhood's) on the compiled kernel's offset path instead of reordered: where it
-    has them and no gradient is wanted (the backward has no offset path yet, and the runs on
+    2-D neighbourhood's) on the compiled kernel's offset paths instead of reordered: where it
+    has them and either no gradient is wanted or the backward takes them on its offset path
+    too (_native/offset_runs.h, `_grid.offset_runs`: AVX-512 and AVX2 builds; elsewhere the runs on
     its blocks compute ~2.6 entries an allowed one against the reordered tiles' 2.15-2.35)."""
+    if getattr(mask, "natural", None) is None:
+        return False
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    return getattr(mask, "natural", None) is not None and not wants_grad
+    return not wants_grad or offset_runs()

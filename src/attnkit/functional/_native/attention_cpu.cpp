@@ -30,6 +30,7 @@
 //                     mask_row_structured, key_end, stretches, key_blocks
 //   scratch.h         per-thread Scratch, row_of, dout_row, load_q, ceil_div, advise_huge_pages
 //   row_path.h        narrow windows a row at a time: row_path, each_row, the prefetch
+//   narrow_path.h     the forward of those rows with plain scores, each row in registers
 //   tile_path.h       short documents and sequences 8 rows at a time: tile_path,
 //                     tile_product (the scores in registers), tile_softmax, tile_gemm
 //   tile_backward.h   the backward of those blocks: backward_tiles, backward_tile

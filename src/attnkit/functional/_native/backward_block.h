@@ -1,11 +1,12 @@
 // The backward of one query block (FlashAttention-2 Algorithm 2 with dropout): dq of its rows,
 // dk and dv of its keys added to dk_acc, dv_acc (the head's rows, or a slot of backward.h's).
-// The block path over key blocks with matrix products, or the row path (row_path.h).
+// The block path over key blocks with matrix products, the row path (row_path.h), or the
+// offset paths (offset_backward.h: bands; offset_runs.h: rows of several runs).
 //
 // Legend: backward_block one query block; backward_rows up to kRowGroup of its rows on the row
-// path, add_dk_dv their dK, dV; prefetch_backward the row path's prefetch; copy_dout_row a
-// row of dO, whatever its strides. dob dO' = dO * inv_keep, dlt D_i (less dlse), step the rows
-// between a sequence's positions in dk_acc, dv_acc.
+// path, add_dk_dv their dK, dV; prefetch_backward the row path's prefetch; write_dq a
+// block's dq; copy_dout_row a row of dO, whatever its strides. dob dO' = dO * inv_keep, dlt
+// D_i (less dlse), step the rows between a sequence's positions in dk_acc, dv_acc.
 
 #pragma once
 
@@ -19,6 +20,7 @@
 #include "gemm_acc.h"
 #include "masks.h"
 #include "offset_backward.h"
+#include "offset_runs.h"
 #include "row_path.h"
 #include "scratch.h"
 #include "score_mods.h"
@@ -194,6 +196,17 @@ inline void copy_dout_row(const Args& a, int64_t row, float* dst) {
     }
 }
 
+// dq of rows i0..i0+nq-1 of head `head`, sequence sq: the block's sums (nq rows of D) times
+// the scale.
+inline void write_dq(const Args& a, int64_t head, int64_t sq, int64_t i0, int64_t nq,
+                     const float* dq) {
+    for (int64_t r = 0; r < nq; ++r) {
+        float* dq_out = a.dq + qrow(a, head, sq, i0 + r) * a.D;
+#pragma omp simd
+        for (int64_t e = 0; e < a.D; ++e) dq_out[e] = dq[r * a.D + e] * a.scale;
+    }
+}
+
 // One query block of head (b, h), sequence sq; dk, dv (S, D) / (S, Dv) of its kv head are
 // accumulated into dk_acc / dv_acc, whose position j is row j * step. FlashAttention-2
 // Algorithm 2 with dropout: with keep mask K and dO' = dO * inv_keep, dV += (P*K)^T dO',
@@ -223,6 +236,16 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
         lse[r] = a.lse[row];
     }
     std::fill(dq, dq + nq * D, 0.0f);
+    if (runs_fit(a, nq)) {  // rows of several runs on the offset path (offset_runs.h)
+        int64_t first, end;
+        const std::vector<OffsetTile>* tiles = offset_path(a, b, i0, i1, first, end);
+        if (tiles) {
+            offset_runs(a, *tiles, i0, i1, qs, dob, lse, dlt, kb, ldk, vb, ldv, first, end, w, dq,
+                        dk_acc, dv_acc, step);
+            write_dq(a, b * a.H + h, sq, i0, nq, dq);
+            return;
+        }
+    }
     key_blocks(a, b, h, i0, i1, w.blocks, w.lo.data(), w.hi.data());
     const int64_t G = a.H / a.Hkv;
     if (a.groups > 1 && i1 == a.N && h % G == G - 1 && step == a.groups) {
@@ -287,11 +310,7 @@ void backward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0,
         acc_nn(nq, D, nk, dp, nk, kb + j0 * ldk, ldk, dq, D);                 // dQ += dS k
         acc_tn(nk, D, nq, dp, nk, qs, D, dk_acc + j0 * ldk_acc, ldk_acc);     // dK += dS^T (sq)
     }
-    for (int64_t r = 0; r < nq; ++r) {
-        float* dq_out = a.dq + qrow(a, b * a.H + h, sq, i0 + r) * D;
-#pragma omp simd
-        for (int64_t e = 0; e < D; ++e) dq_out[e] = dq[r * D + e] * a.scale;
-    }
+    write_dq(a, b * a.H + h, sq, i0, nq, dq);
 }
 
 }  // namespace

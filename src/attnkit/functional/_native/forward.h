@@ -21,6 +21,7 @@
 #include "blas.h"
 #include "dropout.h"
 #include "masks.h"
+#include "narrow_path.h"
 #include "offset_path.h"
 #include "row_path.h"
 #include "scratch.h"
@@ -324,8 +325,18 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
         blocks_span(w, first, end);
         prefetch_next_sequence(a, b * a.H + h, b * a.Hkv + kvh, sq, nq, first, end, false, false);
     }
-    const bool rows = row_path(a, w, i0, i1, kRowPathKeys);
-    if (tile_path(a, w, i0, i1, rows)) {
+    int64_t widest;
+    const bool rows = row_path(a, w, i0, i1, kRowPathKeys, &widest);
+    const bool tiled = tile_path(a, w, i0, i1, rows);
+    if (!tiled && rows && narrow_path(a, widest)) {  // reads q itself
+        if (widest <= kLanes) {
+            forward_narrow<1>(a, b, h, sq, i0, i1, kb, ldk, vb, ldv, w);
+        } else {
+            forward_narrow<kNarrowVectors>(a, b, h, sq, i0, i1, kb, ldk, vb, ldv, w);
+        }
+        return;
+    }
+    if (tiled) {
         // the tiles transpose (and scale) the queries from q's own rows, with no copy of the
         // block first; through load_q's copy where a row map moves them (qrows) and where
         // sequences interleave (their rows D * groups apart, read whole: strided 1/256 took

@@ -119,6 +119,21 @@ inline int64_t key_end(const Args& a, int64_t i1) {
 void stretches(const Args& a, int64_t nq, const int64_t* lo, const int64_t* hi, int64_t end,
                std::vector<std::pair<int64_t, int64_t>>& out) {
     out.clear();
+    if (a.rows_k == 1) {  // one run a row, in order (windows, causal, documents): merged as read
+        bool ordered = true;
+        for (int64_t r = 0; r < nq && ordered; ++r) {
+            const int64_t l = lo[r], h = std::min(hi[r], end);
+            if (l >= h) continue;
+            ordered = out.empty() || l >= out.back().first;
+            if (ordered && !out.empty() && l <= out.back().second) {
+                out.back().second = std::max(out.back().second, h);
+            } else if (ordered) {
+                out.push_back({l, h});
+            }
+        }
+        if (ordered) return;
+        out.clear();  // out of order: sorted and merged below
+    }
     for (int64_t k = 0; k < a.rows_k; ++k) {
         for (int64_t r = 0; r < nq; ++r) {
             const int64_t l = lo[k * a.bq + r], h = std::min(hi[k * a.bq + r], end);

@@ -19,13 +19,12 @@
 // whose tile does not share its offsets (a window's clipped ends, a partial tile, a row that
 // sees nothing) keep the row path (backward_block.h's offset_rows).
 //
-// Legend: kBandKeys the widest row of an offset block; offset_switch the environment's
-// switch; offsets_fit whether a call may take the path; shared_offsets a tile's offsets
-// [dlo, dhi); OffsetBlock a block's buffers and layout (pad P, row length L), offset_start,
-// offset_zero; offset_sum a sum over offsets, kTileRows lanes and a few dimensions at once,
-// offset_sum_pair two tiles' at once; pair_dots two query tiles' scores; tile_operands,
-// tile_grads a query tile's qT, dO'T and its P, dS; query_tiles one or two query tiles;
-// add_key_rows a key tile's sums into dk or dv rows; key_tiles the key lanes.
+// Legend: kBandKeys the widest row of an offset block; offset_env, offset_switch the
+// environment's switch; offsets_fit whether a call may take the path; shared_offsets a
+// tile's offsets [dlo, dhi); OffsetBlock a block's buffers and layout (pad P, row length L),
+// offset_start, offset_zero; pair_dots two query tiles' scores; tile_operands, tile_grads a
+// query tile's qT, dO'T and its P, dS; query_tiles one or two query tiles; key_tiles the key
+// lanes (offset_sums.h's sums over offsets and key_lanes).
 
 #pragma once
 
@@ -36,6 +35,7 @@
 
 #include "args.h"
 #include "offset_path.h"
+#include "offset_sums.h"
 #include "row_path.h"
 #include "scratch.h"
 #include "score_mods.h"
@@ -78,10 +78,16 @@ constexpr int kOffsetDefault = -1;
 constexpr int kOffsetDefault = 0;
 #endif
 
-inline int offset_switch() {
+// The switch as set: 1, 0, or -1 (unset, or another value).
+inline int offset_env() {
     const char* on = std::getenv("ATTNKIT_OFFSET_BACKWARD");
-    if (!on || !on[0] || on[1]) return kOffsetDefault;
-    return on[0] == '1' ? 1 : on[0] == '0' ? 0 : kOffsetDefault;
+    if (!on || !on[0] || on[1]) return -1;
+    return on[0] == '1' ? 1 : on[0] == '0' ? 0 : -1;
+}
+
+inline int offset_switch() {
+    const int on = offset_env();
+    return on == -1 ? kOffsetDefault : on;
 }
 
 // Whether a call's backward may take the offset path: plain scores, rows of one run (no
@@ -146,109 +152,6 @@ inline void offset_start(const Args& a, OffsetBlock& ob, int64_t nq, int64_t dlo
     for (std::vector<float>* buf : {&ob.s, &ob.dp, &ob.dst}) buf->resize(2 * W * kTileRows);
 }
 
-// out[d * kTileRows + u] = sum over c < W of w[c * ws + u] y[d * ldy + c * ys + u], d < Dc:
-// Dc dimensions' sums over the offsets in registers (dQT over a query tile's offsets; dKT,
-// dVT over a key tile's, whose queries run backwards: ys = -1).
-template <int Dc>
-inline void offset_sum(const float* w, int64_t ws, int64_t W, const float* y, int64_t ldy,
-                       int64_t ys, float* out) {
-    tvec acc[Dc];
-#pragma GCC unroll 16
-    for (int d = 0; d < Dc; ++d) acc[d] = tvec{};
-    for (int64_t c = 0; c < W; ++c) {
-        const tvec s = tload(w + c * ws);
-        const float* yc = y + c * ys;
-#pragma GCC unroll 16
-        for (int d = 0; d < Dc; ++d) acc[d] += s * tload(yc + d * ldy);
-    }
-#pragma GCC unroll 16
-    for (int d = 0; d < Dc; ++d) tstore(out + d * kTileRows, acc[d]);
-}
-
-// offset_sum over every dimension d < dims, in chunks of 8, 4 and 1: each of a chunk's rows of
-// y is one more address register in the loop, and 16 of them spilled the loop's pointers to
-// the stack (perf: the loop waiting on their reloads).
-inline void offset_sum_all(const float* w, int64_t ws, int64_t W, const float* y, int64_t ldy,
-                           int64_t ys, int64_t dims, float* out) {
-    int64_t d = 0;
-    for (; d + 8 <= dims; d += 8) {
-        offset_sum<8>(w, ws, W, y + d * ldy, ldy, ys, out + d * kTileRows);
-    }
-    if (d + 4 <= dims) offset_sum<4>(w, ws, W, y + d * ldy, ldy, ys, out + d * kTileRows), d += 4;
-    for (; d < dims; ++d) offset_sum<1>(w, ws, W, y + d * ldy, ldy, ys, out + d * kTileRows);
-}
-
-// Two tiles' offset_sum at once, where one's operand rows run kTileRows floats behind the
-// other's: y + m * ys (m < W + kTileRows) is the early tile's offset m and the late tile's
-// offset m - kTileRows (two key tiles side by side; two query tiles), so that each load of y
-// feeds two multiply-adds (offset_sum: one; its loads, unaligned and half of them across two
-// cache lines, held it to ~1 FMA a cycle in cache, AMD EPYC Zen 4).
-template <int Dc>
-inline void offset_sum_pair(const float* w_early, const float* w_late, int64_t ws, int64_t W,
-                            const float* y, int64_t ldy, int64_t ys, float* out_early,
-                            float* out_late) {
-    tvec ae[Dc], al[Dc];
-#pragma GCC unroll 16
-    for (int d = 0; d < Dc; ++d) ae[d] = al[d] = tvec{};
-    const int64_t both = std::min<int64_t>(W, kTileRows);
-    for (int64_t m = 0; m < both; ++m) {  // the early tile alone
-        const tvec s = tload(w_early + m * ws);
-        const float* ym = y + m * ys;
-#pragma GCC unroll 16
-        for (int d = 0; d < Dc; ++d) ae[d] += s * tload(ym + d * ldy);
-    }
-    for (int64_t m = kTileRows; m < W; ++m) {  // both
-        const tvec se = tload(w_early + m * ws), sl = tload(w_late + (m - kTileRows) * ws);
-        const float* ym = y + m * ys;
-#pragma GCC unroll 16
-        for (int d = 0; d < Dc; ++d) {
-            tvec yv = tload(ym + d * ldy);
-            // in a register: gcc otherwise folds the load into both multiply-adds (two loads)
-            asm("" : "+v"(yv));
-            ae[d] += se * yv;
-            al[d] += sl * yv;
-        }
-    }
-    for (int64_t m = std::max<int64_t>(W, kTileRows); m < W + kTileRows; ++m) {  // the late one
-        const tvec s = tload(w_late + (m - kTileRows) * ws);
-        const float* ym = y + m * ys;
-#pragma GCC unroll 16
-        for (int d = 0; d < Dc; ++d) al[d] += s * tload(ym + d * ldy);
-    }
-#pragma GCC unroll 16
-    for (int d = 0; d < Dc; ++d) {
-        tstore(out_early + d * kTileRows, ae[d]);
-        tstore(out_late + d * kTileRows, al[d]);
-    }
-}
-
-// The dimensions offset_sum_pair sums at once: two tiles' accumulators, two weights and a load
-// are 19 vector registers, within AVX-512's 32; on AVX2's 16 some spill, yet 4 dimensions a
-// chunk (11 registers) measured no faster (windows of 33-63 keys, 1.05-1.30x the blocks' time
-// against 1.03-1.19x with 8).
-constexpr int kPairDims = 8;
-
-// offset_sum_pair over every dimension d < dims (chunks of kPairDims, 4, 1).
-inline void offset_sum_pair_all(const float* w_early, const float* w_late, int64_t ws, int64_t W,
-                                const float* y, int64_t ldy, int64_t ys, int64_t dims,
-                                float* out_early, float* out_late) {
-    int64_t d = 0;
-    auto at = [&](int64_t d0) { return d0 * kTileRows; };
-    for (; d + kPairDims <= dims; d += kPairDims) {
-        offset_sum_pair<kPairDims>(w_early, w_late, ws, W, y + d * ldy, ldy, ys,
-                                   out_early + at(d), out_late + at(d));
-    }
-    if (kPairDims > 4 && d + 4 <= dims) {
-        offset_sum_pair<4>(w_early, w_late, ws, W, y + d * ldy, ldy, ys, out_early + at(d),
-                           out_late + at(d));
-        d += 4;
-    }
-    for (; d < dims; ++d) {
-        offset_sum_pair<1>(w_early, w_late, ws, W, y + d * ldy, ldy, ys, out_early + at(d),
-                           out_late + at(d));
-    }
-}
-
 // The widest chunk of offsets pair_dots keeps in registers for each of its two tiles (with
 // the two x vectors and a load: 19 of AVX-512's 32 vector registers, 11 of AVX2's 16).
 #if defined(__AVX512F__)
@@ -297,12 +200,13 @@ inline void pair_dots_all(const float* x_a, const float* x_b, int64_t dims, cons
     }
 }
 
-// Tile t's qT and dO'T (rows qs, dob, D and Dv apart) into tq, tdo and the block's rows.
+// Tile t's qT and dO'T (n rows qs, dob, D and Dv apart; lanes from n on 0) into tq, tdo and
+// the block's rows.
 inline void tile_operands(const Args& a, OffsetBlock& ob, int64_t t, const float* qs,
-                          const float* dob, float* tq, float* tdo) {
+                          const float* dob, float* tq, float* tdo, int64_t n = kTileRows) {
     const int64_t L = ob.L, col = ob.P + t;
-    transpose_q(qs, kTileRows, a.D, ceil_div(a.D, kDimBlock), tq);
-    transpose_q(dob, kTileRows, a.Dv, ceil_div(a.Dv, kDimBlock), tdo);
+    transpose_q(qs, n, a.D, ceil_div(a.D, kDimBlock), tq);
+    transpose_q(dob, n, a.Dv, ceil_div(a.Dv, kDimBlock), tdo);
     for (int64_t d = 0; d < a.D; ++d) tstore(ob.qT.data() + d * L + col, tload(tq + d * kTileRows));
     for (int64_t e = 0; e < a.Dv; ++e) {
         tstore(ob.doT.data() + e * L + col, tload(tdo + e * kTileRows));
@@ -355,7 +259,8 @@ inline void query_tiles(const Args& a, OffsetBlock& ob, const OffsetTile& ot, in
                    di + k * kTileRows, ds + k * tile);
     }
     if (pair) {  // dQT = dS kT: tile t + 8's offset m is tile t's m + 8
-        offset_sum_pair_all(ds, ds + tile, kTileRows, W, kt, ldt, 1, D, acc, acc + second);
+        offset_sum_pair_all(ds, ds + tile, kTileRows, {0, W}, {0, W}, kt, ldt, 1, D, acc,
+                            acc + second);
     } else {
         offset_sum_all(ds, kTileRows, W, kt, ldt, 1, D, acc);
     }
@@ -364,64 +269,15 @@ inline void query_tiles(const Args& a, OffsetBlock& ob, const OffsetTile& ot, in
     }
 }
 
-// Adds keys [lo, hi) of the key tile j0 (acc: dims x kTileRows, lane l key j0 + l) to their
-// rows of dk or dv (position j at acc_out + j * ld), transposed in registers where the whole
-// tile is added (a transposition into a buffer and a reload, 512-bit loads of 256-bit stores,
-// waits on store forwarding).
-inline void add_key_rows(const float* acc, int64_t dims, int64_t j0, int64_t lo, int64_t hi,
-                         float* acc_out, int64_t ld) {
-    int64_t d = 0;
-#if defined(__AVX__)
-    if (lo == j0 && hi == j0 + kTileRows) {
-        for (; d + 8 <= dims; d += 8) {
-            transpose8<true>(acc + d * kTileRows, kTileRows, acc_out + j0 * ld + d, ld);
-        }
-    }
-#endif
-    for (int64_t j = lo; j < hi; ++j) {
-        float* dst = acc_out + j * ld;
-        for (int64_t e = d; e < dims; ++e) dst[e] += acc[e * kTileRows + (j - j0)];
-    }
-}
-
-// Key lanes: for each tile of 8 keys of the block's [i0 + dlo, i0 + nq - 1 + dlo + W), dKT and
-// dVT summed over the offsets from the block's dS, P, qT and dOT, transposed back and added to
-// the rows of dk_acc, dv_acc (position j at row j * step) of the keys in [first, end) (the
-// block's key span: a slot holds no others).
+// The key lanes of the block's one run of offsets (offset_sums.h's key_lanes): keys [i0 + dlo,
+// i0 + nq - 1 + dlo + W) from the block's dS, P, qT and dOT rows.
 inline void key_tiles(const Args& a, OffsetBlock& ob, int64_t i0, int64_t first, int64_t end,
                       float* dk_acc, float* dv_acc, int64_t step) {
-    const int64_t W = ob.W, L = ob.L, keys = ob.nq + W - 1, j_first = i0 + ob.dlo;
-    // key c0 + l of the tile meets query c0 + l - c at offset dlo + c: along a diagonal of the
-    // block's rows (c * L + col - c) and backwards in qT, dOT
-    const struct {
-        const float *w, *y;
-        int64_t dims;
-        float* acc;
-    } parts[2] = {{ob.ds.data(), ob.qT.data(), a.D, dk_acc},
-                  {ob.p.data(), ob.doT.data(), a.Dv, dv_acc}};
-    auto span = [&](int64_t c0, int64_t& lo, int64_t& hi) {  // the tile's keys to add
-        lo = std::max(j_first + c0, first);
-        hi = std::min({j_first + c0 + kTileRows, end, j_first + keys});
-        return lo < hi;
-    };
-    float *acc = ob.acc.data(), *acc2 = acc + std::max(a.D, a.Dv) * kTileRows;
-    for (int64_t c0 = 0; c0 < keys; c0 += 2 * kTileRows) {  // two key tiles at once
-        const int64_t col = ob.P + c0;
-        int64_t lo, hi, lo2, hi2;
-        const bool one = span(c0, lo, hi);
-        const bool two = c0 + kTileRows < keys && span(c0 + kTileRows, lo2, hi2);
-        for (const auto& part : parts) {
-            if (two) {  // early: the second tile (offset m at column col + 8 - m)
-                offset_sum_pair_all(part.w + col + kTileRows, part.w + col, L - 1, W,
-                                    part.y + col + kTileRows, L, -1, part.dims, acc2, acc);
-                add_key_rows(acc2, part.dims, j_first + c0 + kTileRows, lo2, hi2, part.acc,
-                             part.dims * step);
-            } else {
-                offset_sum_all(part.w + col, L - 1, W, part.y + col, L, -1, part.dims, acc);
-            }
-            if (one) add_key_rows(acc, part.dims, j_first + c0, lo, hi, part.acc, part.dims * step);
-        }
-    }
+    const int64_t P = ob.P;
+    const KeyRows r{ob.ds.data() + P, ob.p.data() + P, ob.qT.data() + P, ob.doT.data() + P,
+                    ob.L, ob.L, ob.W, i0 + ob.dlo, ob.nq + ob.W - 1};
+    float* acc = ob.acc.data();
+    key_lanes(a, r, first, end, acc, acc + std::max(a.D, a.Dv) * kTileRows, dk_acc, dv_acc, step);
 }
 
 }  // namespace

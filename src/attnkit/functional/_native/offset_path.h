@@ -205,11 +205,12 @@ inline tvec offset_scores(const float* xT, int64_t dims, const float* yT, int64_
 // probabilities p (sT, lane u's column) of its keys i + u + dlo[k] + [vlo, vhi) times those
 // rows of v (rows ldv apart); 0 where it sees nothing. No other row's value is read (an inf
 // there stays out of this row). The sum over all runs is held in registers, four vectors of
-// out at a time: run by run through simd.h's combine_rows (a load and a store of out a run)
-// a 7 x 7 neighbourhood's forward on 128 x 128 took ~1.2x the time (AMD EPYC Zen 4).
+// out at a time (simd.h's combine_terms over every run's rows): run by run through
+// combine_rows (a load and a store of out a run) a 7 x 7 neighbourhood's forward on 128 x 128
+// took ~1.2x the time (AMD EPYC Zen 4).
 inline void offset_row_values(const OffsetTile& t, int64_t u, const float* p, const float* v,
                               int64_t ldv, int64_t Dv, float* out) {
-    const float* pk[kOffsetRuns];
+    const float* pk[kOffsetRuns];  // the runs it sees: probabilities, value rows, keys
     const float* vk[kOffsetRuns];
     int64_t nk[kOffsetRuns], runs = 0;
     for (int64_t k = 0; k < t.runs; ++k) {
@@ -219,34 +220,12 @@ inline void offset_row_values(const OffsetTile& t, int64_t u, const float* p, co
         vk[runs] = v + (t.i + u + t.dlo[k] + l) * ldv;
         nk[runs++] = m;
     }
-    int64_t e = 0;
-    for (; e + 4 * kLanes <= Dv; e += 4 * kLanes) {
-        vfloat a0{}, a1{}, a2{}, a3{};
+    combine_terms<false>(out, Dv, [&](auto&& f) {
         for (int64_t k = 0; k < runs; ++k) {
-            const float* x = vk[k] + e;
-            for (int64_t c = 0; c < nk[k]; ++c, x += ldv) {
-                const vfloat wc = splat(pk[k][c * kTileRows]);
-                a0 += wc * load(x);
-                a1 += wc * load(x + kLanes);
-                a2 += wc * load(x + 2 * kLanes);
-                a3 += wc * load(x + 3 * kLanes);
-            }
+            const float* x = vk[k];
+            for (int64_t c = 0; c < nk[k]; ++c, x += ldv) f(pk[k][c * kTileRows], x);
         }
-        store(out + e, a0);
-        store(out + e + kLanes, a1);
-        store(out + e + 2 * kLanes, a2);
-        store(out + e + 3 * kLanes, a3);
-    }
-    for (; e < Dv; e += kLanes) {  // one vector at a time, the last one partial
-        const int64_t r = std::min<int64_t>(kLanes, Dv - e);
-        vfloat acc{};
-        for (int64_t k = 0; k < runs; ++k) {
-            for (int64_t c = 0; c < nk[k]; ++c) {
-                acc += splat(pk[k][c * kTileRows]) * load_part(vk[k] + c * ldv + e, r, 0.0f);
-            }
-        }
-        store_part(out + e, acc, r);
-    }
+    });
 }
 
 // acc rows u < n (Dv floats each) = offset_row_values of every lane of the tile, run by run

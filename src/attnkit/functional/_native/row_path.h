@@ -2,7 +2,8 @@
 // window) is computed a row at a time over each row's own keys, kRowGroup rows stage by stage,
 // instead of by matrix products over key blocks. Which blocks take it, how their rows are
 // walked, and the software prefetch that keeps the rows' data coming (forward.h's
-// forward_rows and backward_block.h's backward_rows compute the rows).
+// forward_rows and backward_block.h's backward_rows compute the rows; narrow_path.h's
+// forward_narrow the forward's rows of at most 2 vectors of keys with plain scores).
 //
 // Legend: kRowPathKeys, kRowPathKeysBackward the widest row the path takes; row_span a row's
 // keys [lo, hi); blocks_span the key blocks' span [first, end); row_path whether a block takes
@@ -60,8 +61,10 @@ inline void blocks_span(const Scratch& w, int64_t& first, int64_t& end) {
 }
 
 // Whether rows i0..i1 take the row path: no tiles, every row's keys at most `limit`
-// (kRowPathKeys, kRowPathKeysBackward), and the blocks' span wider than the widest row.
-bool row_path(const Args& a, const Scratch& w, int64_t i0, int64_t i1, int64_t limit) {
+// (kRowPathKeys, kRowPathKeysBackward), and the blocks' span wider than the widest row (its
+// keys into *widest_out where given).
+bool row_path(const Args& a, const Scratch& w, int64_t i0, int64_t i1, int64_t limit,
+              int64_t* widest_out = nullptr) {
     if (a.table || a.rows_k > 1) return false;  // rows with several runs: the blocks
     int64_t first, end, widest = 0;
     blocks_span(w, first, end);
@@ -70,6 +73,7 @@ bool row_path(const Args& a, const Scratch& w, int64_t i0, int64_t i1, int64_t l
         row_span(a, w, r, i0 + r, first, end, lo, hi);
         widest = std::max(widest, hi - lo);
     }
+    if (widest_out) *widest_out = widest;
     return widest <= limit && end - first > widest;
 }
 
@@ -113,7 +117,7 @@ constexpr int64_t kAhead = 8;
 // The forward's, at query i of a block of nq rows: the query i + nq (the next block's, same
 // head and sequence: load_q reads a block's queries at once), out of query i + kAhead, the
 // key and value hi - 1 + kAhead.
-void prefetch_forward(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t nq,
+inline void prefetch_forward(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t nq,
                       const float* kb, int64_t ldk, const float* vb, int64_t ldv, int64_t hi) {
     if (i + nq < a.N) prefetch_row_l2(a.q + qrow(a, head, sq, i + nq) * a.D, a.D);
     if (i + kAhead < a.N) prefetch_row_w(a.out + qrow(a, head, sq, i + kAhead) * a.Dv, a.Dv);

@@ -98,6 +98,17 @@ inline void store_part(float* p, vfloat v, int64_t n) {
 }
 #endif
 
+// v's first n lanes (0 <= n), the others `fill`: load_part's, on a register.
+#if defined(__AVX512F__)
+inline vfloat keep_below(vfloat v, int64_t n, float fill) {
+    return _mm512_mask_blend_ps(lanes_below(std::min<int64_t>(n, kLanes)), _mm512_set1_ps(fill), v);
+}
+#elif defined(__AVX2__)
+inline vfloat keep_below(vfloat v, int64_t n, float fill) {
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), v, _mm256_castsi256_ps(lanes_below(n)));
+}
+#endif
+
 // a > b ? a : b and a < b ? a : b, a NaN in a passed over: x86's maxps / minps (one
 // instruction; gcc 12 left the same selects written as vector ?: as a compare and a blend).
 #if defined(__AVX512F__)
@@ -134,11 +145,12 @@ inline float reduce_add(vfloat v) {
 #endif
 }
 
-// The lane sums of four vectors into out[0..4): the four reduced together, a shuffle tree
-// within each 128-bit lane, then the lanes added (two or four dot products' worth of shuffles
-// fewer than four reduce_add).
-inline void reduce_add4(vfloat a0, vfloat a1, vfloat a2, vfloat a3, float* out) {
+// The lane sums of four vectors as one 128-bit vector [sum a0, sum a1, sum a2, sum a3]: the
+// four reduced together, a shuffle tree within each 128-bit lane, then the lanes added (two or
+// four dot products' worth of shuffles fewer than four reduce_add). x86 only (reduce_add4
+// elsewhere): the narrow path (narrow_path.h) keeps them in registers.
 #if defined(__AVX512F__)
+inline __m128 sums4(vfloat a0, vfloat a1, vfloat a2, vfloat a3) {
     // per 128-bit lane: t0 = [a0 0+2, a1 0+2, a0 1+3, a1 1+3], t1 the same of a2, a3
     const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
     const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
@@ -146,13 +158,22 @@ inline void reduce_add4(vfloat a0, vfloat a1, vfloat a2, vfloat a3, float* out) 
                                    _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
     const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1));
     const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(u), hi);
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+    return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+}
 #elif defined(__AVX__)
+inline __m128 sums4(vfloat a0, vfloat a1, vfloat a2, vfloat a3) {
     const __m256 t0 = _mm256_add_ps(_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
     const __m256 t1 = _mm256_add_ps(_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
     const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
                                    _mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+#endif
+
+// The lane sums of four vectors into out[0..4) (sums4 where there is one).
+inline void reduce_add4(vfloat a0, vfloat a1, vfloat a2, vfloat a3, float* out) {
+#if defined(__AVX__)
+    _mm_storeu_ps(out, sums4(a0, a1, a2, a3));
 #else
     out[0] = hsum(a0);
     out[1] = hsum(a1);
@@ -305,12 +326,16 @@ inline void dots(const float* x, const float* y, int64_t ld, int64_t n, int64_t 
     for (; c < nk; ++c) s[c] = dot(x, y + c * ld, n);
 }
 
-// out (n) = [out +] sum over u < m of w[u * ws] * row(u) (each row n wide): n in chunks of four
-// vectors, so that four independent chains of multiply-adds run at once, the sum held in
-// registers across the rows (accumulating in memory would chain every row's update to the
-// previous one's store: one load and one store of out per vector, not one per row).
-template <bool kAccumulate, typename Row>
-inline void combine_rows(float* out, int64_t n, const float* w, int64_t ws, int64_t m, Row row) {
+// out (n) = [out +] the sum of w * row over the terms (w, row) that terms(f) hands to f, each
+// row n wide: n in chunks of four vectors, so that four independent chains of multiply-adds
+// run at once, the sum held in registers across the rows (accumulating in memory would chain
+// every row's update to the previous one's store: one load and one store of out per vector,
+// not one per row). The terms come in the same order for every chunk, so the sums' order is
+// the visitor's. kScaled: the sum times f is stored (the narrow path's output row, normalised
+// on its way out).
+template <bool kAccumulate, bool kScaled = false, typename Terms>
+inline void combine_terms(float* out, int64_t n, Terms terms, float f = 1.0f) {
+    const vfloat fv = splat(f);
     int64_t e = 0;
     for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
         vfloat a0{}, a1{}, a2{}, a3{};
@@ -318,14 +343,15 @@ inline void combine_rows(float* out, int64_t n, const float* w, int64_t ws, int6
             a0 = load(out + e), a1 = load(out + e + kLanes);
             a2 = load(out + e + 2 * kLanes), a3 = load(out + e + 3 * kLanes);
         }
-        for (int64_t u = 0; u < m; ++u) {
-            const vfloat wu = splat(w[u * ws]);
-            const float* xu = row(u) + e;
+        terms([&](float w, const float* x) {
+            const vfloat wu = splat(w);
+            const float* xu = x + e;
             a0 += wu * load(xu);
             a1 += wu * load(xu + kLanes);
             a2 += wu * load(xu + 2 * kLanes);
             a3 += wu * load(xu + 3 * kLanes);
-        }
+        });
+        if (kScaled) a0 *= fv, a1 *= fv, a2 *= fv, a3 *= fv;
         store(out + e, a0);
         store(out + e + kLanes, a1);
         store(out + e + 2 * kLanes, a2);
@@ -335,9 +361,19 @@ inline void combine_rows(float* out, int64_t n, const float* w, int64_t ws, int6
         const int64_t r = std::min<int64_t>(kLanes, n - e);
         vfloat acc{};
         if (kAccumulate) acc = load_part(out + e, r, 0.0f);
-        for (int64_t u = 0; u < m; ++u) acc += splat(w[u * ws]) * load_part(row(u) + e, r, 0.0f);
+        terms([&](float w, const float* x) { acc += splat(w) * load_part(x + e, r, 0.0f); });
+        if (kScaled) acc *= fv;
         store_part(out + e, acc, r);
     }
+}
+
+// out (n) = [out +] sum over u < m of w[u * ws] * row(u) [times f]: combine_terms over m rows.
+template <bool kAccumulate, bool kScaled = false, typename Row>
+inline void combine_rows(float* out, int64_t n, const float* w, int64_t ws, int64_t m, Row row,
+                         float f = 1.0f) {
+    combine_terms<kAccumulate, kScaled>(out, n, [&](auto&& g) {
+        for (int64_t u = 0; u < m; ++u) g(w[u * ws], row(u));
+    }, f);
 }
 
 // out (n) = sum over c < nk of p[c * ps] * row c of x (rows ld apart): a row's weighted sum of
