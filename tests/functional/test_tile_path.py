@@ -201,10 +201,10 @@ def test_a_non_finite_q_or_k_row_reaches_only_the_rows_that_read_it(where, bad):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["", "causal"])
 def test_a_non_finite_value_row_reaches_only_the_rows_that_see_its_key(causal):
-    """The rows of a tile that see the same keys read each value row once for all of them
-    (tile_values); a row that does not see a key never reads its value row: an inf in value
-    row 20 reaches the rows of its document that see key 20 (all 16, or 20..31 when causal,
-    rows of different spans) as in the float64 reference, and no other row's bits."""
+    """A tile's rows share one score product, but a row never reads the value row of a key it
+    does not see: an inf in value row 20 reaches the rows of its document that see key 20
+    (all 16, or 20..31 when causal: rows of different spans in one tile) as in the float64
+    reference, and no other row's bits."""
     n = 64
     q, k, v = (t.float() for t in _inputs(n, n, d=64, dv=72))
     mask = _documents(n, 16, causal=causal)

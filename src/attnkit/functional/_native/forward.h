@@ -4,11 +4,10 @@
 //
 // Legend: forward_block one query block (rows i0..i1 of head (b, h), sequence sq);
 // forward_rows up to kRowGroup of its rows on the row path, finish_rows their softmax, values
-// and output; forward_tile a tile of up to kTileRows rows, tile_rows_out its rows' weighted
-// sums straight into out; plain_scores whether a call needs nothing between the product and
-// the softmax; write_row a row's out and lse from its running max m, sum l and unnormalised
-// output acc (out_factor, row_lse). kb, vb the keys and values of the sequence, ldk, ldv apart
-// (Args::groups interleaving).
+// and output; forward_tile a tile of up to kTileRows rows; plain_scores whether a call needs
+// nothing between the product and the softmax; write_row a row's out and lse from
+// its running max m, sum l and unnormalised output acc. kb, vb the keys and values of the
+// sequence, ldk, ldv apart (Args::groups interleaving).
 
 #pragma once
 
@@ -35,22 +34,14 @@ namespace {
 
 using namespace attnkit_simd;
 
-// The factor that turns a row's unnormalised output into out, from its sum l: l == 0 exactly
-// when the row saw nothing (out 0, never 0 / 0); a NaN score makes l NaN and out acc * 0.
-inline float out_factor(const Args& a, float l) { return l > 0.0f ? a.inv_keep / l : 0.0f; }
-
-// A row's lse from its running max m and sum l: -inf where it saw nothing; NaN stays NaN
-// (and backward keeps the row).
-inline float row_lse(float m, float l) {
-    return l > 0.0f ? m + std::log(l) : (l == 0.0f ? kNegInf : l);
-}
-
 // out and lse of one row from its running max m and sum l and unnormalised output acc.
 void write_row(const Args& a, int64_t row, const float* acc, float m, float l) {
     float* o = a.out + row * a.Dv;
-    const float f = out_factor(a, l);
+    // l == 0 exactly when the row saw nothing: out 0 and lse -inf, never 0 / 0. A NaN
+    // score makes l NaN: out (acc * 0) and lse stay NaN, and backward keeps the row.
+    const float f = l > 0.0f ? a.inv_keep / l : 0.0f;
     for (int64_t e = 0; e < a.Dv; ++e) o[e] = acc[e] * f;
-    a.lse[row] = row_lse(m, l);
+    a.lse[row] = l > 0.0f ? m + std::log(l) : (l == 0.0f ? kNegInf : l);
 }
 
 // Whether rows u < n each see at most `most` keys.
@@ -182,47 +173,6 @@ void forward_offsets(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0
     }
 }
 
-// Each row's weighted sum over its own value rows (at vt, ldt apart, key jlo first) from the
-// key-major softmax numerators sT, into out, and its lse: rows that see the same keys (a
-// document's, a sequence's) kValueRows at a time (tile_values), each value row read once for
-// them; a key's value row is never read by a row that does not see it (an inf there stays out
-// of the other rows). Measured against a row at a time through acc (weighted_sum, write_row;
-// AMD EPYC Zen 4, 1 thread, forward kernel alone, fastest of 16-20 rounds in alternating
-// order, loaded machine): documents of 16 tokens, N=4096, H=8, 3.87 -> 3.72, 4.08 -> 3.99,
-// 4.21 -> 4.00 ms; in cache (N=512, H=1) 97-103 -> 95 ns a row.
-void tile_rows_out(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t n, int64_t nq,
-                   const float* kb, int64_t ldk, const float* vb, int64_t ldv, const int64_t* lo,
-                   const int64_t* hi, int64_t jlo, const float* sT, const float* vt, int64_t ldt,
-                   tvec m, tvec l) {
-    const int64_t Dv = a.Dv;
-    for (int64_t u = 0; u < n;) {
-        int64_t r = 1;  // rows u..u+r-1 see the same keys
-        while (r < kValueRows && u + r < n && lo[u + r] == lo[u] && hi[u + r] == hi[u]) ++r;
-        if (r == 3) r = 2;
-        float f[kValueRows];
-        float* out[kValueRows];
-        for (int64_t t = 0; t < r; ++t) {
-            prefetch_tile_row(a, head, sq, i + u + t, nq, kb, ldk, vb, ldv);
-            const int64_t row = qrow(a, head, sq, i + u + t);
-            f[t] = out_factor(a, l[u + t]), out[t] = a.out + row * Dv;
-            a.lse[row] = row_lse(m[u + t], l[u + t]);
-        }
-        const int64_t nk = hi[u] - lo[u];
-        const float* p = sT + (lo[u] - jlo) * kTileRows + u;
-        const float* x = vt + (lo[u] - jlo) * ldt;
-        if (nk == 0) {
-            for (int64_t t = 0; t < r; ++t) std::fill(out[t], out[t] + Dv, 0.0f);
-        } else if (r == 4) {  // only where kValueRows is 4
-            tile_values<kValueRows>(p, nk, x, ldt, Dv, f, out);
-        } else if (r == 2) {
-            tile_values<2>(p, nk, x, ldt, Dv, f, out);
-        } else {
-            tile_values<1>(p, nk, x, ldt, Dv, f, out);
-        }
-        u += r;
-    }
-}
-
 // Forward of the tile of queries i..i+n-1 (n <= kTileRows) of a block of nq rows (pre-scaled
 // rows qs, D apart), query i + u over keys [lo[u], hi[u]): the rows' scores over the union of
 // their keys as one register-blocked product (tile_path.h), each masked to its own keys. On
@@ -235,17 +185,15 @@ void tile_rows_out(const Args& a, int64_t head, int64_t sq, int64_t i, int64_t n
 // span (documents of 16, AMD EPYC Zen 4, 1 thread: 102 ns a row either way in cache, 4.5 and
 // 4.7 ms at N=4096, H=8).
 void forward_tile(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, int64_t n,
-                  int64_t nq, const float* qs, float qscale, const float* kb, int64_t ldk,
-                  const float* vb, int64_t ldv, const int64_t* lo, const int64_t* hi,
-                  Scratch& w, float* acc) {
+                  int64_t nq, const float* qs, const float* kb, int64_t ldk, const float* vb,
+                  int64_t ldv, const int64_t* lo, const int64_t* hi, Scratch& w, float* acc) {
     const int64_t head = b * a.H + h, Dv = a.Dv;
     int64_t jlo, jhi;
     tile_keys(lo, hi, n, jlo, jhi);
     const int64_t span = jhi - jlo;
     w.work += n * span;
     float* sT = w.ts.data();
-    const tvec m =
-        tile_scores_masked(a, w, qs, qscale, n, kb + jlo * ldk, ldk, jlo, span, lo, hi);
+    const tvec m = tile_scores_masked(a, w, qs, n, kb + jlo * ldk, ldk, jlo, span, lo, hi);
     if (!plain_scores(a)) {
         finish_tile_rows(a, b, h, sq, i, n, nq, kb, ldk, vb, ldv, lo, hi, w, acc,
                          [&](int64_t u) { return sT + (lo[u] - jlo) * kTileRows + u; });
@@ -260,13 +208,8 @@ void forward_tile(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i, in
         vt = packed_values(w, vb + jlo * ldv, ldv, span, Dv);
         ldt = Dv;
     }
-    if (a.groups == 1) {
-        tile_rows_out(a, head, sq, i, n, nq, kb, ldk, vb, ldv, lo, hi, jlo, sT, vt, ldt, m, l);
-        return;
-    }
-    // interleaved sequences: a row at a time through acc (tile_rows_out measured 3-6% slower
-    // there, strided 1/256, N=4096, H=8; why is not known)
     for (int64_t u = 0; u < n; ++u) {
+        prefetch_tile_row(a, head, sq, i + u, nq, kb, ldk, vb, ldv);
         float* au = acc + u * Dv;
         const int64_t nk = hi[u] - lo[u];
         if (nk == 0) {
@@ -336,26 +279,15 @@ void forward_block(const Args& a, int64_t b, int64_t h, int64_t sq, int64_t i0, 
         }
         return;
     }
+    load_q(a, b, h, sq, i0, nq, qs);
     if (tiled) {
-        // the tiles transpose (and scale) the queries from q's own rows, with no copy of the
-        // block first; through load_q's copy where a row map moves them (qrows) and where
-        // sequences interleave (their rows D * groups apart, read whole: strided 1/256 took
-        // 1.08x the time when read 32 bytes of a row at a time by the transposes)
-        const float* q = qs;
-        float qscale = 1.0f;
-        if (a.qrows || a.groups > 1) {
-            load_q(a, b, h, sq, i0, nq, qs);
-        } else {
-            q = a.q + qrow(a, b * a.H + h, sq, i0) * D, qscale = a.scale;
-        }
         tile_buffers(a, w);
         each_tile(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {
-            forward_tile(a, b, h, sq, i0 + r, n, nq, q + r * D, qscale, kb, ldk, vb, ldv, lo, hi,
-                         w, w.acc.data());
+            forward_tile(a, b, h, sq, i0 + r, n, nq, qs + r * D, kb, ldk, vb, ldv, lo, hi, w,
+                         w.acc.data());
         });
         return;
     }
-    load_q(a, b, h, sq, i0, nq, qs);
     if (rows) {
         if (w.s.size() < kRowGroup * kRowPathKeys) w.s.resize(kRowGroup * kRowPathKeys);
         each_row(a, w, i0, i1, [&](int64_t r, int64_t n, const int64_t* lo, const int64_t* hi) {

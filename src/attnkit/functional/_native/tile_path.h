@@ -11,28 +11,33 @@
 // (tile_backward.h).
 //
 // Where a row's time goes (documents of 16 tokens, forward kernel alone, perf in cache and
-// timing experiments, AMD EPYC Zen 4): ~95 ns a row in cache (N=512, H=1) and with every
-// tensor in L3 (N=4096, H=1), ~115-135 ns at H=8 (32 MiB); in cache the products' multiply-adds
-// are about half (scores ~28 ns, weighted sums ~20 ns, each near the FMA peak), the rest the
-// block's set-up (key_blocks, row_path, tile_path's scans), transposes, packing, exponentials
-// and the prefetch. Strided 1/256 costs the same in L3 and ~150 ns at H=8: its rows 64 KiB
-// apart come from DRAM 256 bytes at a time. Tried there and no faster: fetching the next 16
-// sequences' rows as contiguous 4 KiB runs (one position of 16 neighbours) instead of the next
-// sequence's rows (5.08 vs 5.11 and 5.51 vs 5.45 ms); fetching 2, 4 or 8 sequences ahead
-// (1.1-1.2x slower); in a standalone model of these reads, gathering 16 neighbouring
-// sequences' runs before computing them (7.3-7.5 ms) against one sequence at a time with the
-// next one fetched (7.1-7.3; contiguous sequences 5.2-5.3), and 2 MiB pages made the strided
-// reads slower (7.9-9.2). Its forward also moves by ~10% with code layout alone (two builds
-// whose strided code and function sizes were the same).
+// timing experiments, AMD EPYC Zen 4): ~95-100 ns a row in cache (N=512, H=1) and with every
+// tensor in L3 (N=4096, H=1), ~115-135 ns at H=8 (32 MiB); in cache the products'
+// multiply-adds are about half (scores ~28 ns, weighted sums ~20 ns, each near the FMA peak),
+// the rest the block's set-up (key_blocks' stretches, row_path, tile_path's scans, load_q),
+// transposes, packing, exponentials and the prefetch. Strided 1/256 costs the same in L3 and
+// ~150 ns at H=8: its rows 64 KiB apart come from DRAM 256 bytes at a time. Tried and not
+// kept: fetching the next 16 sequences' rows as contiguous 4 KiB runs (one position of 16
+// neighbours) instead of the next sequence's rows (5.08 vs 5.11 and 5.51 vs 5.45 ms); fetching
+// 2, 4 or 8 sequences ahead (1.1-1.2x slower); in a standalone model of these reads, gathering
+// 16 neighbouring sequences' runs before computing them took 7.3-7.5 ms against 7.1-7.3 for
+// one sequence at a time with the next one fetched (contiguous sequences 5.2-5.3), and 2 MiB
+// pages made the strided reads slower (7.9-9.2); streaming stores of out (no change). Also
+// tried: each row's weighted sum scaled straight into out, up to 4 rows that see the same keys
+// sharing each value row's loads, the queries transposed and scaled from q's rows without
+// load_q's copy, and stretches merged as read (bit for bit the same): documents of 16 forward
+// 0.88-0.96x against the kernel they were written on, ~1.0x after rebasing onto the narrow
+// path's kernel, and strided 1/256, whose code they left alone, 1.07-1.12x in those builds.
+// These forwards move by 3-10% with code layout alone (an unused function added: 0.97x):
+// compare builds in alternating order, several runs, before believing a few per cent.
 //
 // Legend: kTileRows rows of a tile (the lanes of tvec), kTileKeys the widest span a tile takes,
 // kDimBlock the dimensions packed together; tile_keys a tile's span [jlo, jhi); tile_path
 // whether a block takes the path; transpose_q qT (D' x kTileRows, D' = D rounded up to
 // kDimBlock); pack_keys the span's keys in kDimBlock-dimension slices; tile_scores the score
 // tile sT (key-major: span x kTileRows), masked to each row's [lo, hi), and the rows' maxima;
-// tile_product the whole tile; tile_softmax its exponentials; tile_values the weighted sums of
-// up to kValueRows rows that see the same keys, scaled into their output rows; packed_values a
-// contiguous copy of interleaved value rows; prefetch_tile_row the path's prefetch; tile_gemm the small
+// tile_product the whole tile; tile_softmax its exponentials; packed_values a contiguous copy
+// of interleaved value rows; prefetch_tile_row the path's prefetch; tile_gemm the small
 // products of both passes' tiles (gemm_acc.h's register tiles, kTileGemmRows x
 // kTileGemmVectors).
 
@@ -184,13 +189,11 @@ inline void tile_buffers(const Args& a, Scratch& w) {
     at_least(w.s, kRowGroup * kRowPathKeys);
 }
 
-// qT[d * kTileRows + u] = scale * qs[u * D + d] for rows u < n, 0 in the other lanes and in
-// the dimensions D..D' (D' = dblocks * kDimBlock). With AVX, 8 x 8 blocks transposed in
-// registers (simd.h's transpose8): the scalar copy it replaces was ~20% of a window of 9 keys'
-// forward (perf, in cache, H=1: 512 single-float stores a tile). The scale (the forward's,
-// reading q's own rows) multiplies the transposed floats: load_q's numbers, bit for bit.
-inline void transpose_q(const float* qs, int64_t n, int64_t D, int64_t dblocks, float* qT,
-                        float scale = 1.0f) {
+// qT[d * kTileRows + u] = qs[u * D + d] for rows u < n, 0 in the other lanes and in the
+// dimensions D..D' (D' = dblocks * kDimBlock). With AVX, 8 x 8 blocks transposed in registers
+// (simd.h's transpose8): the scalar copy it replaces was
+// ~20% of a window of 9 keys' forward (perf, in cache, H=1: 512 single-float stores a tile).
+inline void transpose_q(const float* qs, int64_t n, int64_t D, int64_t dblocks, float* qT) {
     int64_t d0 = 0;
 #if defined(__AVX__)
     static_assert(kTileRows == 8, "an 8 x 8 transpose");
@@ -199,11 +202,6 @@ inline void transpose_q(const float* qs, int64_t n, int64_t D, int64_t dblocks, 
     std::fill(qT + d0 * kTileRows, qT + dblocks * kDimBlock * kTileRows, 0.0f);
     for (int64_t u = 0; u < n; ++u) {
         for (int64_t d = d0; d < D; ++d) qT[d * kTileRows + u] = qs[u * D + d];
-    }
-    if (scale != 1.0f) {
-        for (int64_t e = 0; e < D * kTileRows; e += kTileRows) {
-            tstore(qT + e, tload(qT + e) * scale);
-        }
     }
 }
 
@@ -282,19 +280,18 @@ inline void tile_scores_all(const float* qT, const float* kp, int64_t np, int64_
     for (; c < np; c += 8) tile_scores<8>(qT, kp, np, dblocks, c, vlo, vhi, sT, m);
 }
 
-// The product tile of rows u < n of x (dims wide, dims apart, times scale) with keys
-// [jlo, jlo + span) of y (rows ldy apart), each row masked to its own [lo[u], hi[u]), into out
-// (key-major); returns the rows' maxima (-inf where a row sees nothing). y's packed copy in
-// `packed` (its first row and count in packed_y, packed_n) is kept for the next tile when it
-// spans the same keys (the tiles of a short sequence: a strided mask). S = (scale q) k^T in
-// the forward, S and dP~ = dO' v^T in the backward (tile_backward.h; a first backward of tiles
-// that took the row path's stages after these two products, dS k and the dK, dV rows a row at
-// a time, 64 KiB apart on strided 1/256, was slower there: 19.2-19.8 -> 21.4-21.8 ms forward +
-// backward).
+// The product tile of rows u < n of x (dims wide, dims apart) with keys [jlo, jlo + span) of
+// y (rows ldy apart), each row masked to its own [lo[u], hi[u]), into out (key-major); returns
+// the rows' maxima (-inf where a row sees nothing). y's packed copy in `packed` (its first row
+// and count in packed_y, packed_n) is kept for the next tile when it spans the same keys (the
+// tiles of a short sequence: a strided mask). S = (scale q) k^T in the forward, S and
+// dP~ = dO' v^T in the backward (tile_backward.h; a first backward of tiles that took the row
+// path's stages after these two products, dS k and the dK, dV rows a row at a time, 64 KiB
+// apart on strided 1/256, was slower there: 19.2-19.8 -> 21.4-21.8 ms forward + backward).
 inline tvec tile_product(const float* x, int64_t n, int64_t dims, const float* y, int64_t ldy,
                          int64_t jlo, int64_t span, const int64_t* lo, const int64_t* hi,
                          float* xT, float* packed, const float*& packed_y, int64_t& packed_n,
-                         float* out, float scale = 1.0f) {
+                         float* out) {
     tvec m = tsplat(kNegInf);
     if (span == 0) return m;
     const int64_t dblocks = ceil_div(dims, kDimBlock), np = ceil_div(span, 8) * 8;
@@ -303,7 +300,7 @@ inline tvec tile_product(const float* x, int64_t n, int64_t dims, const float* y
         vlo[u] = static_cast<int32_t>(lo[u] - jlo);
         vhi[u] = static_cast<int32_t>(hi[u] - jlo);
     }
-    transpose_q(x, n, dims, dblocks, xT, scale);
+    transpose_q(x, n, dims, dblocks, xT);
     if (packed_y != y || packed_n != span) {
         pack_keys(y, ldy, span, np, dims, dblocks, packed);
         packed_y = y, packed_n = span;
@@ -312,14 +309,13 @@ inline tvec tile_product(const float* x, int64_t n, int64_t dims, const float* y
     return m;
 }
 
-// The forward's score tile: rows u < n of the queries q (D apart, times qscale: the call's
-// scale for q's own rows, 1 for load_q's) against the keys [jlo, jlo + span) at k (rows ldk
-// apart), into w.ts.
-inline tvec tile_scores_masked(const Args& a, Scratch& w, const float* q, float qscale,
-                               int64_t n, const float* k, int64_t ldk, int64_t jlo,
-                               int64_t span, const int64_t* lo, const int64_t* hi) {
-    return tile_product(q, n, a.D, k, ldk, jlo, span, lo, hi, w.tq.data(), w.tk.data(),
-                        w.packed_k, w.packed_k_n, w.ts.data(), qscale);
+// The forward's score tile: rows u < n of the pre-scaled queries qs (D apart) against the keys
+// [jlo, jlo + span) at k (rows ldk apart), into w.ts.
+inline tvec tile_scores_masked(const Args& a, Scratch& w, const float* qs, int64_t n,
+                               const float* k, int64_t ldk, int64_t jlo, int64_t span,
+                               const int64_t* lo, const int64_t* hi) {
+    return tile_product(qs, n, a.D, k, ldk, jlo, span, lo, hi, w.tq.data(), w.tk.data(),
+                        w.packed_k, w.packed_k_n, w.ts.data());
 }
 
 // The forward's softmax numerators on the key-major tile sT (span keys), in place: exp(s - m)
@@ -333,55 +329,6 @@ inline tvec tile_softmax(float* sT, int64_t span, tvec m) {
         tstore(sT + c * kTileRows, p);
     }
     return l;
-}
-
-// Rows sharing one run of keys whose weighted sums tile_values takes together (their
-// accumulators, R x 4 vectors, within AVX-512's 32 registers or AVX2's 16).
-#if ATTNKIT_VBYTES == 64
-constexpr int kValueRows = 4;
-#else
-constexpr int kValueRows = 2;
-#endif
-
-// out_r (n) = f[r] * sum over c < nk of p[c * kTileRows + r] * row c of x (rows ld apart), for
-// R rows r of a key-major tile that see the same nk keys: each value row loaded once for the R
-// rows, the sums scaled straight into the output rows (no pass over an accumulator row). Every
-// output float is one chain over the keys in order, as weighted_sum's, then one multiply:
-// write_row's numbers, bit for bit.
-template <int R>
-inline void tile_values(const float* p, int64_t nk, const float* x, int64_t ld, int64_t n,
-                        const float* f, float* const* out) {
-    int64_t e = 0;
-    for (; e + 4 * kLanes <= n; e += 4 * kLanes) {
-        vfloat acc[R][4];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = vfloat{};
-        for (int64_t c = 0; c < nk; ++c) {
-            const float* xc = x + c * ld + e;
-            const vfloat x0 = load(xc), x1 = load(xc + kLanes), x2 = load(xc + 2 * kLanes),
-                         x3 = load(xc + 3 * kLanes);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; ++r) {
-                const vfloat wr = splat(p[c * kTileRows + r]);
-                acc[r][0] += wr * x0, acc[r][1] += wr * x1, acc[r][2] += wr * x2, acc[r][3] += wr * x3;
-            }
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-            const vfloat fr = splat(f[r]);
-            for (int k = 0; k < 4; ++k) store(out[r] + e + k * kLanes, acc[r][k] * fr);
-        }
-    }
-    for (; e < n; e += kLanes) {  // one vector at a time, the last one partial
-        const int64_t m = std::min<int64_t>(kLanes, n - e);
-        vfloat acc[R];
-        for (int r = 0; r < R; ++r) acc[r] = vfloat{};
-        for (int64_t c = 0; c < nk; ++c) {
-            const vfloat xc = load_part(x + c * ld + e, m, 0.0f);
-            for (int r = 0; r < R; ++r) acc[r] += splat(p[c * kTileRows + r]) * xc;
-        }
-        for (int r = 0; r < R; ++r) store_part(out[r] + e, acc[r] * splat(f[r]), m);
-    }
 }
 
 // Value rows c < nk of v (rows ldv apart) copied to w.tv, Dv apart (kept for the next tile
