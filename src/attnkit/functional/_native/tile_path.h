@@ -29,11 +29,12 @@
 // 0.88-0.96x against the kernel they were written on, ~1.0x after rebasing onto the narrow
 // path's kernel, and strided 1/256, whose code they left alone, 1.07-1.12x in those builds.
 // Over three layouts each (an unused function of three sizes added), documents of 16 took
-// 3.30-3.50 ms against main's 3.55-3.58 and strided 1/256 5.5-5.9 against 4.9-5.5: likely
-// code generation, not layout (forward_tile grew from 18 to 20 KB with the new path inlined;
-// the build with tile_rows_out noinline was not measured on a quiet machine). These forwards
-// also move by 3-10% with code layout alone: compare builds in alternating order, several
-// runs and layouts, before believing a few per cent.
+// 3.30-3.50 ms against main's 3.55-3.58 and strided 1/256 5.5-5.9 against 4.9-5.5, and with
+// the new path kept out of line (noinline) 4.41-4.55 against 4.61-4.70 and 5.3-5.7 against
+// 4.7-4.9 (another run): the strided slowdown is systematic, its cause not found (its source
+// path was main's but for a scale argument of 1). These forwards also move by 3-10% with code
+// layout alone: compare builds in alternating order, several runs and layouts, before
+// believing a few per cent.
 //
 // Legend: kTileRows rows of a tile (the lanes of tvec), kTileKeys the widest span a tile takes,
 // kDimBlock the dimensions packed together; tile_keys a tile's span [jlo, jhi); tile_path
